@@ -1,0 +1,1 @@
+"""Control plane: event store, projector, TrainingService, runner and CLI."""

@@ -1,0 +1,140 @@
+"""The append-only event log of one experiment, on a Redis Stream.
+
+Appends are validated, and idempotent when given a key: the check and the XADD run in one Lua
+script, so a retried append is stored once, with no time window (XADD alone has no such guarantee).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from redis.client import Pipeline
+
+from manager import keys
+from schemas.events import EVENT_ADAPTER, Event
+
+_APPEND = """
+if ARGV[1] ~= '' then
+  local existing = redis.call('HGET', KEYS[2], ARGV[1])
+  if existing then return existing end
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+if ARGV[1] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], id) end
+return id
+"""
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    id: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class UnreadableEvent:
+    """An entry that does not decode (corrupt, or written by a newer version): kept, never applied."""
+
+    id: str
+    fields: dict[str, str]
+    error: str
+
+
+LogEntry = StoredEvent | UnreadableEvent
+
+
+def stream_position(entry_id: str) -> tuple[int, int]:
+    """Stream ids compare as (milliseconds, sequence)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def decode_entry(entry_id: str, fields: dict[str, str]) -> LogEntry:
+    try:
+        return StoredEvent(entry_id, EVENT_ADAPTER.validate_json(fields["json"]))
+    except (KeyError, ValidationError, ValueError) as error:
+        return UnreadableEvent(entry_id, fields, str(error).splitlines()[0])
+
+
+def encode_event(event: Event) -> dict[str, str]:
+    """Stream fields: `type` and `trial` let readers filter without decoding the JSON."""
+    payload = event.model_dump_json(by_alias=True, exclude_none=True)
+    EVENT_ADAPTER.validate_json(payload)  # what is stored must read back; model_construct skips checks
+    return {"type": event.type, "trial": getattr(event, "trial_id", ""), "json": payload}
+
+
+class EventStore:
+    def __init__(self, client: redis.Redis, experiment_id: str) -> None:
+        self.client = client
+        self.experiment_id = experiment_id
+        self.stream = keys.events(experiment_id)
+        self._idempotency = keys.idempotency(experiment_id)
+        self._append_script = client.register_script(_APPEND)
+
+    def append(self, event: Event, *, idempotency_key: str | None = None, pipeline: Pipeline | None = None) -> str:
+        """Append one event and return its id (the first one's id for a repeated idempotency key).
+
+        With `pipeline`, the append is queued there (to commit atomically with other writes) and
+        the return value is empty: the id arrives with the pipeline's results.
+        """
+        if event.experiment_id != self.experiment_id:
+            raise ValueError(f"event of experiment {event.experiment_id} appended to {self.experiment_id}")
+        args: list[Any] = [idempotency_key or ""]
+        for field, value in encode_event(event).items():
+            args += [field, value]
+        result = self._append_script(keys=[self.stream, self._idempotency], args=args, client=pipeline)
+        return "" if pipeline is not None else str(result)
+
+    def append_all(self, events: list[Event], idempotency_keys: list[str | None] | None = None) -> list[str]:
+        """Append several events in one round trip, in order."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for event, key in zip(events, idempotency_keys or [None] * len(events), strict=True):
+                self.append(event, idempotency_key=key, pipeline=pipe)
+            return [str(entry_id) for entry_id in pipe.execute()]
+
+    def has_key(self, idempotency_key: str) -> bool:
+        return bool(self.client.hexists(self._idempotency, idempotency_key))
+
+    def id_for_key(self, idempotency_key: str) -> str | None:
+        """Id of the event appended under `idempotency_key`, if any."""
+        entry_id = self.client.hget(self._idempotency, idempotency_key)
+        return str(entry_id) if entry_id else None
+
+    def read(self, after: str = "0-0", until: str = "+", count: int | None = None) -> list[LogEntry]:
+        """Entries strictly after `after`, up to and including `until`."""
+        entries = self.client.xrange(self.stream, min=f"({after}", max=until, count=count)
+        return [decode_entry(entry_id, fields) for entry_id, fields in entries]
+
+    def read_one(self, entry_id: str) -> LogEntry | None:
+        entries = self.client.xrange(self.stream, min=entry_id, max=entry_id)
+        return decode_entry(*entries[0]) if entries else None
+
+    def wait(self, after: str, block_ms: int, count: int | None = None) -> list[LogEntry]:
+        """Entries after `after`, blocking up to `block_ms` for the first one to arrive."""
+        answer = self.client.xread({self.stream: after}, count=count, block=block_ms)
+        return [decode_entry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
+
+    def follow_trial(self, trial_id: str, after: str, block_ms: int | None) -> tuple[str, list[LogEntry]]:
+        """One trial's entries after `after` (others skipped undecoded), and the id read up to.
+
+        With `block_ms` None it reads without waiting.
+        """
+        if block_ms is None:
+            entries = self.client.xrange(self.stream, min=f"({after}")
+        else:
+            answer = self.client.xread({self.stream: after}, block=block_ms)
+            entries = [entry for _, stream_entries in answer or [] for entry in stream_entries]
+        if not entries:
+            return after, []
+        mine = [decode_entry(entry_id, fields) for entry_id, fields in entries if fields.get("trial") == trial_id]
+        return str(entries[-1][0]), mine
+
+    def head(self) -> str:
+        """Id of the newest entry, or 0-0 for an empty log."""
+        last = self.client.xrevrange(self.stream, count=1)
+        return str(last[0][0]) if last else "0-0"
+
+    def length(self) -> int:
+        return int(self.client.xlen(self.stream))

@@ -1,0 +1,73 @@
+"""Every Redis key trialstream uses, in one place.
+
+The event log lives under the `ts` prefix and is never rebuilt. Views live under a namespace
+(`ts` too by default) so that a rebuild can target a scratch namespace and be compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOG_PREFIX = "ts"
+EXPERIMENTS = f"{LOG_PREFIX}:experiments"  # zset: experiment id -> creation time (ms)
+PROJECTOR_HEARTBEAT = f"{LOG_PREFIX}:projector:heartbeat"
+
+
+def events(experiment_id: str) -> str:
+    """The experiment's stream: its total order is the replay order."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:events"
+
+
+def idempotency(experiment_id: str) -> str:
+    """Hash: idempotency key -> id of the event stored under it."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:idem"
+
+
+def trial_claim(experiment_id: str, trial_id: str) -> str:
+    """Set by the worker that launches a trial, so a duplicate delivery of its job does nothing."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}"
+
+
+@dataclass(frozen=True)
+class ViewKeys:
+    """Keys of the disposable views of one experiment in one namespace."""
+
+    experiment_id: str
+    namespace: str = LOG_PREFIX
+
+    @property
+    def _base(self) -> str:
+        return f"{self.namespace}:view:{self.experiment_id}"
+
+    @property
+    def position(self) -> str:
+        """Hash {position, applied}: how far the projection has read, written with the views."""
+        return f"{self._base}:position"
+
+    @property
+    def trials(self) -> str:
+        """Hash: trial id -> TrialJobDetail JSON."""
+        return f"{self._base}:trials"
+
+    @property
+    def experiment(self) -> str:
+        """Hash: status, config, times and cluster metadata of the experiment."""
+        return f"{self._base}:experiment"
+
+    @property
+    def metric_keys(self) -> str:
+        """Set of `trial|parameter|type|sequence` already projected: metrics are counted once."""
+        return f"{self._base}:metric-keys"
+
+    @property
+    def unreadable(self) -> str:
+        """Hash: id -> error of log entries that could not be decoded; recorded, then skipped."""
+        return f"{self._base}:unreadable"
+
+    def metrics(self, trial_id: str) -> str:
+        """List of MetricRecord JSON of one trial, in log order."""
+        return f"{self._base}:metrics:{trial_id}"
+
+    @property
+    def pattern(self) -> str:
+        return f"{self._base}:*"

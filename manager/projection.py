@@ -1,0 +1,126 @@
+"""Pure fold of events into views. No I/O: the projector and read-your-writes both use it.
+
+The state machine lives here: an event that arrives out of order never moves a trial out of a
+terminal status, and a metric is counted once however often it is delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from schemas.events import (
+    ClusterMetadataSet,
+    Event,
+    ExperimentCreated,
+    ExperimentFinished,
+    TrialCancelRequested,
+    TrialDeferred,
+    TrialEnded,
+    TrialFormUpdated,
+    TrialMetricReported,
+    TrialStarted,
+    TrialSubmitted,
+)
+from schemas.trial import CamelModel, MetricRecord, TrialJobDetail, TrialJobStatus, can_transition
+
+
+class ExperimentView(CamelModel):
+    id: str
+    status: Literal["RUNNING", "DONE", "ERROR", "STOPPED"] = "RUNNING"
+    config: dict[str, Any] = {}
+    working_directory: str = ""
+    start_time: int | None = None
+    end_time: int | None = None
+    message: str | None = None
+    metadata: dict[str, str] = {}
+
+
+def metric_record(event: TrialMetricReported) -> MetricRecord:
+    return MetricRecord(
+        timestamp=event.time,
+        trial_job_id=event.trial_id,
+        parameter_id=event.parameter_id,
+        type=event.metric_type,
+        sequence=event.sequence,
+        data=event.data,
+    )
+
+
+def apply_to_experiment(view: ExperimentView | None, event: Event) -> ExperimentView | None:
+    match event:
+        case ExperimentCreated():
+            return ExperimentView(
+                id=event.experiment_id,
+                config=event.config,
+                working_directory=event.working_directory,
+                start_time=event.time,
+            )
+        case ExperimentFinished() if view is not None:
+            return view.model_copy(update={"status": event.status, "end_time": event.time, "message": event.message})
+        case ClusterMetadataSet():
+            base = view or ExperimentView(id=event.experiment_id)
+            return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})
+    return view
+
+
+def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail | None:
+    """The trial view after `event`; events for other trials must not be passed."""
+    if isinstance(event, TrialSubmitted):
+        if view is not None:
+            return view
+        return TrialJobDetail(
+            id=event.trial_id,
+            status=TrialJobStatus.WAITING,
+            submit_time=event.time,
+            working_directory=event.working_directory,
+            form=event.form,
+            sequence_id=event.form.sequence_id,
+            experiment_id=event.experiment_id,
+            platform=event.platform,
+        )
+    if view is None:
+        return None
+    status = view.status
+    match event:
+        case TrialDeferred() if status is TrialJobStatus.WAITING:
+            return view.model_copy(update={"message": event.reason})
+        case TrialStarted() if can_transition(status, TrialJobStatus.RUNNING):
+            return view.model_copy(
+                update={
+                    "status": TrialJobStatus.RUNNING,
+                    "start_time": event.time,
+                    "working_directory": event.working_directory,
+                    "url": event.url,
+                    "worker": event.source,
+                    "message": None,
+                }
+            )
+        case TrialMetricReported(metric_type="FINAL"):
+            record = metric_record(event)
+            if any(known.dedup_key == record.dedup_key for known in view.final_metric_data):
+                return view
+            return view.model_copy(update={"final_metric_data": [*view.final_metric_data, record]})
+        case TrialFormUpdated():
+            return view.model_copy(update={"form": event.form})
+        case TrialCancelRequested() if status is TrialJobStatus.WAITING:
+            return view.model_copy(
+                update={
+                    "status": event.status,
+                    "end_time": event.time,
+                    "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
+                    "message": event.reason or "canceled before it started",
+                }
+            )
+        case TrialCancelRequested() if not status.is_terminal:
+            return view.model_copy(update={"is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED})
+        case TrialEnded() if can_transition(status, event.status):
+            return view.model_copy(
+                update={
+                    "status": event.status,
+                    "end_time": event.time,
+                    "exit_code": event.exit_code,
+                    "message": event.message,
+                    "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
+                }
+            )
+    return view

@@ -1,0 +1,229 @@
+"""NNI's TrainingService interface, over the event log and its views.
+
+Commands append events; queries read the views and fold in any events the projector has not
+applied yet, so a read always reflects every write before it (read your writes) even when the
+projector lags or is down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import string
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from manager.event_store import EventStore, StoredEvent
+from manager.keys import LOG_PREFIX
+from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial
+from manager.views import ViewStore
+from schemas.config import PlatformConfig
+from schemas.events import (
+    ClusterMetadataSet,
+    TrialCancelRequested,
+    TrialEvent,
+    TrialFormUpdated,
+    TrialLaunchSpec,
+    TrialMetricReported,
+    TrialSubmitted,
+)
+from schemas.trial import JobApplicationForm, TrialConfig, TrialJobDetail, TrialJobMetric, TrialJobStatus
+from workers.job import enqueue_trial, submission_key
+
+log = logging.getLogger(__name__)
+
+TRIAL_CONFIG = "trial_config"
+PLATFORM_CONFIG = "platform_config"
+_TRIAL_ID_ALPHABET = string.ascii_letters + string.digits
+
+MetricListener = Callable[[TrialJobMetric], None]
+
+
+class TrialNotFound(LookupError):
+    def __init__(self, experiment_id: str, trial_id: str) -> None:
+        super().__init__(f"trial {trial_id!r} not found in experiment {experiment_id}")
+
+
+class MissingClusterMetadata(LookupError):
+    pass
+
+
+class TrainingService:
+    def __init__(
+        self,
+        client: redis.Redis,
+        rq_connection: redis.Redis,
+        experiment_id: str,
+        namespace: str = LOG_PREFIX,
+    ) -> None:
+        self.experiment_id = experiment_id
+        self.store = EventStore(client, experiment_id)
+        self.views = ViewStore(client, experiment_id, namespace)
+        self._client = client
+        self._rq_connection = rq_connection
+        self._listeners: list[MetricListener] = []
+        self._stopped = threading.Event()
+        self._change_cursor = self.store.head()
+
+    # queries
+
+    def list_trial_jobs(self) -> list[TrialJobDetail]:
+        position, trials = self._snapshot(None)
+        for entry in self.store.read(after=position):
+            if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
+                trial_id = entry.event.trial_id
+                view = apply_to_trial(trials.get(trial_id), entry.event)
+                if view is not None:
+                    trials[trial_id] = view
+        return sorted(trials.values(), key=lambda trial: trial.sequence_id)
+
+    def get_trial_job(self, trial_id: str) -> TrialJobDetail:
+        position, trials = self._snapshot(trial_id)
+        view = trials.get(trial_id)
+        for entry in self.store.read(after=position):
+            if isinstance(entry, StoredEvent) and getattr(entry.event, "trial_id", None) == trial_id:
+                view = apply_to_trial(view, entry.event)
+        if view is None:
+            raise TrialNotFound(self.experiment_id, trial_id)
+        return view
+
+    def get_cluster_metadata(self, key: str) -> str:
+        return _metadata(self._experiment_view(), key)
+
+    @property
+    def is_multi_phase_job_supported(self) -> bool:
+        return True
+
+    # commands
+
+    def set_cluster_metadata(self, key: str, value: str) -> None:
+        self.store.append(ClusterMetadataSet(experiment_id=self.experiment_id, key=key, value=value))
+
+    def submit_trial_job(self, form: JobApplicationForm) -> TrialJobDetail:
+        """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither."""
+        experiment = self._experiment_view()
+        trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
+        platform_section = json.loads(_metadata(experiment, PLATFORM_CONFIG))
+        platform_config = PlatformConfig.model_validate(platform_section)
+        trial_id = self._new_trial_id()
+        event = TrialSubmitted(
+            experiment_id=self.experiment_id,
+            trial_id=trial_id,
+            platform=platform_config.platform,
+            form=form,
+            working_directory=str(Path(experiment.working_directory) / "trials" / trial_id),
+            launch=TrialLaunchSpec(
+                command=trial_config.command,
+                code_directory=trial_config.code_directory,
+                platform_config=platform_section,
+                gpu_number=trial_config.gpu_number,
+                max_duration_seconds=trial_config.max_trial_duration,
+            ),
+        )
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            self.store.append(event, idempotency_key=submission_key(trial_id), pipeline=pipe)
+            enqueue_trial(self._rq_connection, event.platform, (self.experiment_id, trial_id, 1), pipeline=pipe)
+            pipe.execute()
+        view = apply_to_trial(None, event)
+        assert view is not None
+        return view
+
+    def update_trial_job(self, trial_id: str, form: JobApplicationForm) -> TrialJobDetail:
+        self.get_trial_job(trial_id)
+        self.store.append(TrialFormUpdated(experiment_id=self.experiment_id, trial_id=trial_id, form=form))
+        return self.get_trial_job(trial_id)
+
+    def cancel_trial_job(self, trial_id: str, is_early_stopped: bool = False) -> None:
+        status = TrialJobStatus.EARLY_STOPPED if is_early_stopped else TrialJobStatus.USER_CANCELED
+        self.request_stop(trial_id, status)
+
+    def request_stop(self, trial_id: str, status: TrialJobStatus, reason: str | None = None) -> None:
+        """Ask the trial's worker to stop it; a trial that has already ended is left as it is."""
+        if self.get_trial_job(trial_id).status.is_terminal:
+            return
+        self.store.append(
+            TrialCancelRequested(experiment_id=self.experiment_id, trial_id=trial_id, status=status, reason=reason),
+        )
+
+    # metric listeners and the main loop
+
+    def add_trial_job_metric_listener(self, listener: MetricListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_trial_job_metric_listener(self, listener: MetricListener) -> None:
+        self._listeners.remove(listener)
+
+    def run(self) -> None:
+        """Deliver every metric of the experiment to the listeners, once each, until clean_up()."""
+        cursor = "0-0"
+        seen: set[tuple[str, str, str, int]] = set()
+        while not self._stopped.is_set():
+            for entry in self.store.wait(cursor, block_ms=200):
+                cursor = entry.id
+                if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported):
+                    event = entry.event
+                    key = (event.trial_id, event.parameter_id, event.metric_type, event.sequence)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    metric = TrialJobMetric(id=event.trial_id, data=event.data)
+                    for listener in list(self._listeners):
+                        listener(metric)
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        """Block until the log grows (a trial started, ended, reported...) or the timeout passes."""
+        answer = self._client.xread({self.store.stream: self._change_cursor}, block=int(timeout_s * 1000))
+        if not answer:
+            return False
+        self._change_cursor = answer[0][1][-1][0]
+        return True
+
+    def clean_up(self) -> None:
+        """Stop every trial that has not ended (SYS_CANCELED) and end run()."""
+        for trial in self.list_trial_jobs():
+            if not trial.status.is_terminal:
+                self.request_stop(trial.id, TrialJobStatus.SYS_CANCELED, "experiment stopped")
+        self._stopped.set()
+
+    # helpers
+
+    def _snapshot(self, trial_id: str | None) -> tuple[str, dict[str, TrialJobDetail]]:
+        """Projection position and views read in one transaction, so they agree with each other."""
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hget(self.views.keys.position, "position")
+            if trial_id is None:
+                pipe.hvals(self.views.keys.trials)
+            else:
+                pipe.hmget(self.views.keys.trials, [trial_id])
+            position, raws = pipe.execute()
+        trials = [TrialJobDetail.model_validate_json(raw) for raw in raws if raw]
+        return position or "0-0", {trial.id: trial for trial in trials}
+
+    def _experiment_view(self) -> ExperimentView:
+        position = self.views.position()
+        view = self.views.experiment()
+        for entry in self.store.read(after=position):
+            if isinstance(entry, StoredEvent) and not isinstance(entry.event, TrialEvent):
+                view = apply_to_experiment(view, entry.event)
+        if view is None:
+            raise LookupError(f"experiment {self.experiment_id} has no ExperimentCreated event")
+        return view
+
+    def _new_trial_id(self) -> str:
+        """Five letters and digits, as NNI's; checked against the log so ids never collide."""
+        while True:
+            trial_id = "".join(secrets.choice(_TRIAL_ID_ALPHABET) for _ in range(5))
+            if not self.store.has_key(submission_key(trial_id)):
+                return trial_id
+
+
+def _metadata(experiment: ExperimentView, key: str) -> str:
+    value = experiment.metadata.get(key)
+    if value is None:
+        raise MissingClusterMetadata(f"cluster metadata {key!r} has not been set for experiment {experiment.id}")
+    return value

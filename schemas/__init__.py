@@ -1,0 +1,1 @@
+"""Pydantic models: events, trial views, forms and configs. No I/O lives here."""

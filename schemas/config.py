@@ -1,0 +1,145 @@
+"""NNI v2 experiment config: keys matched case- and underscore-insensitively, unknown keys rejected."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+
+def _canonical(key: str) -> str:
+    return key.replace("_", "").lower()
+
+
+class NniConfigModel(BaseModel):
+    """Base of every config section: NNI treats `ssh_key_file`, `sshKeyFile` and `SSHKeyFile` alike."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = {_canonical(field.alias or name): field.alias or name for name, field in cls.model_fields.items()}
+        normalised: dict[str, Any] = {}
+        for key, value in data.items():
+            target = known.get(_canonical(str(key)), str(key))
+            if target in normalised:
+                raise ValueError(f"key {key!r} is given twice (keys are case- and underscore-insensitive)")
+            normalised[target] = value
+        return normalised
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> Any:
+    """'1h', '30m', '45s', '2d' or a number of seconds, as NNI accepts them."""
+    if isinstance(value, str):
+        match = _DURATION.match(value.lower())
+        if not match:
+            raise ValueError(f"{value!r} is not a duration: use a number with a unit s, m, h or d, e.g. '30m'")
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+
+
+def _int_list(value: Any) -> Any:
+    """gpuIndices may be written 1, '0,1' or [0, 1]."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, str):
+        return [int(part) for part in value.split(",") if part.strip()]
+    return value
+
+
+IndexList = Annotated[list[Annotated[int, Field(ge=0)]], BeforeValidator(_int_list)]
+
+
+class AlgorithmConfig(NniConfigModel):
+    name: str | None = None
+    class_name: str | None = None
+    code_directory: str | None = None
+    class_args: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _builtin_only(self) -> AlgorithmConfig:
+        if self.name is None:
+            raise ValueError("'name' is required: give a built-in algorithm name such as Random")
+        if self.class_name or self.code_directory:
+            raise ValueError("custom algorithms (className/codeDirectory) are not supported: use a built-in name")
+        return self
+
+
+class PlatformConfig(NniConfigModel):
+    """Common part of every `trainingService` section; each platform extends it."""
+
+    platform: str
+
+
+class LocalConfig(PlatformConfig):
+    platform: Literal["local"] = "local"
+    use_active_gpu: bool | None = None
+    max_trial_number_per_gpu: int = Field(1, ge=1)
+    gpu_indices: IndexList | None = None
+
+
+class ExperimentConfig(NniConfigModel):
+    experiment_name: str | None = None
+    search_space: dict[str, Any] | None = None
+    search_space_file: str | None = None
+    trial_command: str = Field(min_length=1)
+    trial_code_directory: str = "."
+    trial_concurrency: int = Field(ge=1)
+    trial_gpu_number: int | None = Field(None, ge=0)
+    max_experiment_duration: Duration | None = None
+    max_trial_number: int | None = Field(None, ge=1)
+    max_trial_duration: Duration | None = None
+    tuner: AlgorithmConfig = AlgorithmConfig(name="Random")
+    assessor: AlgorithmConfig | None = None
+    training_service: dict[str, Any] | list[dict[str, Any]]
+    experiment_working_directory: str | None = None
+    nni_manager_ip: str | None = None
+    debug: bool = False
+    log_level: Literal["trace", "debug", "info", "warning", "error", "fatal"] | None = None
+    use_annotation: bool = False
+    experiment_type: Literal["hpo"] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ExperimentConfig:
+        if self.assessor is not None:
+            raise ValueError("assessor: assessors are not supported yet; remove the 'assessor' section")
+        if self.use_annotation:
+            raise ValueError("useAnnotation: NNI annotations are not supported; use the nni API in the trial")
+        if self.search_space is not None and self.search_space_file is not None:
+            raise ValueError("give either searchSpace or searchSpaceFile, not both")
+        return self
+
+    @property
+    def training_services(self) -> list[dict[str, Any]]:
+        ts = self.training_service
+        return list(ts) if isinstance(ts, list) else [ts]
+
+
+class ConfigError(ValueError):
+    """An invalid experiment config; the message names each key and what is expected."""
+
+
+def describe_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem: `key.path: what is wrong (how to fix it)`."""
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(part) for part in (prefix, *problem["loc"]) if part != "")
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key; check its spelling against the NNI v2 config reference"
+        elif problem["type"] == "missing":
+            message = "required key is missing"
+        lines.append(f"{path or 'config'}: {message}")
+    return "\n".join(lines)

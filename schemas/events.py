@@ -1,0 +1,149 @@
+"""Domain events: the append-only log is the single source of truth.
+
+Every event is versioned (`v`) and discriminated by `type`. Events are facts in the past tense;
+they are written by the manager (commands) and by workers (what happened on a platform).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, field_validator
+
+from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class BaseEvent(CamelModel):
+    experiment_id: str
+    time: int = Field(default_factory=now_ms)
+    source: str = "manager"
+
+
+class TrialEvent(BaseEvent):
+    trial_id: str
+
+
+class ExperimentCreated(BaseEvent):
+    type: Literal["ExperimentCreated"] = "ExperimentCreated"
+    v: Literal[1] = 1
+    config: dict[str, Any]
+    working_directory: str
+
+
+class ExperimentFinished(BaseEvent):
+    type: Literal["ExperimentFinished"] = "ExperimentFinished"
+    v: Literal[1] = 1
+    status: Literal["DONE", "ERROR", "STOPPED"]
+    message: str | None = None
+
+
+class ClusterMetadataSet(BaseEvent):
+    type: Literal["ClusterMetadataSet"] = "ClusterMetadataSet"
+    v: Literal[1] = 1
+    key: str
+    value: str
+
+
+class TrialLaunchSpec(CamelModel):
+    """Everything a platform needs to run the trial, so a worker reads one event and nothing else."""
+
+    command: str
+    code_directory: str
+    platform_config: dict[str, Any]
+    gpu_number: int | None = None
+    max_duration_seconds: float | None = None
+
+
+class TrialSubmitted(TrialEvent):
+    type: Literal["TrialSubmitted"] = "TrialSubmitted"
+    v: Literal[1] = 1
+    platform: str
+    form: JobApplicationForm
+    working_directory: str
+    launch: TrialLaunchSpec
+
+
+class TrialDeferred(TrialEvent):
+    """The platform cannot start the trial yet (e.g. its GPUs are busy); it stays WAITING."""
+
+    type: Literal["TrialDeferred"] = "TrialDeferred"
+    v: Literal[1] = 1
+    reason: str
+
+
+class TrialStarted(TrialEvent):
+    type: Literal["TrialStarted"] = "TrialStarted"
+    v: Literal[1] = 1
+    working_directory: str
+    url: str | None = None
+    gpu_indices: list[int] | None = None
+
+
+class TrialMetricReported(TrialEvent):
+    type: Literal["TrialMetricReported"] = "TrialMetricReported"
+    v: Literal[1] = 1
+    parameter_id: str
+    metric_type: MetricType
+    sequence: int
+    data: str
+
+
+class TrialMetricRejected(TrialEvent):
+    """A metric record the trial wrote that could not be read; the trial goes on."""
+
+    type: Literal["TrialMetricRejected"] = "TrialMetricRejected"
+    v: Literal[1] = 1
+    reason: str
+
+
+class TrialFormUpdated(TrialEvent):
+    """A new parameter set for a multi-phase trial."""
+
+    type: Literal["TrialFormUpdated"] = "TrialFormUpdated"
+    v: Literal[1] = 1
+    form: JobApplicationForm
+
+
+class TrialCancelRequested(TrialEvent):
+    type: Literal["TrialCancelRequested"] = "TrialCancelRequested"
+    v: Literal[1] = 1
+    status: Literal[TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED]
+    reason: str | None = None
+
+
+class TrialEnded(TrialEvent):
+    type: Literal["TrialEnded"] = "TrialEnded"
+    v: Literal[1] = 1
+    status: TrialJobStatus
+    exit_code: int | None = None
+    message: str | None = None
+
+    @field_validator("status")
+    @classmethod
+    def _terminal(cls, status: TrialJobStatus) -> TrialJobStatus:
+        if not status.is_terminal:
+            raise ValueError(f"a trial can only end in a terminal status, not {status}")
+        return status
+
+
+Event = Annotated[
+    ExperimentCreated
+    | ExperimentFinished
+    | ClusterMetadataSet
+    | TrialSubmitted
+    | TrialDeferred
+    | TrialStarted
+    | TrialMetricReported
+    | TrialMetricRejected
+    | TrialFormUpdated
+    | TrialCancelRequested
+    | TrialEnded,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -1,0 +1,148 @@
+"""Trial statuses, application forms, views and metrics, with NNI's camelCase JSON names."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+
+class CamelModel(BaseModel):
+    """Python names in snake_case, JSON names in NNI's camelCase."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+class TrialJobStatus(StrEnum):
+    UNKNOWN = "UNKNOWN"
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    USER_CANCELED = "USER_CANCELED"
+    SYS_CANCELED = "SYS_CANCELED"
+    EARLY_STOPPED = "EARLY_STOPPED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        TrialJobStatus.SUCCEEDED,
+        TrialJobStatus.FAILED,
+        TrialJobStatus.USER_CANCELED,
+        TrialJobStatus.SYS_CANCELED,
+        TrialJobStatus.EARLY_STOPPED,
+    }
+)
+
+_ALLOWED_TRANSITIONS: dict[TrialJobStatus, frozenset[TrialJobStatus]] = {
+    TrialJobStatus.WAITING: frozenset({TrialJobStatus.RUNNING, TrialJobStatus.UNKNOWN} | TERMINAL_STATUSES),
+    TrialJobStatus.RUNNING: frozenset({TrialJobStatus.UNKNOWN} | TERMINAL_STATUSES),
+    TrialJobStatus.UNKNOWN: frozenset({TrialJobStatus.RUNNING} | TERMINAL_STATUSES),
+}
+
+
+def can_transition(current: TrialJobStatus, new: TrialJobStatus) -> bool:
+    """The status state machine: nothing ever leaves a terminal status."""
+    return new in _ALLOWED_TRANSITIONS.get(current, frozenset())
+
+
+class HyperParameters(CamelModel):
+    """NNI's form: `value` is the JSON string handed to the trial as parameter.cfg."""
+
+    value: str
+    index: int = 0
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return dict(json.loads(self.value).get("parameters", {}))
+
+
+class JobApplicationForm(CamelModel):
+    sequence_id: int
+    hyper_parameters: HyperParameters
+    placement_constraint: dict[str, Any] | None = None
+
+
+MetricType = Literal["PERIODICAL", "FINAL", "REQUEST_PARAMETER"]
+
+
+class MetricRecord(CamelModel):
+    """One metric as the REST API and the CLI show it; `data` is NNI's double-encoded JSON string."""
+
+    timestamp: int
+    trial_job_id: str
+    parameter_id: str
+    type: MetricType
+    sequence: int
+    data: str
+
+    @property
+    def dedup_key(self) -> str:
+        return f"{self.parameter_id}|{self.type}|{self.sequence}"
+
+    @property
+    def value(self) -> Any:
+        """The reported value: a number, or a dict with a `default` key (NNI's convention)."""
+        decoded = json.loads(self.data)
+        return json.loads(decoded) if isinstance(decoded, str) else decoded
+
+
+class TrialJobMetric(CamelModel):
+    """What metric listeners receive, as NNI's TrainingService emits it."""
+
+    id: str
+    data: str
+
+
+class TrialJobDetail(CamelModel):
+    id: str
+    status: TrialJobStatus
+    submit_time: int
+    start_time: int | None = None
+    end_time: int | None = None
+    tags: list[str] | None = None
+    url: str | None = None
+    working_directory: str
+    form: JobApplicationForm
+    sequence_id: int
+    is_early_stopped: bool | None = None
+    message: str | None = None
+    # trialstream additions
+    experiment_id: str
+    platform: str
+    exit_code: int | None = None
+    worker: str | None = None
+    final_metric_data: list[MetricRecord] = []
+
+    @property
+    def final_metric(self) -> Any:
+        """The latest FINAL metric's value, or None."""
+        return self.final_metric_data[-1].value if self.final_metric_data else None
+
+
+def metric_score(value: Any) -> float | None:
+    """The number tuners and 'best so far' compare: the value itself or its `default` entry."""
+    if isinstance(value, dict):
+        value = value.get("default")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class TrialConfig(CamelModel):
+    """The `trial_config` cluster metadata: how every trial of the experiment is launched."""
+
+    command: str
+    code_directory: str
+    gpu_number: int | None = None
+    max_trial_duration: float | None = None

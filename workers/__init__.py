@@ -1,0 +1,1 @@
+"""Platform adapters executed by RQ workers, one queue per platform."""

@@ -1,0 +1,157 @@
+"""The TrialControl a platform reports through: every report becomes an event in the log.
+
+A watcher thread tails the experiment's log from the trial's submission on, so a cancel or a new
+parameter set reaches the running trial within milliseconds of being appended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from manager.event_store import EventStore, StoredEvent
+from schemas.events import (
+    TrialCancelRequested,
+    TrialFormUpdated,
+    TrialMetricRejected,
+    TrialMetricReported,
+    TrialStarted,
+    TrialSubmitted,
+)
+from schemas.trial import JobApplicationForm, TrialJobStatus
+from workers.metrics import ParsedMetric
+from workers.platform import StopRequest
+
+log = logging.getLogger(__name__)
+
+_WATCH_BLOCK_MS = 250
+
+
+def _format_seconds(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+class LogTrialControl:
+    def __init__(self, store: EventStore, submitted: StoredEvent, worker: str, attempt: int) -> None:
+        assert isinstance(submitted.event, TrialSubmitted)
+        self._store = store
+        self._submission = submitted.event
+        self._trial_id = submitted.event.trial_id
+        self._worker = worker
+        self._attempt = attempt
+        self._cursor = submitted.id
+        self._cancel: TrialCancelRequested | None = None
+        self._forms: list[JobApplicationForm] = []
+        self._started_at: float | None = None
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._poll()  # a cancel that came before the worker did is seen before launching
+        self._watcher = threading.Thread(target=self._watch, name=f"watch-{self._trial_id}", daemon=True)
+        self._watcher.start()
+
+    # reports from the platform
+
+    def started(self, working_directory: str, url: str | None = None, gpu_indices: list[int] | None = None) -> None:
+        self._started_at = time.monotonic()
+        self._append(
+            TrialStarted(
+                experiment_id=self._store.experiment_id,
+                trial_id=self._trial_id,
+                source=self._worker,
+                working_directory=working_directory,
+                url=url,
+                gpu_indices=gpu_indices,
+            ),
+            f"started:{self._trial_id}:{self._attempt}",
+        )
+
+    def metric(self, metric: ParsedMetric) -> None:
+        if metric.metric_type == "REQUEST_PARAMETER":
+            return
+        self._append(
+            TrialMetricReported(
+                experiment_id=self._store.experiment_id,
+                trial_id=self._trial_id,
+                source=self._worker,
+                parameter_id=metric.parameter_id,
+                metric_type=metric.metric_type,  # type: ignore[arg-type]
+                sequence=metric.sequence,
+                data=metric.data,
+            ),
+            f"metric:{self._trial_id}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}",
+        )
+
+    def rejected(self, reason: str) -> None:
+        log.warning("trial %s: %s", self._trial_id, reason)
+        self._append(
+            TrialMetricRejected(
+                experiment_id=self._store.experiment_id, trial_id=self._trial_id, source=self._worker, reason=reason
+            ),
+            None,
+        )
+
+    # what the platform asks
+
+    def stop_request(self) -> StopRequest | None:
+        if self._cancel is not None:
+            return StopRequest(self._cancel.status, self._cancel.reason or _default_reason(self._cancel.status))
+        limit = self._submission.launch.max_duration_seconds
+        if limit is not None and self._started_at is not None and time.monotonic() - self._started_at > limit:
+            return StopRequest(
+                TrialJobStatus.EARLY_STOPPED, f"stopped: exceeded maxTrialDuration of {_format_seconds(limit)}"
+            )
+        return None
+
+    def new_forms(self) -> list[JobApplicationForm]:
+        with self._lock:
+            forms, self._forms = self._forms, []
+        return forms
+
+    def wait(self, seconds: float) -> None:
+        limit = self._submission.launch.max_duration_seconds
+        if limit is not None and self._started_at is not None:
+            seconds = max(0.0, min(seconds, self._started_at + limit - time.monotonic() + 0.001))
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._watcher.join(timeout=2 * _WATCH_BLOCK_MS / 1000)
+
+    # plumbing
+
+    def _append(self, event: TrialStarted | TrialMetricReported | TrialMetricRejected, key: str | None) -> None:
+        self._store.append(event, idempotency_key=key)
+
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self._poll(block_ms=_WATCH_BLOCK_MS)
+            except redis.RedisError as error:
+                log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
+                self._closed.wait(0.5)
+
+    def _poll(self, block_ms: int | None = None) -> None:
+        self._cursor, entries = self._store.follow_trial(self._trial_id, self._cursor, block_ms)
+        for entry in entries:
+            if not isinstance(entry, StoredEvent):
+                continue
+            event = entry.event
+            if isinstance(event, TrialCancelRequested) and self._cancel is None:
+                self._cancel = event
+                self._wake.set()
+            elif isinstance(event, TrialFormUpdated):
+                with self._lock:
+                    self._forms.append(event.form)
+                self._wake.set()
+
+
+def _default_reason(status: TrialJobStatus) -> str:
+    return {
+        TrialJobStatus.EARLY_STOPPED: "early stopped",
+        TrialJobStatus.SYS_CANCELED: "canceled by the system",
+    }.get(status, "canceled by the user")

@@ -1,0 +1,192 @@
+"""The local platform: trials are processes on the worker's machine, with cwd = the code directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import BinaryIO, ClassVar
+
+import redis
+
+from schemas.config import LocalConfig
+from schemas.trial import TrialJobStatus
+from workers.gpu import GpuLedger, GpuPolicy, GpuRequestImpossible, cuda_visible_devices, detect_gpu_source
+from workers.metrics import MAX_RECORD_BYTES, MetricFileReader, MetricRejected, parse_stdout_line
+from workers.platform import Deferred, StopRequest, TrialAssignment, TrialControl, TrialOutcome
+
+KILL_GRACE_ENV = "TRIALSTREAM_KILL_GRACE_S"
+TICK_S = 0.02
+ORPHAN_GRACE_S = 1.0
+STDERR_TAIL_BYTES = 2000
+
+
+class LocalPlatform:
+    name: ClassVar[str] = "local"
+    config_model: ClassVar[type[LocalConfig]] = LocalConfig
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.ledger = GpuLedger(client, socket.gethostname(), detect_gpu_source())
+        self.kill_grace_s = float(os.environ.get(KILL_GRACE_ENV, "5"))
+
+    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
+        config = trial.platform_config
+        assert isinstance(config, LocalConfig)
+        policy = GpuPolicy(
+            gpu_number=trial.launch.gpu_number,
+            gpu_indices=tuple(config.gpu_indices) if config.gpu_indices is not None else None,
+            max_trials_per_gpu=config.max_trial_number_per_gpu,
+            use_active_gpu=bool(config.use_active_gpu),
+        )
+        ledger_key = f"{trial.experiment_id}/{trial.trial_id}"
+        try:
+            gpus = self.ledger.reserve(ledger_key, policy)
+        except GpuRequestImpossible as error:
+            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
+        if gpus is None:
+            count = policy.gpu_number
+            return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
+        try:
+            return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
+        finally:
+            self.ledger.release(ledger_key)
+
+
+class _TrialProcess:
+    """One launch of a trial command, watched until it ends."""
+
+    def __init__(self, trial: TrialAssignment, control: TrialControl, cuda: str | None, grace_s: float) -> None:
+        self.trial = trial
+        self.control = control
+        self.cuda = cuda
+        self.grace_s = grace_s
+        self.sys_dir = Path(trial.working_directory)
+        self.reader = MetricFileReader(self.sys_dir / ".nni" / "metrics")
+
+    def run(self, gpus: list[int]) -> TrialOutcome:
+        code_dir = Path(self.trial.launch.code_directory)
+        if not code_dir.is_dir():
+            return TrialOutcome(TrialJobStatus.FAILED, message=f"trialCodeDirectory {code_dir} does not exist")
+        (self.sys_dir / ".nni").mkdir(parents=True, exist_ok=True)
+        (self.sys_dir / "parameter.cfg").write_text(self.trial.form.hyper_parameters.value)
+        with (self.sys_dir / "stdout").open("wb") as stdout_file, (self.sys_dir / "stderr").open("wb") as stderr:
+            process = subprocess.Popen(
+                ["/bin/sh", "-c", self.trial.launch.command],
+                cwd=code_dir,
+                env=self._environment(code_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,  # its own process group, so a cancel reaches every child
+            )
+            self.control.started(str(self.sys_dir), url=str(self.sys_dir), gpu_indices=gpus or None)
+            assert process.stdout is not None
+            pump = threading.Thread(target=self._pump_stdout, args=(process.stdout, stdout_file), daemon=True)
+            pump.start()
+            stop = self._watch(process)
+            pump.join(ORPHAN_GRACE_S)
+            if pump.is_alive():  # children of the trial still hold its stdout: the trial is over
+                _signal_group(process.pid, signal.SIGKILL)
+                pump.join()
+        self._forward_file_metrics(final=True)
+        return self._outcome(process.returncode, stop)
+
+    def _environment(self, code_dir: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            NNI_PLATFORM="local",
+            NNI_EXP_ID=self.trial.experiment_id,
+            NNI_TRIAL_JOB_ID=self.trial.trial_id,
+            NNI_SYS_DIR=str(self.sys_dir),
+            NNI_OUTPUT_DIR=str(self.sys_dir),
+            NNI_TRIAL_SEQ_ID=str(self.trial.form.sequence_id),
+            NNI_CODE_DIR=str(code_dir),
+            MULTI_PHASE="false",
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("NNI_TRIAL_COMMAND_CHANNEL", None)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if self.cuda is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.cuda
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the indices NVML reported
+        return env
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> StopRequest | None:
+        """Forward metrics and parameter updates until the process exits or must stop."""
+        while True:
+            self._forward_file_metrics()
+            for form in self.control.new_forms():
+                index = form.hyper_parameters.index
+                (self.sys_dir / f"parameter_{index}.cfg").write_text(form.hyper_parameters.value)
+            if process.poll() is not None:
+                return None
+            stop = self.control.stop_request()
+            if stop is not None:
+                self._terminate(process)
+                return stop
+            self.control.wait(TICK_S)
+
+    def _terminate(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGTERM to the whole process group, SIGKILL after the grace period."""
+        _signal_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(self.grace_s)
+        _signal_group(process.pid, signal.SIGKILL)  # also reaps children that outlived the leader
+        process.wait()
+
+    def _pump_stdout(self, stream: BinaryIO, copy: BinaryIO) -> None:
+        """Copy stdout to its file; turn `NNISDK_MEb'...'` lines into metrics as they are printed."""
+        while line := stream.readline(MAX_RECORD_BYTES + 64):
+            copy.write(line)
+            copy.flush()
+            if not line.endswith(b"\n") and len(line) > MAX_RECORD_BYTES:
+                while (rest := stream.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
+                    copy.write(rest)
+                copy.write(rest)
+                line += rest  # only its length matters now: parse rejects it as too large
+            try:
+                metric = parse_stdout_line(line)
+            except MetricRejected as error:
+                self.control.rejected(str(error))
+                continue
+            if metric is not None:
+                self.control.metric(metric)
+
+    def _forward_file_metrics(self, final: bool = False) -> None:
+        metrics, problems = self.reader.read_new(final=final)
+        for metric in metrics:
+            self.control.metric(metric)
+        for problem in problems:
+            self.control.rejected(problem)
+
+    def _outcome(self, returncode: int, stop: StopRequest | None) -> TrialOutcome:
+        if stop is not None:
+            return TrialOutcome(stop.status, exit_code=returncode, message=stop.reason)
+        if returncode == 0:
+            return TrialOutcome(TrialJobStatus.SUCCEEDED, exit_code=0)
+        return TrialOutcome(TrialJobStatus.FAILED, exit_code=returncode, message=self._failure_message(returncode))
+
+    def _failure_message(self, returncode: int) -> str:
+        if returncode < 0:
+            summary = f"killed by signal {signal.Signals(-returncode).name}"
+        elif returncode == 127:
+            summary = "exit code 127: command not found"
+        else:
+            summary = f"exit code {returncode}"
+        tail = _tail(self.sys_dir / "stderr", STDERR_TAIL_BYTES)
+        return f"{summary}; stderr: {tail}" if tail else summary
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+def _tail(path: Path, size: int) -> str:
+    with path.open("rb") as file:
+        file.seek(max(0, path.stat().st_size - size))
+        return file.read().decode(errors="replace").strip()

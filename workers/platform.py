@@ -1,0 +1,80 @@
+"""The port every platform adapter implements, and what it is handed.
+
+A platform runs one trial to its end and says how it ended. It reports what happens through a
+`TrialControl`, which turns each report into an event; it never touches the log itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import redis
+
+from schemas.config import PlatformConfig
+from schemas.events import TrialLaunchSpec
+from schemas.trial import JobApplicationForm, TrialJobStatus
+from workers.metrics import ParsedMetric
+
+
+@dataclass(frozen=True)
+class TrialAssignment:
+    experiment_id: str
+    trial_id: str
+    form: JobApplicationForm
+    launch: TrialLaunchSpec
+    working_directory: str
+    platform_config: PlatformConfig
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Why a running trial must stop, and the status it then ends in."""
+
+    status: TrialJobStatus
+    reason: str
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    status: TrialJobStatus
+    exit_code: int | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """The trial cannot start yet (its resources are busy): try again later, it stays WAITING."""
+
+    reason: str
+
+
+class TrialControl(Protocol):
+    def started(self, working_directory: str, url: str | None = None, gpu_indices: list[int] | None = None) -> None:
+        """The trial is running."""
+
+    def metric(self, metric: ParsedMetric) -> None:
+        """The trial reported a metric."""
+
+    def rejected(self, reason: str) -> None:
+        """The trial wrote a metric record that could not be read."""
+
+    def stop_request(self) -> StopRequest | None:
+        """A cancel from the log, or the trial's maxTrialDuration passed."""
+
+    def new_forms(self) -> list[JobApplicationForm]:
+        """Parameter sets sent by update_trial_job and not handed out yet (multi-phase)."""
+
+    def wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking early when a stop or a new form arrives."""
+
+
+class Platform(Protocol):
+    name: ClassVar[str]
+    config_model: ClassVar[type[PlatformConfig]]
+
+    def __init__(self, client: redis.Redis) -> None: ...
+
+    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
+        """Run the trial to its end (blocking); a stop request must end it promptly."""
+        ...
