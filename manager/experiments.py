@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import string
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -23,12 +24,15 @@ def new_id(length: int) -> str:
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(length))
 
 
-def create_experiment(client: redis.Redis, config: dict[str, Any], working_directory: str) -> str:
+def create_experiment(client: redis.Redis, config: dict[str, Any], root: Path, experiment_id: str | None = None) -> str:
     """Append ExperimentCreated and register the experiment, atomically; returns its id (8 chars, as NNI)."""
-    while True:
-        experiment_id = new_id(8)
-        if client.zscore(keys.EXPERIMENTS, experiment_id) is None:
-            break
+    while experiment_id is None:
+        candidate = new_id(8)
+        if client.zscore(keys.EXPERIMENTS, candidate) is None:
+            experiment_id = candidate
+    if client.zscore(keys.EXPERIMENTS, experiment_id) is not None:
+        raise ValueError(f"experiment {experiment_id} already exists")
+    working_directory = str(root / experiment_id)
     event = ExperimentCreated(experiment_id=experiment_id, config=config, working_directory=working_directory)
     with client.pipeline(transaction=True) as pipe:
         pipe.multi()

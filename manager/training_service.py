@@ -21,7 +21,6 @@ from manager.event_store import EventStore, StoredEvent
 from manager.keys import LOG_PREFIX
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
-from schemas.config import PlatformConfig
 from schemas.events import (
     ClusterMetadataSet,
     TrialCancelRequested,
@@ -108,12 +107,11 @@ class TrainingService:
         experiment = self._experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
         platform_section = json.loads(_metadata(experiment, PLATFORM_CONFIG))
-        platform_config = PlatformConfig.model_validate(platform_section)
         trial_id = self._new_trial_id()
         event = TrialSubmitted(
             experiment_id=self.experiment_id,
             trial_id=trial_id,
-            platform=platform_config.platform,
+            platform=platform_section["platform"],
             form=form,
             working_directory=str(Path(experiment.working_directory) / "trials" / trial_id),
             launch=TrialLaunchSpec(

@@ -143,6 +143,7 @@ class _Numeric:
         return min(max(raw, bounds[0]), bounds[1])
 
     def value(self, coord: float) -> float:
+        """The parameter value a grid coordinate stands for."""
         return self.clip(coord if self.q is None else coord * self.q)
 
 
@@ -188,9 +189,8 @@ def _parse_param(spec: Any, path: str) -> _Param:
         return _parse_choice(value, path)
     bad = SearchSpaceError(f"{path}._value: {type_} needs {_EXPECTED[type_]}; got {_show(value)}")
     if type_ == "randint":
-        if not (isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value)):
-            raise bad
-        if value[0] >= value[1]:
+        integers = isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value)
+        if not integers or value[0] >= value[1]:
             raise bad
         return _RandInt(value[0], value[1])
     numbers = [_finite(v) for v in value] if isinstance(value, list) else []

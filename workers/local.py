@@ -72,7 +72,7 @@ class _TrialProcess:
         if not code_dir.is_dir():
             return TrialOutcome(TrialJobStatus.FAILED, message=f"trialCodeDirectory {code_dir} does not exist")
         (self.sys_dir / ".nni").mkdir(parents=True, exist_ok=True)
-        (self.sys_dir / "parameter.cfg").write_text(self.trial.form.hyper_parameters.value)
+        _write_atomically(self.sys_dir / "parameter.cfg", self.trial.form.hyper_parameters.value)
         with (self.sys_dir / "stdout").open("wb") as stdout_file, (self.sys_dir / "stderr").open("wb") as stderr:
             process = subprocess.Popen(
                 ["/bin/sh", "-c", self.trial.launch.command],
@@ -121,7 +121,7 @@ class _TrialProcess:
             self._forward_file_metrics()
             for form in self.control.new_forms():
                 index = form.hyper_parameters.index
-                (self.sys_dir / f"parameter_{index}.cfg").write_text(form.hyper_parameters.value)
+                _write_atomically(self.sys_dir / f"parameter_{index}.cfg", form.hyper_parameters.value)
             if process.poll() is not None:
                 return None
             stop = self.control.stop_request()
@@ -179,6 +179,13 @@ class _TrialProcess:
             summary = f"exit code {returncode}"
         tail = _tail(self.sys_dir / "stderr", STDERR_TAIL_BYTES)
         return f"{summary}; stderr: {tail}" if tail else summary
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """The SDK may read the file the moment it appears: it must never see half of it."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -1,0 +1,136 @@
+"""Loading an NNI v2 experiment YAML into a validated experiment spec.
+
+Every problem is reported as `key.path: what is wrong`, all at once, so a user fixes a config in
+one go. Platform sections are validated by the platform's own model, found through the registry.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from manager.tuners import SearchSpaceError, UnknownTunerError, create_tuner
+from schemas.config import (
+    AlgorithmConfig,
+    ConfigError,
+    ExperimentConfig,
+    LocalConfig,
+    NniConfigModel,
+    PlatformConfig,
+    describe_validation_error,
+)
+from workers.registry import UnknownPlatform, platform_class
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    config: ExperimentConfig
+    search_space: dict[str, Any]
+    code_directory: Path
+    platform: PlatformConfig
+    source: Path
+
+    @property
+    def as_event_config(self) -> dict[str, Any]:
+        """The config as stored in ExperimentCreated: NNI's keys, the search space inlined."""
+        data = self.config.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data.update(searchSpace=self.search_space, trialCodeDirectory=str(self.code_directory))
+        data.pop("searchSpaceFile", None)
+        data["trainingService"] = self.platform.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return data
+
+
+def load_experiment_config(path: str | Path) -> ExperimentSpec:
+    source = Path(path).expanduser().resolve()
+    data = _read_yaml(source)
+    try:
+        config = ExperimentConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_explain(error, source)) from None
+    base = source.parent
+    search_space = _search_space(config, base)
+    code_directory = (base / config.trial_code_directory).expanduser().resolve()
+    if not code_directory.is_dir():
+        raise ConfigError(f"{source}: trialCodeDirectory: {code_directory} is not a directory")
+    platform = _platform(config, source)
+    try:
+        create_tuner(config.tuner.name or "", config.tuner.class_args, search_space)
+    except UnknownTunerError as error:
+        raise ConfigError(f"{source}: tuner.name: {error}") from None
+    except SearchSpaceError as error:
+        raise ConfigError(f"{source}: {error}") from None
+    except ValueError as error:
+        raise ConfigError(f"{source}: tuner.classArgs: {error}") from None
+    return ExperimentSpec(config, search_space, code_directory, platform, source)
+
+
+def _read_yaml(source: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(source.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such config file") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: invalid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the config must be a YAML mapping of NNI v2 keys (trialCommand, ...)")
+    return data
+
+
+def _search_space(config: ExperimentConfig, base: Path) -> dict[str, Any]:
+    if config.search_space is not None:
+        return config.search_space
+    if config.search_space_file is None:
+        raise ConfigError("searchSpace: required key is missing (or give searchSpaceFile)")
+    path = (base / config.search_space_file).expanduser()
+    try:
+        data = yaml.safe_load(path.read_text())  # JSON is YAML
+    except FileNotFoundError:
+        raise ConfigError(f"searchSpaceFile: {path} does not exist") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"searchSpaceFile: {path} is not valid JSON or YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"searchSpaceFile: {path} must hold a mapping of parameter names")
+    return data
+
+
+def _platform(config: ExperimentConfig, source: Path) -> PlatformConfig:
+    sections = config.training_services
+    if len(sections) != 1:
+        raise ConfigError(f"{source}: trainingService: give exactly one platform (hybrid lists are not supported yet)")
+    section = sections[0]
+    name = next((value for key, value in section.items() if str(key).lower() == "platform"), None)
+    if not isinstance(name, str):
+        raise ConfigError(f"{source}: trainingService.platform: required key is missing (e.g. platform: local)")
+    try:
+        model = platform_class(name).config_model
+        platform = model.model_validate(section)
+    except UnknownPlatform as error:
+        raise ConfigError(f"{source}: trainingService.platform: {error}") from None
+    except ValidationError as error:
+        raise ConfigError(_explain(error, source, "trainingService")) from None
+    if isinstance(platform, LocalConfig) and (config.trial_gpu_number or 0) > 0 and platform.use_active_gpu is None:
+        raise ConfigError(
+            f"{source}: trainingService.useActiveGpu: required when trialGpuNumber > 0; set true to share GPUs "
+            "with other processes, false to use only idle GPUs"
+        )
+    return platform
+
+
+def _explain(error: ValidationError, source: Path, prefix: str = "") -> str:
+    lines = describe_validation_error(error, prefix).splitlines()
+    for index, problem in enumerate(error.errors()):
+        if problem["type"] == "extra_forbidden":
+            suggestion = difflib.get_close_matches(str(problem["loc"][-1]), _known_keys(), n=1)
+            if suggestion:
+                lines[index] += f" (did you mean {suggestion[0]!r}?)"
+    return "\n".join(f"{source}: {line}" for line in lines)
+
+
+def _known_keys() -> list[str]:
+    models: list[type[NniConfigModel]] = [ExperimentConfig, AlgorithmConfig, LocalConfig]
+    return sorted({field.alias or name for model in models for name, field in model.model_fields.items()})

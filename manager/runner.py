@@ -1,0 +1,234 @@
+"""The experiment runner: NNI's manager loop, as a client of the TrainingService.
+
+It asks the tuner for parameters, keeps `trialConcurrency` trials in flight, refills a slot the
+moment the log says a trial ended, and stops at maxTrialNumber or maxExperimentDuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from rq import Queue, Worker
+
+from manager import keys
+from manager.config import ExperimentSpec
+from manager.experiments import create_experiment, finish_experiment
+from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
+from manager.tuners import create_tuner
+from schemas.trial import (
+    HyperParameters,
+    JobApplicationForm,
+    TrialConfig,
+    TrialJobDetail,
+    TrialJobStatus,
+    metric_score,
+)
+from workers.registry import queue_name
+
+DEFAULT_EXPERIMENTS_ROOT = Path("~/trialstream-experiments")
+EXPERIMENTS_DIR_ENV = "TRIALSTREAM_EXPERIMENTS_DIR"
+_STOP_DEADLINE_S = 60.0
+
+
+class RunnerError(RuntimeError):
+    pass
+
+
+@dataclass
+class Progress:
+    """What the terminal shows while an experiment runs."""
+
+    experiment_id: str
+    started_at: float
+    counts: Counter[str] = field(default_factory=Counter)
+    best: float | None = None
+    max_trials: int | None = None
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    experiment_id: str
+    trials: list[TrialJobDetail]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "experimentId": self.experiment_id,
+                "trials": [
+                    {
+                        "id": trial.id,
+                        "status": str(trial.status),
+                        "finalMetric": trial.final_metric,
+                        "sequenceId": trial.sequence_id,
+                        "hyperParameters": trial.form.hyper_parameters.parameters,
+                    }
+                    for trial in self.trials
+                ],
+            }
+        )
+
+
+def default_experiments_root() -> Path:
+    return Path(os.environ.get(EXPERIMENTS_DIR_ENV) or DEFAULT_EXPERIMENTS_ROOT).expanduser().resolve()
+
+
+def experiments_root(spec: ExperimentSpec) -> Path:
+    """experimentWorkingDirectory if the config gives one, else $TRIALSTREAM_EXPERIMENTS_DIR or the default."""
+    configured = spec.config.experiment_working_directory
+    return Path(configured).expanduser().resolve() if configured else default_experiments_root()
+
+
+def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str) -> None:
+    """Fail clearly, rather than hang, when nothing would ever run or project the trials."""
+    queue = Queue(queue_name(platform), connection=rq_connection)
+    if not Worker.all(queue=queue):
+        raise RunnerError(
+            f"no worker serves queue {queue.name!r} on {url_hint}: start one with "
+            f"`trialstream worker --platform {platform}`"
+        )
+    if not client.exists(keys.PROJECTOR_HEARTBEAT):
+        raise RunnerError(f"no projector serves {url_hint}: start one with `trialstream projector`")
+
+
+class ExperimentRunner:
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        client: redis.Redis,
+        rq_connection: redis.Redis,
+        experiment_dir: Path,
+        experiment_id: str,
+        on_progress: Callable[[Progress], None] = lambda progress: None,
+    ) -> None:
+        self.spec = spec
+        self.config = spec.config
+        self.service = TrainingService(client, rq_connection, experiment_id)
+        self.experiment_dir = experiment_dir
+        self.on_progress = on_progress
+        self.tuner = create_tuner(self.config.tuner.name or "", self.config.tuner.class_args, spec.search_space)
+        self.maximize = (self.config.tuner.class_args or {}).get("optimize_mode", "maximize") != "minimize"
+        self.progress = Progress(experiment_id, time.monotonic(), max_trials=self.config.max_trial_number)
+        self._active: dict[str, TrialJobStatus] = {}
+        self._parameters: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    @classmethod
+    def create(
+        cls,
+        spec: ExperimentSpec,
+        client: redis.Redis,
+        rq_connection: redis.Redis,
+        experiment_id: str | None = None,
+        on_progress: Callable[[Progress], None] = lambda progress: None,
+    ) -> ExperimentRunner:
+        """A new experiment in the log, with its trial and platform config as cluster metadata."""
+        root = experiments_root(spec)
+        experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id)
+        runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress)
+        trial_config = TrialConfig(
+            command=spec.config.trial_command,
+            code_directory=str(spec.code_directory),
+            gpu_number=spec.config.trial_gpu_number,
+            max_trial_duration=spec.config.max_trial_duration,
+        )
+        runner.service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
+        runner.service.set_cluster_metadata(PLATFORM_CONFIG, spec.platform.model_dump_json(by_alias=True))
+        return runner
+
+    @property
+    def experiment_id(self) -> str:
+        return self.service.experiment_id
+
+    def run(self) -> ExperimentResult:
+        deadline = self.config.max_experiment_duration
+        started = time.monotonic()
+        sequence_id = 0
+        exhausted = False
+        try:
+            while True:
+                out_of_time = deadline is not None and time.monotonic() - started >= deadline
+                while not (out_of_time or exhausted) and len(self._active) < self.config.trial_concurrency:
+                    if self.config.max_trial_number is not None and sequence_id >= self.config.max_trial_number:
+                        exhausted = True
+                        break
+                    if not self._submit(sequence_id):
+                        exhausted = True
+                        break
+                    sequence_id += 1
+                if out_of_time and self._active:
+                    self._stop_all("experiment reached maxExperimentDuration")
+                    return self._finish("DONE")
+                if not self._active and (exhausted or out_of_time):
+                    return self._finish("DONE")
+                self.on_progress(self.progress)
+                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
+                self.service.wait_for_change(wait)
+                self._refresh()
+        except BaseException:
+            self._stop_all("the experiment runner stopped")
+            finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
+            raise
+
+    def _submit(self, sequence_id: int) -> bool:
+        parameters = self.tuner.generate_parameters(sequence_id)
+        if parameters is None:
+            return False
+        value = json.dumps(
+            {
+                "parameter_id": sequence_id,
+                "parameter_source": "algorithm",
+                "parameters": parameters,
+                "parameter_index": 0,
+            }
+        )
+        form = JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=value))
+        trial = self.service.submit_trial_job(form)
+        self._active[trial.id] = trial.status
+        self._parameters[trial.id] = (sequence_id, parameters)
+        self.progress.counts[str(trial.status)] += 1
+        return True
+
+    def _refresh(self) -> None:
+        """Re-read the trials in flight; hand finished ones to the tuner."""
+        for trial_id, before in list(self._active.items()):
+            trial = self.service.get_trial_job(trial_id)
+            if trial.status is before:
+                continue
+            self.progress.counts[str(before)] -= 1
+            self.progress.counts[str(trial.status)] += 1
+            if not trial.status.is_terminal:
+                self._active[trial_id] = trial.status
+                continue
+            del self._active[trial_id]
+            score = metric_score(trial.final_metric)
+            if score is not None:
+                parameter_id, parameters = self._parameters[trial_id]
+                self.tuner.receive_trial_result(parameter_id, parameters, score)
+                if self.progress.best is None or (score > self.progress.best) == self.maximize:
+                    self.progress.best = score
+
+    def _stop_all(self, reason: str) -> None:
+        """SYS_CANCELED for every trial in flight, then wait (bounded) until they have ended."""
+        for trial_id in self._active:
+            self.service.request_stop(trial_id, TrialJobStatus.SYS_CANCELED, reason)
+        give_up = time.monotonic() + _STOP_DEADLINE_S
+        while self._active and time.monotonic() < give_up:
+            self.service.wait_for_change(0.5)
+            self._refresh()
+
+    def _finish(self, status: str) -> ExperimentResult:
+        self.on_progress(self.progress)
+        finish_experiment(self.service.store.client, self.experiment_id, status)
+        self.service.clean_up()
+        return ExperimentResult(self.experiment_id, self.service.list_trial_jobs())
