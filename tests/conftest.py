@@ -1,0 +1,152 @@
+"""Fixtures on real parts: a redis-server started by pytest-redis, real worker and projector processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from manager.connections import REDIS_URL_ENV, connect
+from manager.experiments import create_experiment
+from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
+from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(probe: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "condition") -> T:
+    """Poll `probe` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def redis_url(redis_proc: Any, redisdb: redis.Redis) -> str:
+    """A real, empty redis-server (pytest-redis starts it once and flushes it after each test)."""
+    return f"redis://{redis_proc.host}:{redis_proc.port}/0"
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    return connect(redis_url)
+
+
+@pytest.fixture
+def rq_connection(redis_url: str) -> redis.Redis:
+    return connect(redis_url, decode=False)
+
+
+class Processes:
+    """`python -m manager.cli ...` subprocesses against the test's Redis, stopped at teardown."""
+
+    def __init__(self, redis_url: str, log_dir: Path) -> None:
+        self.redis_url = redis_url
+        self.log_dir = log_dir
+        self.running: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{args[0]}-{len(self.running)}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", *args],
+            env={**os.environ, REDIS_URL_ENV: self.redis_url, **(env or {})},
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.running.append(process)
+        return process
+
+    def worker(self, platform: str = "local", env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return self.start("worker", "--platform", platform, env=env)
+
+    def projector(self) -> subprocess.Popen[bytes]:
+        return self.start("projector")
+
+    def logs(self) -> str:
+        return "\n".join(path.read_text(errors="replace") for path in sorted(self.log_dir.glob("*.log")))
+
+    def stop(self) -> None:
+        for process in self.running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.running:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
+    log_dir = tmp_path / "process-logs"
+    log_dir.mkdir()
+    running = Processes(redis_url, log_dir)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def code_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "code"
+    path.mkdir()
+    return path
+
+
+ServiceFactory = Callable[..., TrainingService]
+
+
+@pytest.fixture
+def make_service(client: redis.Redis, rq_connection: redis.Redis, tmp_path: Path, code_dir: Path) -> ServiceFactory:
+    """An experiment whose trials run `command` in `code_dir` on the local platform."""
+
+    def make(
+        command: str = "true",
+        platform_config: dict[str, Any] | None = None,
+        gpu_number: int | None = None,
+        max_trial_duration: float | None = None,
+    ) -> TrainingService:
+        experiment_id = create_experiment(client, {"trialCommand": command}, tmp_path / "experiments")
+        service = TrainingService(client, rq_connection, experiment_id)
+        trial_config = TrialConfig(
+            command=command,
+            code_directory=str(code_dir),
+            gpu_number=gpu_number,
+            max_trial_duration=max_trial_duration,
+        )
+        service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
+        service.set_cluster_metadata(PLATFORM_CONFIG, json.dumps(platform_config or {"platform": "local"}))
+        return service
+
+    return make
+
+
+def form(sequence_id: int = 0, **parameters: Any) -> JobApplicationForm:
+    value = json.dumps(
+        {"parameter_id": sequence_id, "parameter_source": "algorithm", "parameters": parameters, "parameter_index": 0}
+    )
+    return JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=value))
+
+
+def wait_for_status(service: TrainingService, trial_id: str, *statuses: str, timeout: float = 30.0) -> TrialJobDetail:
+    def probe() -> TrialJobDetail | None:
+        trial = service.get_trial_job(trial_id)
+        return trial if trial.status in statuses else None
+
+    return wait_until(probe, timeout, what=f"trial {trial_id} to be {'/'.join(statuses)}")

@@ -1,0 +1,65 @@
+"""The event log on a real redis-server: order, idempotency, validation, unreadable entries."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from manager import keys
+from manager.event_store import EventStore, StoredEvent, UnreadableEvent, stream_position
+from schemas.events import ClusterMetadataSet, TrialEnded
+from schemas.trial import TrialJobStatus
+
+
+def metadata(key: str, value: str = "v") -> ClusterMetadataSet:
+    return ClusterMetadataSet(experiment_id="exp1", key=key, value=value)
+
+
+def test_appends_are_read_back_in_order(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    ids = [store.append(metadata(f"k{i}")) for i in range(5)]
+    entries = store.read()
+    assert [entry.id for entry in entries] == ids
+    assert [entry.event.key for entry in entries if isinstance(entry, StoredEvent)] == [f"k{i}" for i in range(5)]
+    assert [stream_position(i) for i in ids] == sorted(stream_position(i) for i in ids)
+    assert [entry.id for entry in store.read(after=ids[1], until=ids[3])] == ids[2:4]
+    assert store.head() == ids[-1]
+
+
+def test_a_retried_append_with_the_same_key_is_stored_once(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    first = store.append(metadata("a"), idempotency_key="once")
+    again = store.append(metadata("a"), idempotency_key="once")
+    batch = store.append_all([metadata("a"), metadata("b")], ["once", "other"])
+    assert again == first == batch[0]
+    assert store.length() == 2
+    assert store.id_for_key("once") == first
+
+
+def test_appends_without_a_key_are_never_deduplicated(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    store.append(metadata("a"))
+    store.append(metadata("a"))
+    assert store.length() == 2
+
+
+def test_an_invalid_event_is_refused_at_append(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    bogus = TrialEnded.model_construct(
+        experiment_id="exp1", trial_id="t1", time=1, source="x", type="TrialEnded", v=1, status=TrialJobStatus.RUNNING
+    )
+    with pytest.raises(ValueError, match="terminal"):
+        store.append(bogus)
+    with pytest.raises(ValueError, match="appended to exp1"):
+        store.append(ClusterMetadataSet(experiment_id="other", key="k", value="v"))
+    assert store.length() == 0
+
+
+def test_an_unreadable_entry_is_returned_as_such_not_raised(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    good = store.append(metadata("a"))
+    client.xadd(keys.events("exp1"), {"type": "TrialEnded", "trial": "t", "json": "{not json"})
+    client.xadd(keys.events("exp1"), {"type": "Future", "json": '{"type": "FromTheFuture", "v": 9}'})
+    entries = store.read()
+    assert isinstance(entries[0], StoredEvent) and entries[0].id == good
+    assert [type(entry) for entry in entries[1:]] == [UnreadableEvent, UnreadableEvent]

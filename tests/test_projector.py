@@ -1,0 +1,137 @@
+"""The projector on a real redis-server: fold, resume, rebuild, state machine, metric dedup."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+
+from manager import keys
+from manager.event_store import EventStore
+from manager.projector import Projector
+from manager.views import ViewStore
+from schemas.events import TrialEnded, TrialMetricReported, TrialStarted
+from schemas.trial import TrialJobStatus
+from tests.conftest import ServiceFactory, form, wait_until
+
+
+def metric(experiment_id: str, trial_id: str, sequence: int, kind: str = "PERIODICAL") -> TrialMetricReported:
+    return TrialMetricReported(
+        experiment_id=experiment_id,
+        trial_id=trial_id,
+        parameter_id="0",
+        metric_type=kind,  # type: ignore[arg-type]
+        sequence=sequence,
+        data=f'"{sequence / 10}"',
+    )
+
+
+def write_history(make_service: ServiceFactory) -> tuple[str, str]:
+    """A trial that ran, reported metrics (some delivered twice) and ended; then a stale start."""
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0, x=1)).id
+    store = service.store
+    exp = service.experiment_id
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, working_directory="/w"))
+    for sequence in (0, 1, 1, 2, 0):  # redelivered metrics, as after a worker restart
+        store.append(metric(exp, trial_id, sequence))
+    store.append(metric(exp, trial_id, 0, "FINAL"))
+    store.append(metric(exp, trial_id, 0, "FINAL"))
+    store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, status=TrialJobStatus.SUCCEEDED, exit_code=0))
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, working_directory="/late"))
+    store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, status=TrialJobStatus.FAILED, exit_code=1))
+    return exp, trial_id
+
+
+def snapshot(client: redis.Redis, experiment_id: str, namespace: str = keys.LOG_PREFIX) -> dict:
+    views = ViewStore(client, experiment_id, namespace)
+    trials = views.trials()
+    return {
+        "trials": [trial.to_json() for trial in trials],
+        "metrics": {trial.id: [m.to_json() for m in views.metrics(trial.id)] for trial in trials},
+        "experiment": views.experiment(),
+        "position": views.position(),
+    }
+
+
+def test_fold_keeps_terminal_status_and_counts_each_metric_once(client: redis.Redis, make_service) -> None:
+    exp, trial_id = write_history(make_service)
+    Projector(client).catch_up(exp)
+    views = ViewStore(client, exp)
+    trial = views.trial(trial_id)
+    assert trial is not None
+    assert trial.status is TrialJobStatus.SUCCEEDED  # the stale start and the late FAILED changed nothing
+    assert trial.exit_code == 0 and trial.working_directory == "/w"
+    assert [(m.type, m.sequence) for m in views.metrics(trial_id)] == [
+        ("PERIODICAL", 0),
+        ("PERIODICAL", 1),
+        ("PERIODICAL", 2),
+        ("FINAL", 0),
+    ]
+    assert len(trial.final_metric_data) == 1 and trial.final_metric == 0.0
+    assert views.position() == EventStore(client, exp).head()
+
+
+def test_a_restarted_projector_resumes_where_it_stopped(client: redis.Redis, make_service) -> None:
+    exp, trial_id = write_history(make_service)
+    store = EventStore(client, exp)
+    halfway = store.read()[6].id
+    Projector(client).catch_up(exp, until=halfway)
+    assert ViewStore(client, exp).position() == halfway
+    Projector(client, batch_size=3).catch_up(exp)  # a new process, smaller batches
+    resumed = snapshot(client, exp)
+    Projector(client, namespace="scratch").rebuild(exp)
+    assert snapshot(client, exp, "scratch") == resumed
+
+
+def test_a_rebuild_gives_identical_views(client: redis.Redis, make_service) -> None:
+    exp, _ = write_history(make_service)
+    live = Projector(client)
+    live.catch_up(exp)
+    before = snapshot(client, exp)
+    live.rebuild(exp)
+    assert snapshot(client, exp) == before
+    Projector(client, namespace="scratch").rebuild(exp)
+    assert snapshot(client, exp, "scratch") == before
+
+
+def test_two_projectors_at_once_never_apply_an_event_twice(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0)).id
+    service.store.append_all([metric(service.experiment_id, trial_id, n) for n in range(300)])
+    racers = [threading.Thread(target=Projector(client, batch_size=7).catch_up, args=(service.experiment_id,))]
+    racers.append(threading.Thread(target=Projector(client, batch_size=11).catch_up, args=(service.experiment_id,)))
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    views = ViewStore(client, service.experiment_id)
+    assert int(client.hget(views.keys.position, "applied")) == service.store.length()
+    assert [m.sequence for m in views.metrics(trial_id)] == list(range(300))
+
+
+def test_unreadable_entries_are_recorded_and_skipped(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0)).id
+    bad = client.xadd(keys.events(service.experiment_id), {"type": "TrialEnded", "json": "garbage"})
+    service.store.append(TrialStarted(experiment_id=service.experiment_id, trial_id=trial_id, working_directory="/w"))
+    Projector(client).catch_up(service.experiment_id)
+    views = ViewStore(client, service.experiment_id)
+    assert list(views.unreadable()) == [bad]
+    trial = views.trial(trial_id)
+    assert trial is not None and trial.status is TrialJobStatus.RUNNING
+
+
+def test_the_running_projector_serves_new_events_and_heartbeats(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    stop = threading.Event()
+    runner = threading.Thread(target=Projector(client).run, args=(stop,), kwargs={"block_ms": 100})
+    runner.start()
+    try:
+        trial_id = service.submit_trial_job(form(0)).id
+        wait_until(lambda: ViewStore(client, service.experiment_id).trial(trial_id), 5, what="projection")
+        assert client.exists(keys.PROJECTOR_HEARTBEAT)
+    finally:
+        stop.set()
+        runner.join(5)
+    assert not runner.is_alive()

@@ -1,0 +1,141 @@
+"""The TrainingService interface on a real redis-server, with no worker unless a test starts one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+from rq import Queue
+
+from manager import training_service
+from manager.projector import Projector
+from manager.training_service import MissingClusterMetadata, TrialNotFound
+from schemas.events import TrialMetricReported, TrialStarted
+from schemas.trial import TrialJobMetric, TrialJobStatus
+from tests.conftest import ServiceFactory, form, wait_until
+from workers.registry import queue_name
+
+
+def test_get_straight_after_submit_reads_the_write(make_service: ServiceFactory) -> None:
+    service = make_service()
+    submitted = service.submit_trial_job(form(0, lr=0.1))
+    trial = service.get_trial_job(submitted.id)  # no projector has run
+    assert trial.status is TrialJobStatus.WAITING
+    assert trial.form.hyper_parameters.parameters == {"lr": 0.1}
+    assert trial.sequence_id == 0 and trial.working_directory.endswith(f"/trials/{submitted.id}")
+    assert [t.id for t in service.list_trial_jobs()] == [submitted.id]
+
+
+def test_reads_combine_projected_views_with_events_not_yet_projected(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    first = service.submit_trial_job(form(0)).id
+    Projector(client).catch_up(service.experiment_id)
+    second = service.submit_trial_job(form(1)).id
+    service.store.append(TrialStarted(experiment_id=service.experiment_id, trial_id=first, working_directory="/w"))
+    statuses = {trial.id: trial.status for trial in service.list_trial_jobs()}
+    assert statuses == {first: TrialJobStatus.RUNNING, second: TrialJobStatus.WAITING}
+
+
+def test_submission_event_and_job_are_written_together(make_service, rq_connection: redis.Redis) -> None:
+    service = make_service()
+    trial = service.submit_trial_job(form(0))
+    jobs = Queue(queue_name("local"), connection=rq_connection).get_jobs()
+    assert [job.args for job in jobs] == [(service.experiment_id, trial.id, 1)]
+    assert jobs[0].timeout == -1  # RQ's 180 s default must never kill a trial
+
+
+def test_a_crash_before_commit_leaves_neither_event_nor_job(
+    make_service, rq_connection: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = make_service()
+    length_before = service.store.length()
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("process died between append and enqueue")
+
+    monkeypatch.setattr(training_service, "enqueue_trial", crash)
+    with pytest.raises(RuntimeError):
+        service.submit_trial_job(form(0))
+    assert service.store.length() == length_before
+    assert Queue(queue_name("local"), connection=rq_connection).count == 0
+    assert service.list_trial_jobs() == []
+
+
+def test_unknown_trial_is_a_clear_not_found(make_service: ServiceFactory) -> None:
+    service = make_service()
+    for call in (service.get_trial_job, service.cancel_trial_job, lambda tid: service.update_trial_job(tid, form(1))):
+        with pytest.raises(TrialNotFound, match=f"trial 'nope!' not found in experiment {service.experiment_id}"):
+            call("nope!")
+
+
+def test_cancel_before_launch_ends_the_trial_at_once(make_service: ServiceFactory) -> None:
+    service = make_service()
+    canceled = service.submit_trial_job(form(0)).id
+    stopped = service.submit_trial_job(form(1)).id
+    service.cancel_trial_job(canceled)
+    service.cancel_trial_job(stopped, is_early_stopped=True)
+    assert service.get_trial_job(canceled).status is TrialJobStatus.USER_CANCELED
+    early = service.get_trial_job(stopped)
+    assert early.status is TrialJobStatus.EARLY_STOPPED and early.is_early_stopped
+    length = service.store.length()
+    service.cancel_trial_job(canceled)  # already ended: nothing more is written
+    assert service.store.length() == length
+
+
+def test_cluster_metadata_round_trips(make_service: ServiceFactory) -> None:
+    service = make_service()
+    service.set_cluster_metadata("custom", '{"a": 1}')
+    assert service.get_cluster_metadata("custom") == '{"a": 1}'
+    with pytest.raises(MissingClusterMetadata, match="'absent'"):
+        service.get_cluster_metadata("absent")
+    assert service.is_multi_phase_job_supported is True
+
+
+def test_update_trial_job_replaces_the_form(make_service: ServiceFactory) -> None:
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0, x=1)).id
+    updated = service.update_trial_job(trial_id, form(0, x=2))
+    assert updated.form.hyper_parameters.parameters == {"x": 2}
+
+
+def test_metric_listeners_get_each_metric_once_until_removed(make_service: ServiceFactory) -> None:
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0)).id
+    received: list[TrialJobMetric] = []
+    service.add_trial_job_metric_listener(received.append)
+    loop = threading.Thread(target=service.run)
+    loop.start()
+    try:
+
+        def report(sequence: int) -> None:
+            service.store.append(
+                TrialMetricReported(
+                    experiment_id=service.experiment_id,
+                    trial_id=trial_id,
+                    parameter_id="0",
+                    metric_type="PERIODICAL",
+                    sequence=sequence,
+                    data='"0.5"',
+                )
+            )
+
+        report(0)
+        report(0)  # a redelivery
+        report(1)
+        wait_until(lambda: len(received) >= 2, 5, what="two metrics")
+        service.remove_trial_job_metric_listener(received.append)
+        report(2)
+        service.clean_up()
+    finally:
+        service.clean_up()
+        loop.join(5)
+    assert received == [TrialJobMetric(id=trial_id, data='"0.5"')] * 2
+    assert not loop.is_alive()
+
+
+def test_clean_up_stops_every_unfinished_trial(make_service: ServiceFactory) -> None:
+    service = make_service()
+    waiting = service.submit_trial_job(form(0)).id
+    service.clean_up()
+    assert service.get_trial_job(waiting).status is TrialJobStatus.SYS_CANCELED
