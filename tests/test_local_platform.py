@@ -1,0 +1,227 @@
+"""The local platform with real worker processes and real trial subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from manager.projector import Projector
+from schemas.events import TrialMetricRejected
+from schemas.trial import TrialJobStatus
+from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until
+
+
+def script(code_dir: Path, name: str, body: str) -> str:
+    (code_dir / name).write_text(textwrap.dedent(body))
+    return f"{sys.executable} {name}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_trial_runs_with_nni_environment_and_reports_metrics(make_service, processes: Processes, code_dir) -> None:
+    command = script(
+        code_dir,
+        "trial.py",
+        """
+        import json, os, trialstream_sdk as nni
+        params = nni.get_next_parameter()
+        keys = ["NNI_PLATFORM", "NNI_EXP_ID", "NNI_TRIAL_JOB_ID", "NNI_SYS_DIR", "NNI_OUTPUT_DIR",
+                "NNI_TRIAL_SEQ_ID", "NNI_CODE_DIR", "MULTI_PHASE", "CUDA_VISIBLE_DEVICES"]
+        json.dump({"env": {k: os.environ.get(k) for k in keys}, "cwd": os.getcwd(), "params": params},
+                  open(os.path.join(os.environ["NNI_SYS_DIR"], "seen.json"), "w"))
+        nni.report_intermediate_result(0.25)
+        line = json.dumps({"parameter_id": 3, "trial_job_id": "x", "type": "PERIODICAL", "sequence": 1, "value": "0.5"})
+        os.write(1, ("NNISDK_MEb'" + line + "'\\n").encode())  # the SDK sends print() to trial.log on local
+        nni.report_final_result({"default": 0.75, "loss": 1.0})
+        """,
+    )
+    service = make_service(command)
+    processes.worker()
+    trial_id = service.submit_trial_job(form(3, lr=0.01)).id
+    trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED")
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+    seen = json.loads((Path(trial.working_directory) / "seen.json").read_text())
+    assert seen["params"] == {"lr": 0.01}
+    assert seen["cwd"] == str(code_dir)
+    assert seen["env"] == {
+        "NNI_PLATFORM": "local",
+        "NNI_EXP_ID": service.experiment_id,
+        "NNI_TRIAL_JOB_ID": trial_id,
+        "NNI_SYS_DIR": trial.working_directory,
+        "NNI_OUTPUT_DIR": trial.working_directory,
+        "NNI_TRIAL_SEQ_ID": "3",
+        "NNI_CODE_DIR": str(code_dir),
+        "MULTI_PHASE": "false",
+        "CUDA_VISIBLE_DEVICES": None,  # trialGpuNumber not configured
+    }
+    assert trial.final_metric == {"default": 0.75, "loss": 1.0}
+    assert trial.start_time is not None and trial.end_time is not None
+    Projector(service.store.client).catch_up(service.experiment_id)
+    metrics = service.views.metrics(trial_id)
+    assert sorted((m.type, m.sequence, m.value) for m in metrics) == [
+        ("FINAL", 0, {"default": 0.75, "loss": 1.0}),
+        ("PERIODICAL", 0, 0.25),
+        ("PERIODICAL", 1, 0.5),
+    ]
+    assert (Path(trial.working_directory) / "stdout").read_bytes().count(b"NNISDK_MEb") == 1
+
+
+def test_a_failing_trial_reports_exit_code_and_stderr(make_service, processes: Processes, code_dir) -> None:
+    command = script(code_dir, "fail.py", "import sys\nsys.stderr.write('out of memory on step 3\\n')\nsys.exit(3)\n")
+    service = make_service(command)
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED")
+    assert trial.status is TrialJobStatus.FAILED
+    assert trial.exit_code == 3
+    assert "exit code 3" in (trial.message or "") and "out of memory on step 3" in (trial.message or "")
+
+
+def test_a_command_that_does_not_exist_fails_saying_so(make_service, processes: Processes) -> None:
+    service = make_service("no-such-command-xyz --flag")
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED")
+    assert trial.status is TrialJobStatus.FAILED and trial.exit_code == 127
+    assert "command not found" in (trial.message or "") and "no-such-command-xyz" in (trial.message or "")
+
+
+CHILD_TRIAL = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "60"])
+open(os.path.join(os.environ["NNI_SYS_DIR"], "pids"), "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(
+    ("early", "expected"), [(False, TrialJobStatus.USER_CANCELED), (True, TrialJobStatus.EARLY_STOPPED)]
+)
+def test_cancel_kills_the_whole_process_group(make_service, processes: Processes, code_dir, early, expected) -> None:
+    service = make_service(script(code_dir, "child.py", CHILD_TRIAL))
+    processes.worker()
+    trial_id = service.submit_trial_job(form(0)).id
+    running = wait_for_status(service, trial_id, "RUNNING")
+    pid_file = Path(running.working_directory) / "pids"
+    pids = [int(pid) for pid in wait_until(lambda: pid_file.exists() and pid_file.read_text(), 10).split()]
+    service.cancel_trial_job(trial_id, is_early_stopped=early)
+    trial = wait_for_status(service, trial_id, expected, timeout=15)
+    assert trial.is_early_stopped is early
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), 5, what="trial and child gone")
+
+
+def test_a_trial_ignoring_sigterm_is_killed_after_the_grace_period(make_service, processes: Processes, code_dir):
+    command = script(
+        code_dir,
+        "stubborn.py",
+        """
+        import os, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(os.path.join(os.environ["NNI_SYS_DIR"], "ready"), "w").write(str(os.getpid()))
+        time.sleep(60)
+        """,
+    )
+    service = make_service(f"exec {command}")  # the trial itself leads the process group
+    processes.worker(env={"TRIALSTREAM_KILL_GRACE_S": "0.5"})
+    trial_id = service.submit_trial_job(form(0)).id
+    running = wait_for_status(service, trial_id, "RUNNING")
+    ready = Path(running.working_directory) / "ready"
+    pid = int(wait_until(lambda: ready.exists() and ready.read_text(), 10))
+    service.cancel_trial_job(trial_id)
+    trial = wait_for_status(service, trial_id, "USER_CANCELED", timeout=10)
+    assert trial.exit_code == -9  # SIGKILL, after SIGTERM was ignored
+    assert not pid_alive(pid)
+
+
+def test_max_trial_duration_stops_the_trial_as_early_stopped(make_service, processes: Processes) -> None:
+    service = make_service("sleep 30", max_trial_duration=1.0)
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "EARLY_STOPPED", "SUCCEEDED", timeout=15)
+    assert trial.status is TrialJobStatus.EARLY_STOPPED
+    assert "maxTrialDuration" in (trial.message or "")
+
+
+def test_bad_metric_records_are_skipped_and_reported_while_the_trial_goes_on(
+    make_service, processes: Processes, code_dir
+) -> None:
+    command = script(
+        code_dir,
+        "noisy.py",
+        """
+        import os, trialstream_sdk as nni
+        nni.get_next_parameter()
+        path = os.path.join(os.environ["NNI_SYS_DIR"], ".nni", "metrics")
+        with open(path, "ab") as f:
+            f.write(b"XX garbage that is no record\\n")
+            f.write(b'ME000020{"not": "a metric"}\\n')
+        os.write(1, b"NNISDK_MEb'" + b"x" * 1_100_000 + b"'\\n")
+        nni.report_intermediate_result(1.5)
+        nni.report_final_result(2.5)
+        """,
+    )
+    service = make_service(command)
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED")
+    assert trial.status is TrialJobStatus.SUCCEEDED
+    assert trial.final_metric == 2.5
+    reasons = [
+        entry.event.reason
+        for entry in service.store.read()
+        if isinstance(getattr(entry, "event", None), TrialMetricRejected)
+    ]
+    assert any("malformed" in reason for reason in reasons)
+    assert any("type" in reason for reason in reasons)
+    assert any("exceeds the 1000000-byte limit" in reason for reason in reasons)
+
+
+def test_update_trial_job_hands_a_new_parameter_set_to_the_running_trial(
+    make_service, processes: Processes, code_dir
+) -> None:
+    command = script(
+        code_dir,
+        "phases.py",
+        """
+        import json, os, time
+        path = os.path.join(os.environ["NNI_SYS_DIR"], "parameter_1.cfg")
+        deadline = time.time() + 20
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.02)
+        raise SystemExit(0 if json.load(open(path))["parameters"] == {"x": 2} else 1)
+        """,
+    )
+    service = make_service(command)
+    processes.worker()
+    trial_id = service.submit_trial_job(form(0, x=1)).id
+    wait_for_status(service, trial_id, "RUNNING")
+    second = form(0, x=2)
+    second = second.model_copy(update={"hyper_parameters": second.hyper_parameters.model_copy(update={"index": 1})})
+    service.update_trial_job(trial_id, second)
+    assert wait_for_status(service, trial_id, "SUCCEEDED", "FAILED").status is TrialJobStatus.SUCCEEDED
+
+
+def test_rq_default_job_timeout_never_kills_a_trial(make_service, redis_url: str, tmp_path: Path) -> None:
+    """A worker whose RQ defaults say 1 s still lets a 3 s trial finish."""
+    service = make_service("sleep 3")
+    trial_id = service.submit_trial_job(form(0)).id
+    strict_worker = textwrap.dedent(
+        f"""
+        import rq.defaults, rq.queue
+        rq.defaults.DEFAULT_JOB_TIMEOUT = 1
+        rq.queue.Queue.DEFAULT_TIMEOUT = 1
+        from manager.connections import connect
+        from workers.worker import serve
+        serve(connect({redis_url!r}, decode=False), "local", burst=True)
+        """
+    )
+    subprocess.run([sys.executable, "-c", strict_worker], cwd=REPO, check=True, timeout=60, capture_output=True)
+    assert service.get_trial_job(trial_id).status is TrialJobStatus.SUCCEEDED
