@@ -1,0 +1,104 @@
+"""GPU scheduling on the local platform, end to end, with a fake GPU source read by real workers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from schemas.trial import TrialJobStatus
+from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
+
+GPU_TRIAL = """
+import os, sys, time
+sys_dir = os.environ["NNI_SYS_DIR"]
+open(os.path.join(sys_dir, "cuda"), "w").write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+release = os.path.join(os.path.dirname(os.path.dirname(sys_dir)), "release")
+deadline = time.time() + 30
+while not os.path.exists(release) and time.time() < deadline:
+    time.sleep(0.02)
+"""
+
+
+def gpu_file(tmp_path: Path, active: list[int]) -> Path:
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"gpus": [{"index": i, "active_processes": n} for i, n in enumerate(active)]}))
+    return path
+
+
+def gpu_service(make_service: ServiceFactory, code_dir: Path, gpus: int, **local: object):
+    (code_dir / "gpu_trial.py").write_text(textwrap.dedent(GPU_TRIAL))
+    return make_service(
+        f"{sys.executable} gpu_trial.py", platform_config={"platform": "local", **local}, gpu_number=gpus
+    )
+
+
+def cuda_of(trial) -> str:
+    return (Path(trial.working_directory) / "cuda").read_text()
+
+
+def release(service) -> None:
+    """Let every GPU_TRIAL of the experiment exit."""
+    trial_dir = Path(service.list_trial_jobs()[0].working_directory)
+    (trial_dir.parent.parent / "release").touch()
+
+
+def test_trials_get_their_gpus_in_cuda_visible_devices(make_service, processes: Processes, code_dir, tmp_path):
+    fake = gpu_file(tmp_path, [0, 0])
+    service = gpu_service(make_service, code_dir, 1, useActiveGpu=False)
+    for _ in range(2):
+        processes.worker(env={"TRIALSTREAM_FAKE_GPUS": str(fake)})
+    first, second = (service.submit_trial_job(form(n)).id for n in range(2))
+    running = [wait_for_status(service, trial_id, "RUNNING") for trial_id in (first, second)]
+    wait_until(lambda: all((Path(t.working_directory) / "cuda").exists() for t in running), 10)
+    assert sorted(cuda_of(trial) for trial in running) == ["0", "1"]
+    release(service)
+    for trial_id in (first, second):
+        assert wait_for_status(service, trial_id, "SUCCEEDED", "FAILED").status is TrialJobStatus.SUCCEEDED
+
+
+def test_a_trial_waits_for_busy_gpus_without_blocking_smaller_ones(
+    make_service, processes: Processes, code_dir, tmp_path
+) -> None:
+    fake = gpu_file(tmp_path, [0])
+    big = gpu_service(make_service, code_dir, 1, useActiveGpu=False)
+    small = gpu_service(make_service, code_dir, 0)
+    for _ in range(2):
+        processes.worker(env={"TRIALSTREAM_FAKE_GPUS": str(fake)})
+    holder = big.submit_trial_job(form(0)).id
+    wait_for_status(big, holder, "RUNNING")
+    waiter = big.submit_trial_job(form(1)).id
+    waiting = wait_until(lambda: big.get_trial_job(waiter).message, 10, what="a deferral message")
+    assert "waiting for 1 free GPU" in waiting
+    assert big.get_trial_job(waiter).status is TrialJobStatus.WAITING
+    cpu_only = small.submit_trial_job(form(0)).id  # needs no GPU: must not queue behind the waiter
+    started = wait_for_status(small, cpu_only, "RUNNING")
+    wait_until(lambda: (Path(started.working_directory) / "cuda").exists(), 10)
+    assert cuda_of(started) == "-1"
+    assert big.get_trial_job(waiter).status is TrialJobStatus.WAITING
+    release(big)
+    release(small)
+    assert wait_for_status(big, waiter, "SUCCEEDED", "FAILED", timeout=30).status is TrialJobStatus.SUCCEEDED
+    assert cuda_of(big.get_trial_job(waiter)) == "0"
+
+
+def test_a_gpu_used_by_another_program_is_skipped_unless_use_active_gpu(
+    make_service, processes: Processes, code_dir, tmp_path
+) -> None:
+    fake = gpu_file(tmp_path, [1, 0])  # GPU 0 runs someone else's process
+    service = gpu_service(make_service, code_dir, 1, useActiveGpu=False)
+    processes.worker(env={"TRIALSTREAM_FAKE_GPUS": str(fake)})
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "RUNNING")
+    wait_until(lambda: (Path(trial.working_directory) / "cuda").exists(), 10)
+    assert cuda_of(trial) == "1"
+    release(service)
+
+
+def test_asking_for_more_gpus_than_exist_fails_at_once(make_service, processes: Processes, code_dir, tmp_path):
+    fake = gpu_file(tmp_path, [0, 0])
+    service = gpu_service(make_service, code_dir, 3, useActiveGpu=True)
+    processes.worker(env={"TRIALSTREAM_FAKE_GPUS": str(fake)})
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED", timeout=10)
+    assert trial.status is TrialJobStatus.FAILED
+    assert "asks for 3 GPUs but this machine has 2" in (trial.message or "")
