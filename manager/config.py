@@ -54,7 +54,7 @@ def load_experiment_config(path: str | Path) -> ExperimentSpec:
         raise ConfigError(_explain(error, source)) from None
     base = source.parent
     search_space = _search_space(config, base)
-    code_directory = (base / config.trial_code_directory).expanduser().resolve()
+    code_directory = (base / Path(config.trial_code_directory).expanduser()).resolve()
     if not code_directory.is_dir():
         raise ConfigError(f"{source}: trialCodeDirectory: {code_directory} is not a directory")
     platform = _platform(config, source)
@@ -74,6 +74,8 @@ def _read_yaml(source: Path) -> dict[str, Any]:
         data = yaml.safe_load(source.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{source}: cannot read the config file: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source}: invalid YAML: {error}") from None
     if not isinstance(data, dict):
@@ -86,11 +88,13 @@ def _search_space(config: ExperimentConfig, base: Path) -> dict[str, Any]:
         return config.search_space
     if config.search_space_file is None:
         raise ConfigError("searchSpace: required key is missing (or give searchSpaceFile)")
-    path = (base / config.search_space_file).expanduser()
+    path = base / Path(config.search_space_file).expanduser()
     try:
         data = yaml.safe_load(path.read_text())  # JSON is YAML
     except FileNotFoundError:
         raise ConfigError(f"searchSpaceFile: {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"searchSpaceFile: cannot read {path}: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"searchSpaceFile: {path} is not valid JSON or YAML: {error}") from None
     if not isinstance(data, dict):

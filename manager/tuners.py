@@ -166,8 +166,7 @@ def _parse_space(space: Any) -> _Space:
 def _parse_params(space: Any, path: str) -> _Space:
     if not isinstance(space, dict):
         raise SearchSpaceError(
-            f'{path}: expected a mapping of parameter names to {{"_type": ..., "_value": [...]}}; '
-            f"got {_show(space)}"
+            f'{path}: expected a mapping of parameter names to {{"_type": ..., "_value": [...]}}; got {_show(space)}'
         )
     params = []
     for name, spec in space.items():
@@ -182,9 +181,7 @@ def _parse_param(spec: Any, path: str) -> _Param:
         raise SearchSpaceError(f'{path}: expected {{"_type": ..., "_value": [...]}}; got {_show(spec)}')
     type_, value = spec["_type"], spec["_value"]
     if not isinstance(type_, str) or type_ not in _TYPES:
-        raise SearchSpaceError(
-            f"{path}._type: unknown type {_show(type_)}; supported types are {', '.join(_TYPES)}"
-        )
+        raise SearchSpaceError(f"{path}._type: unknown type {_show(type_)}; supported types are {', '.join(_TYPES)}")
     if type_ == "choice":
         return _parse_choice(value, path)
     bad = SearchSpaceError(f"{path}._value: {type_} needs {_EXPECTED[type_]}; got {_show(value)}")
@@ -262,7 +259,10 @@ def _is_json_literal(v: Any) -> bool:
 
 
 class Tuner(Protocol):
-    """What the manager needs from a tuner: parameters for each new trial, and the trial's result."""
+    """What the manager needs from a tuner: parameters for each new trial, and the trial's result.
+
+    `generate_parameters` returns None once the search space is exhausted (only GridSearch does).
+    """
 
     def generate_parameters(self, parameter_id: int) -> dict[str, Any] | None: ...
 
@@ -301,6 +301,8 @@ def _sample(param: _Param, rng: random.Random) -> Any:
 
 @dataclass(frozen=True)
 class _Plain:
+    """A plain choice option, boxed so no option value can pass for a nested (name, nodes) pair."""
+
     value: Any
 
 
@@ -314,7 +316,8 @@ class _ChoiceAxis:
         for option in choice.options:
             if isinstance(option, _Option):
                 self._options.append((option.name, _grid_nodes(option.space, axes)))
-            elif (key := json.dumps(option, sort_keys=True)) not in keys:  # a repeated option is one point
+            # Random keeps repeats (they weight the draw); for the grid they are one point.
+            elif (key := json.dumps(option, sort_keys=True)) not in keys:
                 keys.add(key)
                 self._options.append(_Plain(option))
 
@@ -353,22 +356,22 @@ class _NumericAxis:
 
     def __init__(self, spec: _Numeric) -> None:
         self.bar = 0
-        self.values: list[float] = []
+        self._values: list[float] = []
         self._spec = spec
         self._bounds = spec.coord_bounds()
-        self._seen: list[float] = []  # sorted coordinates of self.values
+        self._seen: list[float] = []  # sorted coordinates of self._values
         self._intervals = [(0.0, self._bounds[0], 1.0, self._bounds[1])]  # (u, coord, u, coord)
 
     @property
     def size(self) -> int:
-        return len(self.values)
+        return len(self._values)
 
     @property
     def divisible(self) -> bool:
         return bool(self._intervals)
 
     def expand(self, index: int) -> Iterator[tuple[Any, bool]]:
-        yield self.values[index], False
+        yield self._values[index], False
 
     def split(self) -> bool:
         """Add every kept interval's midpoint; True when that put a new value on the grid."""
@@ -380,7 +383,7 @@ class _NumericAxis:
             at = bisect_left(self._seen, mid_c)
             if at == len(self._seen) or self._seen[at] != mid_c:
                 self._seen.insert(at, mid_c)
-                self.values.append(self._spec.value(mid_c))
+                self._values.append(self._spec.value(mid_c))
                 added = True
             for part in ((low_u, low_c, mid_u, mid_c), (mid_u, mid_c, high_u, high_c)):
                 if part[2] - part[0] >= _MIN_WIDTH and self._may_hold_new(part[1], part[3]):
@@ -473,30 +476,30 @@ class _GridSearchTuner:
 
 
 def create_tuner(name: str, class_args: dict[str, Any] | None, search_space: dict[str, Any]) -> Tuner:
-    """Build a built-in tuner from the experiment config's `tuner` section and `searchSpace`."""
+    """Build a built-in tuner from the experiment config's `tuner` section and `searchSpace`.
+
+    Bad classArgs raise a plain ValueError whose message starts at the classArg itself, because the
+    config loader prefixes it with `tuner.classArgs:`.
+    """
     space = _parse_space(search_space)
     canonical = {tuner.lower(): tuner for tuner in SUPPORTED_TUNERS}.get(str(name).lower())
     if canonical is None:
         raise UnknownTunerError(f"unknown tuner {name!r}: supported tuners are {', '.join(SUPPORTED_TUNERS)}")
     args = {} if class_args is None else class_args
     if not isinstance(args, dict):
-        raise ValueError(f"tuner.classArgs: expected a mapping; got {_show(args)}")
+        raise ValueError(f"expected a mapping of classArg names to values; got {_show(args)}")
     accepted = _CLASS_ARGS[canonical]
     for key in args:
         if key not in accepted:
             raise ValueError(
-                f"tuner.classArgs.{key}: unknown classArg {key!r} for tuner {canonical}; "
-                f"accepted classArgs are {', '.join(accepted)}"
+                f"unknown classArg {key!r} for tuner {canonical}; accepted classArgs are {', '.join(accepted)}"
             )
     optimize_mode = args.get("optimize_mode", "maximize")
     if optimize_mode not in _OPTIMIZE_MODES:
-        raise ValueError(
-            f"tuner.classArgs.optimize_mode: expected one of {', '.join(_OPTIMIZE_MODES)}; "
-            f"got {_show(optimize_mode)}"
-        )
+        raise ValueError(f"optimize_mode: expected one of {', '.join(_OPTIMIZE_MODES)}; got {_show(optimize_mode)}")
     if canonical == "GridSearch":
         return _GridSearchTuner(space, optimize_mode)
     seed = args.get("seed")
     if seed is not None and not _is_int(seed):
-        raise ValueError(f"tuner.classArgs.seed: expected an integer; got {_show(seed)}")
+        raise ValueError(f"seed: expected an integer; got {_show(seed)}")
     return _RandomTuner(space, seed, optimize_mode)

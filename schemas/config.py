@@ -39,6 +39,8 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def parse_duration(value: Any) -> Any:
     """'1h', '30m', '45s', '2d' or a number of seconds, as NNI accepts them."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration: use a number with a unit s, m, h or d, e.g. '30m'")
     if isinstance(value, str):
         match = _DURATION.match(value.lower())
         if not match:

@@ -14,11 +14,14 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
+from rq import Queue, Worker
 
+from manager import keys
 from manager.connections import REDIS_URL_ENV, connect
 from manager.experiments import create_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
+from workers.registry import queue_name
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -73,10 +76,18 @@ class Processes:
         return process
 
     def worker(self, platform: str = "local", env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self.start("worker", "--platform", platform, env=env)
+        """A worker, returned once it has registered with RQ (so it is serving its queue)."""
+        queue = Queue(queue_name(platform), connection=connect(self.redis_url, decode=False))
+        before = len(Worker.all(queue=queue))
+        process = self.start("worker", "--platform", platform, env=env)
+        wait_until(lambda: len(Worker.all(queue=queue)) > before, 20, what="the worker to register")
+        return process
 
     def projector(self) -> subprocess.Popen[bytes]:
-        return self.start("projector")
+        """A projector, returned once its heartbeat is in Redis."""
+        process = self.start("projector")
+        wait_until(lambda: connect(self.redis_url).exists(keys.PROJECTOR_HEARTBEAT), 20, what="the projector")
+        return process
 
     def logs(self) -> str:
         return "\n".join(path.read_text(errors="replace") for path in sorted(self.log_dir.glob("*.log")))

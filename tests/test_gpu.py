@@ -103,9 +103,7 @@ def test_gpu_indices_restrict_the_usable_set() -> None:
 
 
 def test_nonexistent_gpu_index_is_an_error() -> None:
-    with pytest.raises(
-        GpuRequestImpossible, match=r"gpuIndices names GPU 7, which does not exist \(GPUs: 0,1\)"
-    ):
+    with pytest.raises(GpuRequestImpossible, match=r"gpuIndices names GPU 7, which does not exist \(GPUs: 0,1\)"):
         choose_gpus(free(0, 1), {}, GpuPolicy(gpu_number=1, gpu_indices=(0, 7)))
     with pytest.raises(GpuRequestImpossible, match=r"GPUs 5,7, which do not exist \(GPUs: none\)"):
         choose_gpus([], {}, GpuPolicy(gpu_number=1, gpu_indices=(7, 5)))
@@ -114,9 +112,7 @@ def test_nonexistent_gpu_index_is_an_error() -> None:
 def test_asking_for_more_gpus_than_exist_is_impossible_not_a_wait() -> None:
     with pytest.raises(GpuRequestImpossible, match=r"asks for 3 GPUs but this machine has 2 \(GPUs: 0,1\)"):
         choose_gpus(free(0, 1), {}, GpuPolicy(gpu_number=3))
-    with pytest.raises(
-        GpuRequestImpossible, match=r"asks for 4 GPUs but this machine has 2 \(gpuIndices 0,1\)"
-    ):
+    with pytest.raises(GpuRequestImpossible, match=r"asks for 4 GPUs but this machine has 2 \(gpuIndices 0,1\)"):
         choose_gpus(free(0, 1, 2, 3), {}, GpuPolicy(gpu_number=4, gpu_indices=(0, 1)))
     with pytest.raises(GpuRequestImpossible, match=r"asks for 1 GPU but this machine has none"):
         choose_gpus([], {}, GpuPolicy(gpu_number=1))
@@ -194,9 +190,7 @@ def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_nvidia_smi_source_maps_processes_by_uuid(fake_smi: Path) -> None:
-    (fake_smi / "gpus.csv").write_text(
-        "1, GPU-bbbb, 2048, 81559\n0, GPU-aaaa, 5, 81559\n2, GPU-cccc, [N/A], [N/A]\n"
-    )
+    (fake_smi / "gpus.csv").write_text("1, GPU-bbbb, 2048, 81559\n0, GPU-aaaa, 5, 81559\n2, GPU-cccc, [N/A], [N/A]\n")
     (fake_smi / "apps.csv").write_text("GPU-bbbb, 101\nGPU-bbbb, 102\nGPU-cccc, 103\nGPU-gone, 104\n")
     assert NvidiaSmiGpuSource().gpus() == [
         GpuInfo(0, active_processes=0, memory_used_mib=5, memory_total_mib=81559),
@@ -214,9 +208,7 @@ def test_nvidia_smi_source_failure_is_an_error_not_no_gpus(fake_smi: Path) -> No
         NvidiaSmiGpuSource().gpus()
 
 
-def test_nvidia_smi_source_without_binary_has_no_gpus(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_nvidia_smi_source_without_binary_has_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert NvidiaSmiGpuSource().gpus() == []
 
@@ -272,9 +264,7 @@ def test_detect_falls_back_to_nvidia_smi(fake_smi: Path, monkeypatch: pytest.Mon
     assert source.gpus() == [GpuInfo(0, 0, 0, 100)]
 
 
-def test_detect_without_driver_or_tools_means_no_gpus(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_detect_without_driver_or_tools_means_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(gpu.FAKE_GPUS_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     no_nvml(monkeypatch)

@@ -14,7 +14,7 @@ import pytest
 from manager.projector import Projector
 from schemas.events import TrialMetricRejected
 from schemas.trial import TrialJobStatus
-from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until
+from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
 
 
 def script(code_dir: Path, name: str, body: str) -> str:

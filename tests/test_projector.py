@@ -73,7 +73,7 @@ def test_fold_keeps_terminal_status_and_counts_each_metric_once(client: redis.Re
 
 
 def test_a_restarted_projector_resumes_where_it_stopped(client: redis.Redis, make_service) -> None:
-    exp, trial_id = write_history(make_service)
+    exp, _trial_id = write_history(make_service)
     store = EventStore(client, exp)
     halfway = store.read()[6].id
     Projector(client).catch_up(exp, until=halfway)

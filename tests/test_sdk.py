@@ -24,8 +24,12 @@ import pytest
 import trialstream_sdk as sdk
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS_7 = {"parameter_id": 7, "parameter_source": "algorithm", "parameters": {"x": 0.67, "act": "relu"},
-            "parameter_index": 0}
+PARAMS_7 = {
+    "parameter_id": 7,
+    "parameter_source": "algorithm",
+    "parameters": {"x": 0.67, "act": "relu"},
+    "parameter_index": 0,
+}
 PARAMS_8 = {"parameter_id": 8, "parameter_source": "algorithm", "parameters": {"x": 1}, "parameter_index": 1}
 
 # Exactly what nni 3.0 appended to $NNI_SYS_DIR/.nni/metrics for BASIC_TRIAL (length counts the "\n").
@@ -90,8 +94,15 @@ class Trial:
         return path.read_bytes() if path.exists() else b""
 
 
-def start_trial(tmp_path: Path, module: str, body: str, *, platform: str | None = "local",
-                params: dict[str, Any] | None = PARAMS_7, extra_env: dict[str, str] | None = None) -> Trial:
+def start_trial(
+    tmp_path: Path,
+    module: str,
+    body: str,
+    *,
+    platform: str | None = "local",
+    params: dict[str, Any] | None = PARAMS_7,
+    extra_env: dict[str, str] | None = None,
+) -> Trial:
     """Launch ``body`` as a trial the way a launcher does: env vars plus a prepared trial directory."""
     sys_dir = tmp_path / f"trial-{module}"
     sys_dir.mkdir()
@@ -99,15 +110,21 @@ def start_trial(tmp_path: Path, module: str, body: str, *, platform: str | None 
         (sys_dir / "parameter.cfg").write_text(json.dumps(params))
     script = tmp_path / f"trial_{module}.py"
     script.write_text(HEADER.format(module=module) + body)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("NNI_") and k not in ("MULTI_PHASE", "REUSE_MODE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NNI_") and k not in ("MULTI_PHASE", "REUSE_MODE")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     if platform is not None:
-        env.update(NNI_PLATFORM=platform, NNI_EXP_ID="exp1", NNI_TRIAL_JOB_ID="abc12", NNI_TRIAL_SEQ_ID="3",
-                   NNI_SYS_DIR=str(sys_dir), NNI_OUTPUT_DIR=str(sys_dir))
+        env.update(
+            NNI_PLATFORM=platform,
+            NNI_EXP_ID="exp1",
+            NNI_TRIAL_JOB_ID="abc12",
+            NNI_TRIAL_SEQ_ID="3",
+            NNI_SYS_DIR=str(sys_dir),
+            NNI_OUTPUT_DIR=str(sys_dir),
+        )
     env.update(extra_env or {})
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     return Trial(proc, sys_dir)
 
 
@@ -115,9 +132,9 @@ def parse_frames(data: bytes) -> list[dict[str, Any]]:
     """Decode ``ME%06d`` framed records strictly: every byte must belong to a whole record."""
     records, pos = [], 0
     while pos < len(data):
-        assert data[pos:pos + 2] == b"ME", data[pos:pos + 40]
-        size = int(data[pos + 2:pos + 8])
-        body = data[pos + 8:pos + 8 + size]
+        assert data[pos : pos + 2] == b"ME", data[pos : pos + 40]
+        size = int(data[pos + 2 : pos + 8])
+        body = data[pos + 8 : pos + 8 + size]
         assert len(body) == size and body.endswith(b"\n")
         records.append(json.loads(body))
         pos += 8 + size
@@ -145,6 +162,7 @@ def strip_stamp(text: str) -> list[str]:
 
 # --- local platform: metrics file ---
 
+
 def test_local_metrics_file_and_parameters(tmp_path: Path, impl: str) -> None:
     trial = start_trial(tmp_path, impl, BASIC_TRIAL).wait()
     assert trial.metrics_bytes() == NNI_LOCAL_BYTES
@@ -167,8 +185,9 @@ def test_byte_identical_to_real_nni(tmp_path: Path) -> None:
     assert [[r[k] for k in keys] for r in mine] == [[r[k] for k in keys] for r in theirs]
     assert all(list(r) == list(keys) for r in mine)
     assert ours.results == real.results
-    assert strip_stamp((ours.sys_dir / "trial.log").read_text()) == \
-        strip_stamp((real.sys_dir / "trial.log").read_text())
+    assert strip_stamp((ours.sys_dir / "trial.log").read_text()) == strip_stamp(
+        (real.sys_dir / "trial.log").read_text()
+    )
 
 
 def test_report_before_get_next_parameter_asserts(tmp_path: Path, impl: str) -> None:
@@ -218,8 +237,8 @@ def test_missing_parameter_file_is_requested(tmp_path: Path) -> None:
     trial = start_trial(tmp_path, "trialstream_sdk", BASIC_TRIAL, params=None)
     wait_until(lambda: trial.metrics_bytes() != b"", trial)
     assert trial.metrics_bytes() == (
-        b'ME000092{"trial_job_id": "abc12", "type": "REQUEST_PARAMETER", "sequence": 0, '
-        b'"parameter_index": 0}\n')
+        b'ME000092{"trial_job_id": "abc12", "type": "REQUEST_PARAMETER", "sequence": 0, "parameter_index": 0}\n'
+    )
     write_atomically(trial.sys_dir / "parameter.cfg", PARAMS_7)
     trial.wait()
     assert trial.metrics_bytes().endswith(NNI_LOCAL_BYTES)
@@ -227,10 +246,12 @@ def test_missing_parameter_file_is_requested(tmp_path: Path) -> None:
 
 # --- other platforms: stdout lines ---
 
+
 def test_stdout_lines_on_remote_platform(tmp_path: Path, impl: str) -> None:
     trial = start_trial(tmp_path, impl, BASIC_TRIAL, platform="remote").wait()
     assert trial.stdout.splitlines() == ["hello from trial"] + [
-        f"NNISDK_MEb'{frame[8:-1].decode()}'" for frame in re.findall(rb"ME\d{6}[^\n]*\n", NNI_LOCAL_BYTES)]
+        f"NNISDK_MEb'{frame[8:-1].decode()}'" for frame in re.findall(rb"ME\d{6}[^\n]*\n", NNI_LOCAL_BYTES)
+    ]
     assert trial.metrics_bytes() == b""  # created, never written
     assert trial.results["ids"] == ["exp1", "abc12", 3]
 
@@ -262,7 +283,11 @@ nni.report_final_result(0.5)
 # --- metric values ---
 
 GOOD_VALUES: list[tuple[Any, str]] = [
-    (0.5, "0.5"), (1, "1"), (0.1 + 0.2, "0.30000000000000004"), (1e300, "1e+300"), (Fraction(1, 4), "0.25"),
+    (0.5, "0.5"),
+    (1, "1"),
+    (0.1 + 0.2, "0.30000000000000004"),
+    (1e300, "1e+300"),
+    (Fraction(1, 4), "0.25"),
     ({"default": 0.2, "loss": 1.5}, '{"default": 0.2, "loss": 1.5}'),
     ({"b": 1, "a": 2, "default": 3}, '{"b": 1, "a": 2, "default": 3}'),
     ({"default": 1, "\u00fc": "\u00e9"}, '{"default": 1, "\\u00fc": "\\u00e9"}'),
@@ -281,12 +306,23 @@ def test_metric_encoding_equals_nni_dump() -> None:
             assert sdk.encode_metric(value) == nni.dump(value)
 
 
-@pytest.mark.parametrize(("value", "error"), [
-    (math.nan, ValueError), (math.inf, ValueError), (-math.inf, ValueError),
-    ({"default": math.nan}, ValueError), ({"default": 1, "loss": math.inf}, ValueError),
-    ("0.5", TypeError), (None, TypeError), ([1, 2], TypeError), (True, TypeError),
-    ({"loss": 1.0}, TypeError), ({"default": "x"}, TypeError), ({"default": 1, "f": object()}, TypeError),
-])
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (-math.inf, ValueError),
+        ({"default": math.nan}, ValueError),
+        ({"default": 1, "loss": math.inf}, ValueError),
+        ("0.5", TypeError),
+        (None, TypeError),
+        ([1, 2], TypeError),
+        (True, TypeError),
+        ({"loss": 1.0}, TypeError),
+        ({"default": "x"}, TypeError),
+        ({"default": 1, "f": object()}, TypeError),
+    ],
+)
 def test_invalid_metric_values_are_refused(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
         sdk.encode_metric(value)
@@ -321,8 +357,11 @@ out("too_big_again", attempt(nni.report_intermediate_result, {{"default": 1, "s"
 """
     trial = start_trial(tmp_path, impl, body, platform=platform).wait()
     refused = "ValueError" if impl == "trialstream_sdk" else "AssertionError"  # nni asserts
-    assert trial.results == {"too_big": [[refused, None]], "largest": [["ok", None]],
-                             "too_big_again": [[refused, None]]}
+    assert trial.results == {
+        "too_big": [[refused, None]],
+        "largest": [["ok", None]],
+        "too_big_again": [[refused, None]],
+    }
     if platform == "local":
         data = trial.metrics_bytes()
         assert data.startswith(b"ME999999") and len(data) == 8 + 999_999
@@ -334,9 +373,16 @@ out("too_big_again", attempt(nni.report_intermediate_result, {{"default": 1, "s"
 
 # --- in-process checks of the write path ---
 
+
 def test_each_record_is_one_write_on_an_append_fd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    env = sdk._Env.read({"NNI_PLATFORM": "local", "NNI_TRIAL_JOB_ID": "t", "NNI_SYS_DIR": str(tmp_path),
-                         "NNI_OUTPUT_DIR": str(tmp_path)})
+    env = sdk._Env.read(
+        {
+            "NNI_PLATFORM": "local",
+            "NNI_TRIAL_JOB_ID": "t",
+            "NNI_SYS_DIR": str(tmp_path),
+            "NNI_OUTPUT_DIR": str(tmp_path),
+        }
+    )
     channel = sdk._Channel(env)
     writes: list[bytes] = []
     real_write = os.write
@@ -356,8 +402,14 @@ def test_each_record_is_one_write_on_an_append_fd(tmp_path: Path, monkeypatch: p
 
 
 def test_half_written_parameter_file_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    env = sdk._Env.read({"NNI_PLATFORM": "local", "NNI_TRIAL_JOB_ID": "t", "NNI_SYS_DIR": str(tmp_path),
-                         "NNI_OUTPUT_DIR": str(tmp_path)})
+    env = sdk._Env.read(
+        {
+            "NNI_PLATFORM": "local",
+            "NNI_TRIAL_JOB_ID": "t",
+            "NNI_SYS_DIR": str(tmp_path),
+            "NNI_OUTPUT_DIR": str(tmp_path),
+        }
+    )
     cfg = tmp_path / "parameter.cfg"
     cfg.write_text(json.dumps(PARAMS_7)[:20])
     sleeps: list[float] = []

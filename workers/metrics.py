@@ -1,8 +1,9 @@
 """Reading the metrics a trial reports, in NNI's two wire formats.
 
-Local trials append `ME` + a six-digit length + JSON + newline records (the length counts the newline) to `$NNI_SYS_DIR/.nni/metrics`;
-trials on other platforms print `NNISDK_MEb'<json>'` lines. A record that cannot be read is
-rejected with a reason and reading goes on: one bad record never costs the trial or later metrics.
+Local trials append `ME` + a six-digit length + JSON + newline records to `$NNI_SYS_DIR/.nni/metrics`
+(the length counts the newline); trials on other platforms print `NNISDK_MEb'<json>'` lines. A record
+that cannot be read is rejected with a reason and reading goes on: one bad record never costs the
+trial or later metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 MAX_RECORD_BYTES = 1_000_000
 STDOUT_PREFIX = b"NNISDK_ME"
 _HEADER = re.compile(rb"ME(\d{6})")
+_PARTIAL_HEADER = re.compile(rb"M(?:E\d{0,5})?\Z")
 _HEADER_LEN = 8
 _METRIC_TYPES = {"PERIODICAL", "FINAL", "REQUEST_PARAMETER"}
 
@@ -48,11 +50,13 @@ def parse_record(payload: bytes) -> ParsedMetric:
         record = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise MetricRejected(f"metric record is not JSON: {error}") from error
+    except RecursionError:
+        raise MetricRejected("metric record is nested too deeply") from None
     if not isinstance(record, dict):
         raise MetricRejected("metric record is not a JSON object")
     metric_type = record.get("type")
     if metric_type not in _METRIC_TYPES:
-        raise MetricRejected(f"metric record has type {metric_type!r}; expected PERIODICAL or FINAL")
+        raise MetricRejected(f"metric record has type {metric_type!r}; expected PERIODICAL, FINAL or REQUEST_PARAMETER")
     sequence = record.get("sequence", 0)
     if isinstance(sequence, bool) or not isinstance(sequence, int):
         raise MetricRejected(f"metric record has a non-integer sequence {sequence!r}")
@@ -62,6 +66,8 @@ def parse_record(payload: bytes) -> ParsedMetric:
             _check_value(json.loads(value) if isinstance(value, str) else value)
         except json.JSONDecodeError as error:
             raise MetricRejected(f"metric value is not JSON: {error}") from error
+        except RecursionError:
+            raise MetricRejected("metric value is nested too deeply") from None
     encoded = value if isinstance(value, str) else json.dumps(value)
     return ParsedMetric(str(record.get("parameter_id")), metric_type, sequence, json.dumps(encoded))
 
@@ -112,10 +118,11 @@ class MetricFileReader:
                 continue
             end = _HEADER_LEN + int(header.group(1))  # the length counts the record's closing newline
             if len(self._buffer) < end:
-                if final:
-                    problems.append("metric record truncated at the end of the file; skipped")
-                    self._buffer = b""
-                break
+                if not final:
+                    break
+                problems.append("metric record truncated at the end of the file; skipped")
+                self._resync()
+                continue
             if self._buffer[end - 1 : end] != b"\n":
                 problems.append("metric record length does not match its content; skipped")
                 self._resync()
@@ -128,6 +135,10 @@ class MetricFileReader:
         return metrics, problems
 
     def _resync(self) -> None:
-        """Drop bytes up to the next plausible record header."""
+        """Drop bytes up to the next plausible record header, keeping a header still being written."""
         following = _HEADER.search(self._buffer, 1)
-        self._buffer = self._buffer[following.start() :] if following else b""
+        if following:
+            self._buffer = self._buffer[following.start() :]
+            return
+        partial = _PARTIAL_HEADER.search(self._buffer, 1)
+        self._buffer = self._buffer[partial.start() :] if partial else b""

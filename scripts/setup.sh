@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what trialstream and its tests need on a fresh Debian machine: redis-server from Debian's
+# packages when it is missing, and the Python package with its extras (`--test` adds test and dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+extras="nni"
+[ "${1:-}" = "--test" ] && extras="nni,test,dev"
+python3 -m pip install -q --disable-pip-version-check -e ".[${extras}]"

@@ -1,0 +1,245 @@
+"""The `trialstream` command as a user runs it: real processes, real Redis, real trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Processes
+
+QUICKSTART = REPO / "examples" / "quickstart" / "config.yml"
+
+
+def trialstream(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k != "TRIALSTREAM_REDIS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "manager.cli", *args],
+        cwd=REPO,
+        env={**full_env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_config(directory: Path, trial: str, **overrides: object) -> Path:
+    (directory / "trial.py").write_text(textwrap.dedent(trial))
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": ".",
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}},
+        "tuner": {"name": "Random", "classArgs": {"seed": 1}},
+        "trainingService": {"platform": "local"},
+        "experimentWorkingDirectory": str(directory / "experiments"),
+    }
+    config.update(overrides)
+    path = directory / "config.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+SDK_TRIAL = """
+import trialstream_sdk as nni
+x = nni.get_next_parameter()["x"]
+nni.report_intermediate_result(x / 2)
+nni.report_final_result(x * 10)
+"""
+
+
+def test_quickstart_runs_embedded_to_completion(tmp_path: Path) -> None:
+    """The README's quickstart: a private redis-server, projector and workers, all started and stopped."""
+    result = trialstream("run", str(QUICKSTART), "--json", env={"TRIALSTREAM_EXPERIMENTS_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    trials = output["trials"]
+    assert len(trials) == 8
+    assert {trial["status"] for trial in trials} == {"SUCCEEDED"}
+    assert all(isinstance(trial["finalMetric"]["default"], float) for trial in trials)
+    assert sorted(trial["sequenceId"] for trial in trials) == list(range(8))
+    assert all(set(trial["hyperParameters"]) == {"lr", "steps", "batch_size"} for trial in trials)
+    experiment_dir = tmp_path / output["experimentId"]
+    assert (experiment_dir / "redis" / "appendonlydir").is_dir()  # AOF on, under the experiment
+    assert "running" in result.stderr and "best" in result.stderr  # the live progress table
+
+    listed = trialstream("trials", "list", "--json", env={"TRIALSTREAM_EXPERIMENTS_DIR": str(tmp_path)})
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(t["id"] for t in json.loads(listed.stdout)) == sorted(t["id"] for t in trials)
+
+
+def test_real_nni_trial_code_runs_unmodified(tmp_path: Path, processes: Processes) -> None:
+    """`import nni` with the real nni package from PyPI: its parameters and metrics go through us."""
+    import nni  # noqa: F401  (the test needs the real package, installed by the README's test set-up)
+
+    config = write_config(
+        tmp_path,
+        """
+        import nni
+        params = nni.get_next_parameter()
+        nni.report_intermediate_result(params["x"] / 2)
+        nni.report_final_result(params["x"] * 10)
+        """,
+    )
+    processes.projector()
+    processes.worker()
+    processes.worker()
+    result = trialstream("run", str(config), "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
+    assert result.returncode == 0, result.stderr + processes.logs()
+    trials = json.loads(result.stdout)["trials"]
+    assert len(trials) == 4
+    for trial in trials:
+        assert trial["status"] == "SUCCEEDED"
+        assert trial["finalMetric"] == trial["hyperParameters"]["x"] * 10  # attribution is exact
+
+
+def test_external_redis_mode_and_trial_commands(tmp_path: Path, processes: Processes) -> None:
+    config = write_config(tmp_path, SDK_TRIAL)
+    processes.projector()
+    processes.worker()
+    env = {"TRIALSTREAM_REDIS_URL": processes.redis_url}
+    result = trialstream("run", str(config), "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    trial = run["trials"][0]
+
+    shown = trialstream("trials", "show", trial["id"], "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert detail["status"] == "SUCCEEDED" and detail["sequenceId"] == trial["sequenceId"]
+    assert [m["type"] for m in detail["metrics"]] == ["PERIODICAL", "FINAL"]
+
+    listed = trialstream("trials", "list", "--experiment", run["experimentId"], "--json", env=env)
+    assert len(json.loads(listed.stdout)) == 4
+
+    missing = trialstream("trials", "show", "zzzzz", env=env)
+    assert missing.returncode == 1
+    assert "trial 'zzzzz' not found" in missing.stderr and "Traceback" not in missing.stderr
+    cancel_missing = trialstream("trials", "cancel", "zzzzz", env=env)
+    assert cancel_missing.returncode == 1 and "not found" in cancel_missing.stderr
+
+
+def test_cancel_from_the_command_line(tmp_path: Path, processes: Processes) -> None:
+    from manager.connections import connect
+    from manager.training_service import TrainingService
+    from tests.conftest import wait_for_status
+
+    config = write_config(tmp_path, "import time\ntime.sleep(60)\n", maxTrialNumber=1, trialConcurrency=1)
+    processes.projector()
+    processes.worker()
+    env = {"TRIALSTREAM_REDIS_URL": processes.redis_url}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        client = connect(processes.redis_url)
+        from tests.conftest import wait_until
+
+        experiment_id = wait_until(lambda: client.zrange("ts:experiments", 0, -1), 20)[0]
+        service = TrainingService(client, connect(processes.redis_url, decode=False), experiment_id)
+        trial_id = wait_until(lambda: service.list_trial_jobs(), 20)[0].id
+        wait_for_status(service, trial_id, "RUNNING")
+        canceled = trialstream("trials", "cancel", trial_id, env=env)
+        assert canceled.returncode == 0, canceled.stderr
+        out, _ = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 0
+    assert json.loads(out)["trials"][0]["status"] == "USER_CANCELED"
+
+
+def test_trial_concurrency_holds(tmp_path: Path, processes: Processes) -> None:
+    from manager.connections import connect
+    from manager.event_store import EventStore, StoredEvent
+
+    config = write_config(tmp_path, "import time\ntime.sleep(0.3)\n", maxTrialNumber=6, trialConcurrency=2)
+    processes.projector()
+    for _ in range(4):
+        processes.worker()
+    result = trialstream("run", str(config), "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
+    assert result.returncode == 0, result.stderr
+    experiment_id = json.loads(result.stdout)["experimentId"]
+    running, most = 0, 0
+    for entry in EventStore(connect(processes.redis_url), experiment_id).read():
+        assert isinstance(entry, StoredEvent)
+        running += {"TrialStarted": 1, "TrialEnded": -1}.get(entry.event.type, 0)
+        most = max(most, running)
+    assert most == 2
+
+
+def test_max_experiment_duration_stops_running_trials(tmp_path: Path, processes: Processes) -> None:
+    config = write_config(tmp_path, "import time\ntime.sleep(60)\n", maxExperimentDuration="2s")
+    processes.projector()
+    processes.worker()
+    processes.worker()
+    result = trialstream("run", str(config), "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
+    assert result.returncode == 0, result.stderr
+    statuses = {trial["status"] for trial in json.loads(result.stdout)["trials"]}
+    assert statuses == {"SYS_CANCELED"}
+
+
+def test_grid_search_runs_every_point_once(tmp_path: Path, processes: Processes) -> None:
+    space = {"x": {"_type": "choice", "_value": [1, 2, 3]}, "y": {"_type": "choice", "_value": [0, 1]}}
+    config = write_config(
+        tmp_path,
+        "import trialstream_sdk as nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n",
+        searchSpace=space,
+        tuner={"name": "GridSearch"},
+        maxTrialNumber=100,
+    )
+    processes.projector()
+    processes.worker()
+    result = trialstream("run", str(config), "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
+    assert result.returncode == 0, result.stderr
+    points = sorted((t["hyperParameters"]["x"], t["hyperParameters"]["y"]) for t in json.loads(result.stdout)["trials"])
+    assert points == [(x, y) for x in (1, 2, 3) for y in (0, 1)]
+
+
+def test_no_worker_serving_the_queue_is_said_clearly(tmp_path: Path, processes: Processes) -> None:
+    config = write_config(tmp_path, SDK_TRIAL)
+    processes.projector()
+    result = trialstream("run", str(config), env={"TRIALSTREAM_REDIS_URL": processes.redis_url}, timeout=30)
+    assert result.returncode == 1
+    assert "no worker serves queue 'trialstream.local'" in result.stderr
+    assert "trialstream worker --platform local" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"trialConcurency": 2}, "trialConcurency: unknown key"),
+        ({"trainingService": {"platform": "nowhere"}}, "unknown platform 'nowhere'; available platforms: local"),
+        ({"tuner": {"name": "TPE"}}, "tuner.name"),
+    ],
+)
+def test_invalid_config_names_the_key(tmp_path: Path, overrides: dict, expected: str) -> None:
+    result = trialstream("run", str(write_config(tmp_path, SDK_TRIAL, **overrides)), timeout=30)
+    assert result.returncode == 2
+    assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_invalid_yaml_is_reported_with_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yml"
+    path.write_text("trialCommand: [unclosed\n")
+    result = trialstream("run", str(path), timeout=30)
+    assert result.returncode == 2 and "invalid YAML" in result.stderr and str(path) in result.stderr
+
+
+def test_unreachable_redis_names_the_url(tmp_path: Path) -> None:
+    config = write_config(tmp_path, SDK_TRIAL)
+    url = "redis://127.0.0.1:1/0"
+    for args in (("run", str(config)), ("trials", "list"), ("projector",)):
+        result = trialstream(*args, env={"TRIALSTREAM_REDIS_URL": url}, timeout=30)
+        assert result.returncode == 1, args
+        assert f"cannot reach Redis at {url}" in result.stderr and "Traceback" not in result.stderr
