@@ -72,8 +72,17 @@ class _Env(NamedTuple):
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> _Env:
-        names = ("NNI_PLATFORM", "NNI_EXP_ID", "NNI_TRIAL_JOB_ID", "NNI_SYS_DIR", "NNI_OUTPUT_DIR",
-                 "NNI_TRIAL_SEQ_ID", "MULTI_PHASE", "REUSE_MODE", "NNI_TRIAL_COMMAND_CHANNEL")
+        names = (
+            "NNI_PLATFORM",
+            "NNI_EXP_ID",
+            "NNI_TRIAL_JOB_ID",
+            "NNI_SYS_DIR",
+            "NNI_OUTPUT_DIR",
+            "NNI_TRIAL_SEQ_ID",
+            "MULTI_PHASE",
+            "REUSE_MODE",
+            "NNI_TRIAL_COMMAND_CHANNEL",
+        )
         return cls(*(environ.get(name) for name in names))
 
     @property
@@ -94,7 +103,8 @@ class _Channel:
         if env.command_channel:
             raise NotImplementedError(
                 f"NNI_TRIAL_COMMAND_CHANNEL={env.command_channel!r}: the HTTP channel is not supported "
-                "by trialstream_sdk; launch the trial without it (file/stdout protocol)")
+                "by trialstream_sdk; launch the trial without it (file/stdout protocol)"
+            )
         if not env.sys_dir or not env.output_dir:
             raise RuntimeError("NNI_SYS_DIR and NNI_OUTPUT_DIR must both be set when NNI_PLATFORM is set")
         self.env = env
@@ -119,7 +129,7 @@ class _Channel:
             raise ValueError(f"metric record of {len(data)} bytes exceeds the {MAX_RECORD_BYTES} limit")
         frame = memoryview(b"ME%06d" % len(data) + data)
         while frame:  # a regular file takes it in one call; loop only for the pathological short write
-            frame = frame[os.write(self.fd, frame):]
+            frame = frame[os.write(self.fd, frame) :]
 
     def receive_parameter(self) -> dict[str, Any] | None:
         """Block until the launcher provides the next parameter file; None when no more phases exist."""
@@ -129,8 +139,14 @@ class _Channel:
         name = f"parameter_{index}.cfg" if index else "parameter.cfg"
         path = os.path.join(cast(str, self.env.sys_dir), name)
         if not os.path.isfile(path):
-            self.send({"trial_job_id": self.env.trial_id, "type": "REQUEST_PARAMETER",
-                       "sequence": 0, "parameter_index": index})
+            self.send(
+                {
+                    "trial_job_id": self.env.trial_id,
+                    "type": "REQUEST_PARAMETER",
+                    "sequence": 0,
+                    "parameter_index": index,
+                }
+            )
         garbled_since: float | None = None
         while True:
             try:
@@ -246,8 +262,11 @@ def get_next_parameter() -> Parameters | None:
     """Block for this trial's next parameter set; None once a single-phase trial has had its one."""
     global _params
     if _env.standalone:
-        warnings.warn("Running trial code without a launcher (NNI_PLATFORM is unset): "
-                      "get_next_parameter() returns {}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "Running trial code without a launcher (NNI_PLATFORM is unset): get_next_parameter() returns {}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         _params = {"parameter_id": None, "parameters": {}}
     else:
         _params = _get_channel().receive_parameter()
@@ -278,20 +297,28 @@ def get_sequence_id() -> int:
 
 def _report(kind: str, metric: Any) -> None:
     global _intermediate_seq
-    assert _params or _env.platform is None, \
-        f"nni.get_next_parameter() needs to be called before report_{kind}_result"
+    assert _params or _env.platform is None, f"nni.get_next_parameter() needs to be called before report_{kind}_result"
     value = encode_metric(metric)  # validate first: a refused metric must not consume a sequence number
     with _lock:
         sequence = _intermediate_seq if kind == "intermediate" else 0
         rtype = "PERIODICAL" if kind == "intermediate" else "FINAL"
         if _env.standalone:
-            text = f"Intermediate result: {metric}  (Index {sequence})" if kind == "intermediate" \
+            text = (
+                f"Intermediate result: {metric}  (Index {sequence})"
+                if kind == "intermediate"
                 else f"Final result: {metric}"
+            )
             print(f"[{datetime.now().strftime(_TIME_FORMAT)}] {text}", flush=True)
         else:
-            _get_channel().send({"parameter_id": _params["parameter_id"] if _params else None,
-                                 "trial_job_id": _env.trial_id, "type": rtype,
-                                 "sequence": sequence, "value": value})
+            _get_channel().send(
+                {
+                    "parameter_id": _params["parameter_id"] if _params else None,
+                    "trial_job_id": _env.trial_id,
+                    "type": rtype,
+                    "sequence": sequence,
+                    "value": value,
+                }
+            )
         if kind == "intermediate":
             _intermediate_seq += 1
 

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NoReturn
 
@@ -209,18 +209,18 @@ def _experiment(args: argparse.Namespace) -> Iterator[tuple[TrainingService, str
     """The experiment's TrainingService: on the given Redis, or on the data an embedded run left behind."""
     url = redis_url(args.redis)
     if url is not None:
-        client = connect(url)
-        experiment_id = resolve_experiment(client, args.experiment)
-        yield TrainingService(client, connect(url, decode=False), experiment_id), experiment_id
+        shared = connect(url)
+        experiment_id = resolve_experiment(shared, args.experiment)
+        yield TrainingService(shared, connect(url, decode=False), experiment_id), experiment_id
         return
     data_dir = _embedded_data_dir(args.experiment)
     server = None
     socket_path = data_dir / "redis.sock"
-    try:
-        live_url = f"unix://{socket_path}"
-        client = connect(live_url) if socket_path.exists() else None
-    except RedisUnavailable:
-        client = None
+    live_url = f"unix://{socket_path}"
+    client: redis.Redis | None = None
+    if socket_path.exists():  # the run is still going: talk to its server
+        with suppress(RedisUnavailable):
+            client = connect(live_url)
     if client is None:  # the run is over: serve its data from a temporary server
         server = EmbeddedRedis(data_dir)
         live_url = server.start()

@@ -104,16 +104,16 @@ class EventStore:
 
     def read(self, after: str = "0-0", until: str = "+", count: int | None = None) -> list[LogEntry]:
         """Entries strictly after `after`, up to and including `until`."""
-        entries = self.client.xrange(self.stream, min=f"({after}", max=until, count=count)
+        entries: Any = self.client.xrange(self.stream, min=f"({after}", max=until, count=count)
         return [decode_entry(entry_id, fields) for entry_id, fields in entries]
 
     def read_one(self, entry_id: str) -> LogEntry | None:
-        entries = self.client.xrange(self.stream, min=entry_id, max=entry_id)
+        entries: Any = self.client.xrange(self.stream, min=entry_id, max=entry_id)
         return decode_entry(*entries[0]) if entries else None
 
     def wait(self, after: str, block_ms: int, count: int | None = None) -> list[LogEntry]:
         """Entries after `after`, blocking up to `block_ms` for the first one to arrive."""
-        answer = self.client.xread({self.stream: after}, count=count, block=block_ms)
+        answer: Any = self.client.xread({self.stream: after}, count=count, block=block_ms)
         return [decode_entry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
 
     def follow_trial(self, trial_id: str, after: str, block_ms: int | None) -> tuple[str, list[LogEntry]]:
@@ -121,10 +121,11 @@ class EventStore:
 
         With `block_ms` None it reads without waiting.
         """
+        entries: Any
         if block_ms is None:
             entries = self.client.xrange(self.stream, min=f"({after}")
         else:
-            answer = self.client.xread({self.stream: after}, block=block_ms)
+            answer: Any = self.client.xread({self.stream: after}, block=block_ms)
             entries = [entry for _, stream_entries in answer or [] for entry in stream_entries]
         if not entries:
             return after, []
@@ -133,7 +134,7 @@ class EventStore:
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""
-        last = self.client.xrevrange(self.stream, count=1)
+        last: Any = self.client.xrevrange(self.stream, count=1)
         return str(last[0][0]) if last else "0-0"
 
     def length(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
@@ -18,7 +19,7 @@ from manager.event_store import EventStore, StoredEvent, UnreadableEvent
 from manager.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record
 from schemas.events import TrialEvent, TrialMetricReported
-from schemas.trial import TrialJobDetail
+from schemas.trial import MetricRecord, TrialJobDetail
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,13 @@ class Projector:
         positions: dict[str, str] = {}
         while not stop.is_set():
             self.client.set(keys.PROJECTOR_HEARTBEAT, "1", ex=HEARTBEAT_TTL_S)
-            for experiment_id in self.client.zrange(keys.EXPERIMENTS, 0, -1):
+            experiment_ids: Any = self.client.zrange(keys.EXPERIMENTS, 0, -1)
+            for experiment_id in experiment_ids:
                 positions[experiment_id] = self.catch_up(experiment_id)
             if not positions:
                 stop.wait(block_ms / 1000)
                 continue
-            streams = {keys.events(experiment_id): position for experiment_id, position in positions.items()}
+            streams: Any = {keys.events(experiment_id): position for experiment_id, position in positions.items()}
             self.client.xread(streams, count=1, block=block_ms)  # a wake-up only; catch_up reads
 
     def _apply_batch(self, experiment_id: str, until: str) -> tuple[str, int]:
@@ -96,7 +98,7 @@ class Projector:
                 experiment_changed = True
 
         pipe.multi()
-        changed = {trial_id: view.to_json() for trial_id, view in trials.items() if view is not None}
+        changed: Any = {trial_id: view.to_json() for trial_id, view in trials.items() if view is not None}
         if changed:
             pipe.hset(view_keys.trials, mapping=changed)
         if experiment is not None and experiment_changed:
@@ -126,7 +128,7 @@ class Projector:
     @staticmethod
     def _new_metrics(pipe: redis.client.Pipeline, view_keys: ViewKeys, stored: Iterable[StoredEvent]) -> dict:
         """Metrics of this batch not projected before, keyed by their dedup key, in log order."""
-        candidates = {}
+        candidates: dict[str, MetricRecord] = {}
         for entry in stored:
             if isinstance(entry.event, TrialMetricReported):
                 record = metric_record(entry.event)

@@ -14,6 +14,7 @@ import string
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -23,6 +24,7 @@ from manager.projection import ExperimentView, apply_to_experiment, apply_to_tri
 from manager.views import ViewStore
 from schemas.events import (
     ClusterMetadataSet,
+    StopStatus,
     TrialCancelRequested,
     TrialEvent,
     TrialFormUpdated,
@@ -137,10 +139,12 @@ class TrainingService:
         return self.get_trial_job(trial_id)
 
     def cancel_trial_job(self, trial_id: str, is_early_stopped: bool = False) -> None:
-        status = TrialJobStatus.EARLY_STOPPED if is_early_stopped else TrialJobStatus.USER_CANCELED
-        self.request_stop(trial_id, status)
+        if is_early_stopped:
+            self.request_stop(trial_id, TrialJobStatus.EARLY_STOPPED)
+        else:
+            self.request_stop(trial_id, TrialJobStatus.USER_CANCELED)
 
-    def request_stop(self, trial_id: str, status: TrialJobStatus, reason: str | None = None) -> None:
+    def request_stop(self, trial_id: str, status: StopStatus, reason: str | None = None) -> None:
         """Ask the trial's worker to stop it; a trial that has already ended is left as it is."""
         if self.get_trial_job(trial_id).status.is_terminal:
             return
@@ -175,7 +179,7 @@ class TrainingService:
 
     def wait_for_change(self, timeout_s: float) -> bool:
         """Block until the log grows (a trial started, ended, reported...) or the timeout passes."""
-        answer = self._client.xread({self.store.stream: self._change_cursor}, block=int(timeout_s * 1000))
+        answer: Any = self._client.xread({self.store.stream: self._change_cursor}, block=int(timeout_s * 1000))
         if not answer:
             return False
         self._change_cursor = answer[0][1][-1][0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from manager.keys import LOG_PREFIX, ViewKeys
@@ -34,4 +36,5 @@ class ViewStore:
         return [MetricRecord.model_validate_json(raw) for raw in self.client.lrange(self.keys.metrics(trial_id), 0, -1)]
 
     def unreadable(self) -> dict[str, str]:
-        return dict(self.client.hgetall(self.keys.unreadable))
+        raw: Any = self.client.hgetall(self.keys.unreadable)
+        return dict(raw)

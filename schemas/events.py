@@ -109,10 +109,13 @@ class TrialFormUpdated(TrialEvent):
     form: JobApplicationForm
 
 
+StopStatus = Literal[TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED]
+
+
 class TrialCancelRequested(TrialEvent):
     type: Literal["TrialCancelRequested"] = "TrialCancelRequested"
     v: Literal[1] = 1
-    status: Literal[TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED]
+    status: StopStatus
     reason: str | None = None
 
 

@@ -121,11 +121,7 @@ class NvidiaSmiGpuSource:
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip()
             raise GpuQueryError(f"nvidia-smi {query} exited {result.returncode}: {message}")
-        return [
-            [field.strip() for field in line.split(",")]
-            for line in result.stdout.splitlines()
-            if line.strip()
-        ]
+        return [[field.strip() for field in line.split(",")] for line in result.stdout.splitlines() if line.strip()]
 
     def gpus(self) -> list[GpuInfo]:
         executable = shutil.which("nvidia-smi")
@@ -205,12 +201,8 @@ def choose_gpus(gpus: list[GpuInfo], occupancy: Mapping[int, int], policy: GpuPo
     else:
         missing = sorted(set(policy.gpu_indices) - set(by_index))
         if missing:
-            what = (
-                f"GPU {missing[0]}, which does" if len(missing) == 1 else f"GPUs {_join(missing)}, which do"
-            )
-            raise GpuRequestImpossible(
-                f"gpuIndices names {what} not exist (GPUs: {_join(existing) or 'none'})"
-            )
+            what = f"GPU {missing[0]}, which does" if len(missing) == 1 else f"GPUs {_join(missing)}, which do"
+            raise GpuRequestImpossible(f"gpuIndices names {what} not exist (GPUs: {_join(existing) or 'none'})")
         candidates = sorted(set(policy.gpu_indices))
         scope = f"gpuIndices {_join(candidates)}"
     if policy.gpu_number > len(candidates):
