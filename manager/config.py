@@ -69,18 +69,29 @@ def load_experiment_config(path: str | Path) -> ExperimentSpec:
     return ExperimentSpec(config, search_space, code_directory, platform, source)
 
 
-def _read_yaml(source: Path) -> dict[str, Any]:
+def _read_mapping(path: Path, prefix: str, missing: str, invalid: str, not_mapping: str) -> dict[str, Any]:
+    """A YAML (or JSON) file holding a mapping; each failure a ConfigError starting with `prefix`."""
     try:
-        data = yaml.safe_load(source.read_text())
+        data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{source}: no such config file") from None
+        raise ConfigError(f"{prefix}: {missing}") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{source}: cannot read the config file: {error}") from None
+        raise ConfigError(f"{prefix}: cannot read {path}: {error}") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{source}: invalid YAML: {error}") from None
+        raise ConfigError(f"{prefix}: {invalid}: {error}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the config must be a YAML mapping of NNI v2 keys (trialCommand, ...)")
+        raise ConfigError(f"{prefix}: {not_mapping}")
     return data
+
+
+def _read_yaml(source: Path) -> dict[str, Any]:
+    return _read_mapping(
+        source,
+        str(source),
+        missing="no such config file",
+        invalid="invalid YAML",
+        not_mapping="the config must be a YAML mapping of NNI v2 keys (trialCommand, ...)",
+    )
 
 
 def _search_space(config: ExperimentConfig, base: Path) -> dict[str, Any]:
@@ -89,17 +100,13 @@ def _search_space(config: ExperimentConfig, base: Path) -> dict[str, Any]:
     if config.search_space_file is None:
         raise ConfigError("searchSpace: required key is missing (or give searchSpaceFile)")
     path = base / Path(config.search_space_file).expanduser()
-    try:
-        data = yaml.safe_load(path.read_text())  # JSON is YAML
-    except FileNotFoundError:
-        raise ConfigError(f"searchSpaceFile: {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"searchSpaceFile: cannot read {path}: {error}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"searchSpaceFile: {path} is not valid JSON or YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"searchSpaceFile: {path} must hold a mapping of parameter names")
-    return data
+    return _read_mapping(
+        path,
+        "searchSpaceFile",
+        missing=f"{path} does not exist",
+        invalid=f"{path} is not valid JSON or YAML",
+        not_mapping=f"{path} must hold a mapping of parameter names",
+    )
 
 
 def _platform(config: ExperimentConfig, source: Path) -> PlatformConfig:
