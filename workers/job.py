@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 
 import redis
 from rq import Queue, get_current_job
@@ -140,5 +139,4 @@ def _ended(
         status=status,
         exit_code=exit_code,
         message=message,
-        time=int(time.time() * 1000),
     )
