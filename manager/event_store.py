@@ -6,6 +6,7 @@ script, so a retried append is stored once, with no time window (XADD alone has 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from redis.client import Pipeline
 
 from manager import keys
 from schemas.events import EVENT_ADAPTER, Event
+from schemas.upcasters import upcast
 
 _APPEND = """
 if ARGV[1] ~= '' then
@@ -52,10 +54,20 @@ def stream_position(entry_id: str) -> tuple[int, int]:
 
 
 def decode_entry(entry_id: str, fields: dict[str, str]) -> LogEntry:
+    """The entry's event at the current schema version (older versions are upcast), or why it cannot be read."""
     try:
         return StoredEvent(entry_id, EVENT_ADAPTER.validate_json(fields["json"]))
-    except (KeyError, ValidationError, ValueError) as error:
-        return UnreadableEvent(entry_id, fields, str(error).splitlines()[0])
+    except KeyError as error:
+        return UnreadableEvent(entry_id, fields, f"no {error} field")
+    except (ValidationError, ValueError) as error:
+        first_error = error
+    try:
+        payload = json.loads(fields["json"])
+        if isinstance(payload, dict) and (upgraded := upcast(payload)) is not payload:
+            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upgraded))
+    except (ValidationError, ValueError) as error:
+        first_error = error
+    return UnreadableEvent(entry_id, fields, str(first_error).splitlines()[0])
 
 
 def encode_event(event: Event) -> dict[str, str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 LOG_PREFIX = "ts"
 EXPERIMENTS = f"{LOG_PREFIX}:experiments"  # zset: experiment id -> creation time (ms)
 PROJECTOR_HEARTBEAT = f"{LOG_PREFIX}:projector:heartbeat"
+LEASES = f"{LOG_PREFIX}:leases"  # zset: `<exp>/<trial>/<attempt>` -> lease expiry (Redis server time, ms)
 
 
 def events(experiment_id: str) -> str:
@@ -23,9 +24,9 @@ def idempotency(experiment_id: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:idem"
 
 
-def trial_claim(experiment_id: str, trial_id: str) -> str:
-    """Set by the worker that launches a trial, so a duplicate delivery of its job does nothing."""
-    return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}"
+def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
+    """The worker holding an attempt (then `ended` or `lost`): a duplicate delivery of its job does nothing."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from schemas.events import (
     Event,
     ExperimentCreated,
     ExperimentFinished,
+    ExperimentResumed,
+    TrialAttemptLost,
     TrialCancelRequested,
     TrialDeferred,
     TrialEnded,
@@ -43,6 +45,7 @@ def metric_record(event: TrialMetricReported) -> MetricRecord:
         type=event.metric_type,
         sequence=event.sequence,
         data=event.data,
+        attempt=event.attempt,
     )
 
 
@@ -57,6 +60,8 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
             )
         case ExperimentFinished() if view is not None:
             return view.model_copy(update={"status": event.status, "end_time": event.time, "message": event.message})
+        case ExperimentResumed() if view is not None:
+            return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None})
         case ClusterMetadataSet():
             base = view or ExperimentView(id=event.experiment_id)
             return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})
@@ -64,7 +69,11 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
 
 
 def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail | None:
-    """The trial view after `event`; events for other trials must not be passed."""
+    """The trial view after `event`; events for other trials must not be passed.
+
+    Reports of an attempt other than the current one (a lost attempt whose worker was only
+    stalled) never move the trial; their metrics are still listed, tagged with their attempt.
+    """
     if isinstance(event, TrialSubmitted):
         if view is not None:
             return view
@@ -84,7 +93,7 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
     match event:
         case TrialDeferred() if status is TrialJobStatus.WAITING:
             return view.model_copy(update={"message": event.reason})
-        case TrialStarted() if can_transition(status, TrialJobStatus.RUNNING):
+        case TrialStarted() if event.attempt == view.attempt and can_transition(status, TrialJobStatus.RUNNING):
             return view.model_copy(
                 update={
                     "status": TrialJobStatus.RUNNING,
@@ -95,7 +104,7 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
                     "message": None,
                 }
             )
-        case TrialMetricReported(metric_type="FINAL"):
+        case TrialMetricReported(metric_type="FINAL") if event.attempt == view.attempt:
             record = metric_record(event)
             if any(known.dedup_key == record.dedup_key for known in view.final_metric_data):
                 return view
@@ -113,7 +122,27 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
             )
         case TrialCancelRequested() if not status.is_terminal:
             return view.model_copy(update={"is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED})
-        case TrialEnded() if can_transition(status, event.status):
+        case TrialAttemptLost() if event.attempt == view.attempt and not status.is_terminal:
+            if event.status is TrialJobStatus.WAITING:
+                return view.model_copy(
+                    update={
+                        "status": TrialJobStatus.WAITING,
+                        "attempt": event.attempt + 1,
+                        "start_time": None,
+                        "worker": None,
+                        "final_metric_data": [],
+                        "message": f"attempt {event.attempt} lost ({event.reason}); retrying",
+                    }
+                )
+            return view.model_copy(
+                update={
+                    "status": event.status,
+                    "end_time": event.time,
+                    "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
+                    "message": f"lost: {event.reason}",
+                }
+            )
+        case TrialEnded() if event.attempt == view.attempt and can_transition(status, event.status):
             return view.model_copy(
                 update={
                     "status": event.status,

@@ -103,6 +103,7 @@ class ExperimentConfig(NniConfigModel):
     max_experiment_duration: Duration | None = None
     max_trial_number: int | None = Field(None, ge=1)
     max_trial_duration: Duration | None = None
+    max_trial_retries: int = Field(0, ge=0)  # trialstream: new attempts of a trial whose worker was lost
     tuner: AlgorithmConfig = AlgorithmConfig(name="Random")
     assessor: AlgorithmConfig | None = None
     training_service: dict[str, Any] | list[dict[str, Any]]

@@ -42,6 +42,13 @@ class ExperimentFinished(BaseEvent):
     message: str | None = None
 
 
+class ExperimentResumed(BaseEvent):
+    """A runner took the experiment up again from its log (`trialstream resume`)."""
+
+    type: Literal["ExperimentResumed"] = "ExperimentResumed"
+    v: Literal[1] = 1
+
+
 class ClusterMetadataSet(BaseEvent):
     type: Literal["ClusterMetadataSet"] = "ClusterMetadataSet"
     v: Literal[1] = 1
@@ -57,6 +64,7 @@ class TrialLaunchSpec(CamelModel):
     platform_config: dict[str, Any]
     gpu_number: int | None = None
     max_duration_seconds: float | None = None
+    max_retries: int = 0
 
 
 class TrialSubmitted(TrialEvent):
@@ -78,7 +86,8 @@ class TrialDeferred(TrialEvent):
 
 class TrialStarted(TrialEvent):
     type: Literal["TrialStarted"] = "TrialStarted"
-    v: Literal[1] = 1
+    v: Literal[2] = 2
+    attempt: int
     working_directory: str
     url: str | None = None
     gpu_indices: list[int] | None = None
@@ -86,7 +95,8 @@ class TrialStarted(TrialEvent):
 
 class TrialMetricReported(TrialEvent):
     type: Literal["TrialMetricReported"] = "TrialMetricReported"
-    v: Literal[1] = 1
+    v: Literal[2] = 2
+    attempt: int
     parameter_id: str
     metric_type: MetricType
     sequence: int
@@ -121,7 +131,8 @@ class TrialCancelRequested(TrialEvent):
 
 class TrialEnded(TrialEvent):
     type: Literal["TrialEnded"] = "TrialEnded"
-    v: Literal[1] = 1
+    v: Literal[2] = 2
+    attempt: int
     status: TrialJobStatus
     exit_code: int | None = None
     message: str | None = None
@@ -134,9 +145,32 @@ class TrialEnded(TrialEvent):
         return status
 
 
+class TrialAttemptLost(TrialEvent):
+    """The worker running an attempt stopped renewing its lease: that attempt is over.
+
+    `status` WAITING means the trial is retried as attempt + 1 (maxTrialRetries allows it);
+    otherwise it is the terminal status the trial ends in.
+    """
+
+    type: Literal["TrialAttemptLost"] = "TrialAttemptLost"
+    v: Literal[1] = 1
+    attempt: int
+    worker: str | None = None
+    reason: str
+    status: TrialJobStatus
+
+    @field_validator("status")
+    @classmethod
+    def _retried_or_ended(cls, status: TrialJobStatus) -> TrialJobStatus:
+        if status is not TrialJobStatus.WAITING and not status.is_terminal:
+            raise ValueError(f"a lost attempt is retried (WAITING) or ends the trial, not {status}")
+        return status
+
+
 Event = Annotated[
     ExperimentCreated
     | ExperimentFinished
+    | ExperimentResumed
     | ClusterMetadataSet
     | TrialSubmitted
     | TrialDeferred
@@ -145,7 +179,8 @@ Event = Annotated[
     | TrialMetricRejected
     | TrialFormUpdated
     | TrialCancelRequested
-    | TrialEnded,
+    | TrialEnded
+    | TrialAttemptLost,
     Field(discriminator="type"),
 ]
 

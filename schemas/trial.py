@@ -85,10 +85,11 @@ class MetricRecord(CamelModel):
     type: MetricType
     sequence: int
     data: str
+    attempt: int = 1  # a retried trial reports its metrics again, under its new attempt
 
     @property
     def dedup_key(self) -> str:
-        return f"{self.parameter_id}|{self.type}|{self.sequence}"
+        return f"{self.attempt}|{self.parameter_id}|{self.type}|{self.sequence}"
 
     @property
     def value(self) -> Any:
@@ -122,7 +123,8 @@ class TrialJobDetail(CamelModel):
     platform: str
     exit_code: int | None = None
     worker: str | None = None
-    final_metric_data: list[MetricRecord] = []
+    attempt: int = 1
+    final_metric_data: list[MetricRecord] = []  # of the current attempt
 
     @property
     def final_metric(self) -> Any:
@@ -146,3 +148,4 @@ class TrialConfig(CamelModel):
     code_directory: str
     gpu_number: int | None = None
     max_trial_duration: float | None = None
+    max_retries: int = 0

@@ -19,6 +19,7 @@ def metric(experiment_id: str, trial_id: str, sequence: int, kind: str = "PERIOD
     return TrialMetricReported(
         experiment_id=experiment_id,
         trial_id=trial_id,
+        attempt=1,
         parameter_id="0",
         metric_type=kind,  # type: ignore[arg-type]
         sequence=sequence,
@@ -32,14 +33,16 @@ def write_history(make_service: ServiceFactory) -> tuple[str, str]:
     trial_id = service.submit_trial_job(form(0, x=1)).id
     store = service.store
     exp = service.experiment_id
-    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, working_directory="/w"))
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/w"))
     for sequence in (0, 1, 1, 2, 0):  # redelivered metrics, as after a worker restart
         store.append(metric(exp, trial_id, sequence))
     store.append(metric(exp, trial_id, 0, "FINAL"))
     store.append(metric(exp, trial_id, 0, "FINAL"))
-    store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, status=TrialJobStatus.SUCCEEDED, exit_code=0))
-    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, working_directory="/late"))
-    store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, status=TrialJobStatus.FAILED, exit_code=1))
+    store.append(
+        TrialEnded(experiment_id=exp, trial_id=trial_id, attempt=1, status=TrialJobStatus.SUCCEEDED, exit_code=0)
+    )
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/late"))
+    store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, attempt=1, status=TrialJobStatus.FAILED, exit_code=1))
     return exp, trial_id
 
 
@@ -114,7 +117,9 @@ def test_unreadable_entries_are_recorded_and_skipped(client: redis.Redis, make_s
     service = make_service()
     trial_id = service.submit_trial_job(form(0)).id
     bad = client.xadd(keys.events(service.experiment_id), {"type": "TrialEnded", "json": "garbage"})
-    service.store.append(TrialStarted(experiment_id=service.experiment_id, trial_id=trial_id, working_directory="/w"))
+    service.store.append(
+        TrialStarted(experiment_id=service.experiment_id, trial_id=trial_id, attempt=1, working_directory="/w")
+    )
     Projector(client).catch_up(service.experiment_id)
     views = ViewStore(client, service.experiment_id)
     assert list(views.unreadable()) == [bad]

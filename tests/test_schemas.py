@@ -16,6 +16,8 @@ from schemas.events import (
     Event,
     ExperimentCreated,
     ExperimentFinished,
+    ExperimentResumed,
+    TrialAttemptLost,
     TrialCancelRequested,
     TrialDeferred,
     TrialEnded,
@@ -168,6 +170,7 @@ def test_trial_job_detail_json_uses_nni_camel_case_names() -> None:
             "type": "FINAL",
             "sequence": 0,
             "data": '"0.5"',
+            "attempt": 1,
         }
     ]
     assert [key for key in all_keys(data) if "_" in key] == []
@@ -209,9 +212,11 @@ def test_final_metric_is_the_latest_final_value() -> None:
     }
 
 
-def test_metric_dedup_key_identifies_parameter_type_and_sequence() -> None:
-    assert metric(sequence=3, type_="PERIODICAL").dedup_key == "7|PERIODICAL|3"
+def test_metric_dedup_key_identifies_attempt_parameter_type_and_sequence() -> None:
+    assert metric(sequence=3, type_="PERIODICAL").dedup_key == "1|7|PERIODICAL|3"
     assert metric(sequence=3, type_="PERIODICAL").dedup_key != metric(sequence=3).dedup_key
+    retried = metric(sequence=3, type_="PERIODICAL").model_copy(update={"attempt": 2})
+    assert retried.dedup_key == "2|7|PERIODICAL|3"  # a retry's metrics are its own, not duplicates
 
 
 # ---------------------------------------------------------------- metric values
@@ -298,15 +303,17 @@ EVENTS: list[Any] = [
         **COMMON, config={"trialCommand": "python3 trial.py", "trialConcurrency": 2}, working_directory="/e"
     ),
     ExperimentFinished(**COMMON, status="DONE", message="max trial number reached"),
+    ExperimentResumed(**COMMON),
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e/trials/jl7ty", launch=launch()),
     TrialDeferred(**TRIAL, reason="GPUs busy"),
-    TrialStarted(**TRIAL, working_directory="/e/trials/jl7ty", url="file:///e", gpu_indices=[0, 1]),
-    TrialMetricReported(**TRIAL, parameter_id="5", metric_type="PERIODICAL", sequence=2, data='"0.5"'),
+    TrialStarted(**TRIAL, attempt=1, working_directory="/e/trials/jl7ty", url="file:///e", gpu_indices=[0, 1]),
+    TrialMetricReported(**TRIAL, attempt=1, parameter_id="5", metric_type="PERIODICAL", sequence=2, data='"0.5"'),
     TrialMetricRejected(**TRIAL, reason="metric record is not JSON"),
     TrialFormUpdated(**TRIAL, form=form(sequence_id=6)),
     TrialCancelRequested(**TRIAL, status=S.USER_CANCELED, reason="user"),
-    TrialEnded(**TRIAL, status=S.FAILED, exit_code=2, message="exit code 2"),
+    TrialAttemptLost(**TRIAL, attempt=1, worker="host:12", reason="lease expired", status=S.WAITING),
+    TrialEnded(**TRIAL, attempt=2, status=S.FAILED, exit_code=2, message="exit code 2"),
 ]
 
 
@@ -326,7 +333,7 @@ def test_event_round_trips_through_the_adapter_json(event: Any) -> None:
     assert again == event
     data = json.loads(stored)
     assert data["type"] == type(event).__name__
-    assert data["v"] == 1
+    assert data["v"] == type(event).model_fields["v"].default  # every event names its schema version
     assert data["experimentId"] == "exp1"
     assert "experiment_id" not in data
     assert EVENT_ADAPTER.validate_json(EVENT_ADAPTER.dump_json(again, by_alias=True)) == event
@@ -339,7 +346,7 @@ def _stored(event: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("event", EVENTS, ids=lambda event: type(event).__name__)
 def test_a_future_event_version_fails_validation(event: Any) -> None:
     with pytest.raises(ValidationError):
-        EVENT_ADAPTER.validate_json(json.dumps({**_stored(event), "v": 2}))
+        EVENT_ADAPTER.validate_json(json.dumps({**_stored(event), "v": _stored(event)["v"] + 1}))
 
 
 @pytest.mark.parametrize("type_", ["TrialExploded", "trialEnded", "", None])
@@ -361,7 +368,7 @@ def test_an_event_without_a_type_fails_validation() -> None:
 @pytest.mark.parametrize("status", LIVE, ids=str)
 def test_trial_ended_refuses_a_non_terminal_status(status: TrialJobStatus) -> None:
     with pytest.raises(ValidationError, match="a trial can only end in a terminal status"):
-        TrialEnded(**TRIAL, status=status)
+        TrialEnded(**TRIAL, attempt=1, status=status)
     with pytest.raises(ValidationError, match="a trial can only end in a terminal status"):
         EVENT_ADAPTER.validate_json(json.dumps({**_stored(EVENTS[-1]), "status": status.value}))
 
@@ -387,7 +394,7 @@ def test_experiment_finished_status_is_checked() -> None:
 
 def test_metric_reported_refuses_an_unknown_metric_type() -> None:
     with pytest.raises(ValidationError):
-        TrialMetricReported(**TRIAL, parameter_id="5", metric_type="BEST", sequence=0, data='"1"')  # type: ignore[arg-type]
+        TrialMetricReported(**TRIAL, attempt=1, parameter_id="5", metric_type="BEST", sequence=0, data='"1"')  # type: ignore[arg-type]
 
 
 def test_events_are_immutable() -> None:

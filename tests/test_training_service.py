@@ -32,7 +32,9 @@ def test_reads_combine_projected_views_with_events_not_yet_projected(client: red
     first = service.submit_trial_job(form(0)).id
     Projector(client).catch_up(service.experiment_id)
     second = service.submit_trial_job(form(1)).id
-    service.store.append(TrialStarted(experiment_id=service.experiment_id, trial_id=first, working_directory="/w"))
+    service.store.append(
+        TrialStarted(experiment_id=service.experiment_id, trial_id=first, attempt=1, working_directory="/w")
+    )
     statuses = {trial.id: trial.status for trial in service.list_trial_jobs()}
     assert statuses == {first: TrialJobStatus.RUNNING, second: TrialJobStatus.WAITING}
 
@@ -113,6 +115,7 @@ def test_metric_listeners_get_each_metric_once_until_removed(make_service: Servi
                 TrialMetricReported(
                     experiment_id=service.experiment_id,
                     trial_id=trial_id,
+                    attempt=1,
                     parameter_id="0",
                     metric_type="PERIODICAL",
                     sequence=sequence,
