@@ -93,7 +93,7 @@ class TrainingService:
         return view
 
     def get_cluster_metadata(self, key: str) -> str:
-        return _metadata(self._experiment_view(), key)
+        return _metadata(self.experiment_view(), key)
 
     @property
     def is_multi_phase_job_supported(self) -> bool:
@@ -106,7 +106,7 @@ class TrainingService:
 
     def submit_trial_job(self, form: JobApplicationForm) -> TrialJobDetail:
         """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither."""
-        experiment = self._experiment_view()
+        experiment = self.experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
         platform_section = json.loads(_metadata(experiment, PLATFORM_CONFIG))
         trial_id = self._new_trial_id()
@@ -122,6 +122,7 @@ class TrainingService:
                 platform_config=platform_section,
                 gpu_number=trial_config.gpu_number,
                 max_duration_seconds=trial_config.max_trial_duration,
+                max_retries=trial_config.max_retries,
             ),
         )
         with self._client.pipeline(transaction=True) as pipe:
@@ -206,7 +207,7 @@ class TrainingService:
         trials = [TrialJobDetail.model_validate_json(raw) for raw in raws if raw]
         return position or "0-0", {trial.id: trial for trial in trials}
 
-    def _experiment_view(self) -> ExperimentView:
+    def experiment_view(self) -> ExperimentView:
         position = self.views.position()
         view = self.views.experiment()
         for entry in self.store.read(after=position):

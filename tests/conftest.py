@@ -132,6 +132,7 @@ def make_service(client: redis.Redis, rq_connection: redis.Redis, tmp_path: Path
         platform_config: dict[str, Any] | None = None,
         gpu_number: int | None = None,
         max_trial_duration: float | None = None,
+        max_retries: int = 0,
     ) -> TrainingService:
         experiment_id = create_experiment(client, {"trialCommand": command}, tmp_path / "experiments")
         service = TrainingService(client, rq_connection, experiment_id)
@@ -140,6 +141,7 @@ def make_service(client: redis.Redis, rq_connection: redis.Redis, tmp_path: Path
             code_directory=str(code_dir),
             gpu_number=gpu_number,
             max_trial_duration=max_trial_duration,
+            max_retries=max_retries,
         )
         service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
         service.set_cluster_metadata(PLATFORM_CONFIG, json.dumps(platform_config or {"platform": "local"}))

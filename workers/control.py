@@ -1,7 +1,8 @@
 """The TrialControl a platform reports through: every report becomes an event in the log.
 
 A watcher thread tails the experiment's log from the trial's submission on, so a cancel or a new
-parameter set reaches the running trial within milliseconds of being appended.
+parameter set reaches the running trial within milliseconds of being appended; the same thread
+renews the attempt's lease, and stops the trial if the attempt was declared lost meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from schemas.events import (
     TrialSubmitted,
 )
 from schemas.trial import JobApplicationForm, TrialJobStatus
+from workers.leases import Lease
 from workers.metrics import ParsedMetric
 from workers.platform import StopRequest
 
@@ -35,15 +37,18 @@ def _format_seconds(seconds: float) -> str:
 
 
 class LogTrialControl:
-    def __init__(self, store: EventStore, submitted: StoredEvent, worker: str, attempt: int) -> None:
+    def __init__(self, store: EventStore, submitted: StoredEvent, lease: Lease) -> None:
         assert isinstance(submitted.event, TrialSubmitted)
         self._store = store
         self._submission = submitted.event
         self._trial_id = submitted.event.trial_id
-        self._worker = worker
-        self._attempt = attempt
+        self._lease = lease
+        self._worker = lease.worker
+        self._attempt = lease.ref.attempt
         self._cursor = submitted.id
         self._cancel: TrialCancelRequested | None = None
+        self._lease_lost = False
+        self._renewed_at = time.monotonic()
         self._forms: list[JobApplicationForm] = []
         self._started_at: float | None = None
         self._wake = threading.Event()
@@ -61,6 +66,7 @@ class LogTrialControl:
             TrialStarted(
                 experiment_id=self._store.experiment_id,
                 trial_id=self._trial_id,
+                attempt=self._attempt,
                 source=self._worker,
                 working_directory=working_directory,
                 url=url,
@@ -76,13 +82,14 @@ class LogTrialControl:
             TrialMetricReported(
                 experiment_id=self._store.experiment_id,
                 trial_id=self._trial_id,
+                attempt=self._attempt,
                 source=self._worker,
                 parameter_id=metric.parameter_id,
                 metric_type=metric.metric_type,  # type: ignore[arg-type]
                 sequence=metric.sequence,
                 data=metric.data,
             ),
-            f"metric:{self._trial_id}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}",
+            f"metric:{self._trial_id}:{self._attempt}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}",
         )
 
     def rejected(self, reason: str) -> None:
@@ -97,6 +104,8 @@ class LogTrialControl:
     # what the platform asks
 
     def stop_request(self) -> StopRequest | None:
+        if self._lease_lost:
+            return StopRequest(TrialJobStatus.FAILED, "this attempt was declared lost: its lease expired")
         if self._cancel is not None:
             return StopRequest(self._cancel.status, self._cancel.reason or _default_reason(self._cancel.status))
         limit = self._submission.launch.max_duration_seconds
@@ -130,10 +139,22 @@ class LogTrialControl:
     def _watch(self) -> None:
         while not self._closed.is_set():
             try:
+                self._renew_lease()
                 self._poll(block_ms=_WATCH_BLOCK_MS)
             except redis.RedisError as error:
                 log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
                 self._closed.wait(0.5)
+
+    def _renew_lease(self) -> None:
+        """Renew at a third of the lease, so two missed renewals still leave it held."""
+        if self._lease_lost or time.monotonic() - self._renewed_at < self._lease.seconds / 3:
+            return
+        if self._lease.renew():
+            self._renewed_at = time.monotonic()
+        else:
+            log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
+            self._lease_lost = True
+            self._wake.set()
 
     def _poll(self, block_ms: int | None = None) -> None:
         self._cursor, entries = self._store.follow_trial(self._trial_id, self._cursor, block_ms)

@@ -13,18 +13,17 @@ import socket
 import redis
 from rq import Queue, get_current_job
 
-from manager import keys
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import TrialDeferred, TrialEnded, TrialSubmitted
 from schemas.trial import TrialJobStatus
 from workers.control import LogTrialControl
+from workers.leases import AttemptRef, Lease, lease_seconds
 from workers.platform import Deferred, TrialAssignment
 from workers.registry import RUN_TRIAL, platform_class, queue_name
 
 log = logging.getLogger(__name__)
 
 DEFER_POLL_S = 0.5
-CLAIM_TTL_S = 7 * 24 * 3600
 
 
 def decoded_client(raw: redis.Redis) -> redis.Redis:
@@ -68,12 +67,8 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: int = 0, last_deferral: str = "") -> str:
-    """Run one trial on this worker's platform and append how it ended."""
-    job = get_current_job()
-    assert job is not None, "run_trial runs inside an RQ job"
-    client = decoded_client(job.connection)
-    store = EventStore(client, experiment_id)
+def load_submission(store: EventStore, trial_id: str) -> StoredEvent:
+    """The trial's TrialSubmitted entry, found through its idempotency key."""
     submitted_id = store.id_for_key(submission_key(trial_id))
     submitted = store.read_one(submitted_id) if submitted_id else None
     if not (
@@ -81,16 +76,28 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
         and isinstance(submitted.event, TrialSubmitted)
         and submitted.event.trial_id == trial_id
     ):
-        raise LookupError(f"trial {trial_id} of experiment {experiment_id} has no submission in the log")
-    submission = submitted.event
+        raise LookupError(f"trial {trial_id} of experiment {store.experiment_id} has no submission in the log")
+    return submitted
 
-    claim = keys.trial_claim(experiment_id, f"{trial_id}:{attempt}")
-    if not client.set(claim, worker_name(), nx=True, ex=CLAIM_TTL_S):
+
+def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: int = 0, last_deferral: str = "") -> str:
+    """Run one attempt of a trial on this worker's platform and append how it ended."""
+    job = get_current_job()
+    assert job is not None, "run_trial runs inside an RQ job"
+    client = decoded_client(job.connection)
+    store = EventStore(client, experiment_id)
+    submitted = load_submission(store, trial_id)
+    submission = submitted.event
+    assert isinstance(submission, TrialSubmitted)
+
+    lease = Lease(client, AttemptRef(experiment_id, trial_id, attempt), worker_name(), lease_seconds())
+    if not lease.acquire():
         return "already claimed by another delivery"
 
-    control = LogTrialControl(store, submitted, worker_name(), attempt)
+    control = LogTrialControl(store, submitted, lease)
     try:
         if control.stop_request() is not None:
+            _end_attempt(store, lease, None)  # the cancel itself ended the WAITING trial
             return "canceled before it started"
         platform = platform_class(submission.platform)(client)
         assignment = TrialAssignment(
@@ -100,17 +107,18 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
             launch=submission.launch,
             working_directory=submission.working_directory,
             platform_config=platform.config_model.model_validate(submission.launch.platform_config),
+            attempt=attempt,
         )
         try:
             outcome = platform.run_trial(assignment, control)
         except Exception as error:
             log.exception("trial %s: platform %s failed", trial_id, submission.platform)
-            store.append(_ended(submission, TrialJobStatus.FAILED, None, f"internal error: {error}"))
+            _end_attempt(store, lease, _ended(lease, TrialJobStatus.FAILED, None, f"internal error: {error}"))
             raise
         if isinstance(outcome, Deferred):
             if outcome.reason != last_deferral:
                 store.append(TrialDeferred(experiment_id=experiment_id, trial_id=trial_id, reason=outcome.reason))
-            client.delete(claim)
+            lease.give_up()
             control.wait(DEFER_POLL_S)
             enqueue_trial(
                 job.connection,
@@ -120,22 +128,31 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
                 last_deferral=outcome.reason,
             )
             return f"deferred: {outcome.reason}"
-        store.append(
-            _ended(submission, outcome.status, outcome.exit_code, outcome.message),
-            idempotency_key=f"ended:{trial_id}:{attempt}",
-        )
+        _end_attempt(store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message))
         return str(outcome.status)
     finally:
         control.close()
 
 
-def _ended(
-    submission: TrialSubmitted, status: TrialJobStatus, exit_code: int | None, message: str | None
-) -> TrialEnded:
+def _end_attempt(store: EventStore, lease: Lease, ended: TrialEnded | None) -> None:
+    """Append how the attempt ended and release its lease, atomically: a reaper never sees one without the other.
+
+    If the attempt was already declared lost, the shared idempotency key keeps that verdict.
+    """
+    with store.client.pipeline(transaction=True) as pipe:
+        pipe.multi()
+        if ended is not None:
+            store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
+        lease.end(pipe)
+        pipe.execute()
+
+
+def _ended(lease: Lease, status: TrialJobStatus, exit_code: int | None, message: str | None) -> TrialEnded:
     return TrialEnded(
-        experiment_id=submission.experiment_id,
-        trial_id=submission.trial_id,
-        source=worker_name(),
+        experiment_id=lease.ref.experiment_id,
+        trial_id=lease.ref.trial_id,
+        attempt=lease.ref.attempt,
+        source=lease.worker,
         status=status,
         exit_code=exit_code,
         message=message,

@@ -20,6 +20,18 @@ from workers.metrics import MAX_RECORD_BYTES, MetricFileReader, MetricRejected, 
 from workers.platform import Deferred, StopRequest, TrialAssignment, TrialControl, TrialOutcome
 
 KILL_GRACE_ENV = "TRIALSTREAM_KILL_GRACE_S"
+
+# The trial's shell forks a keeper into the trial's process group, then execs the trial command.
+# The keeper blocks reading a pipe whose other end only the worker holds: if the worker dies, even
+# by SIGKILL, the kernel closes that end, the read returns, and the keeper kills the whole group,
+# so no trial process outlives its worker. It ignores SIGTERM, so a graceful cancel reaches the
+# trial alone. The pipe arrives as stdin; the trial itself gets /dev/null. $1 is the trial command.
+_KEEPER = """
+exec 3<&0 </dev/null
+(trap '' TERM INT HUP; read _ <&3; kill -9 0) >/dev/null 2>&1 &
+exec 3<&-
+exec /bin/sh -c "$1"
+"""
 TICK_S = 0.02
 ORPHAN_GRACE_S = 1.0
 STDERR_TAIL_BYTES = 2000
@@ -71,29 +83,45 @@ class _TrialProcess:
         code_dir = Path(self.trial.launch.code_directory)
         if not code_dir.is_dir():
             return TrialOutcome(TrialJobStatus.FAILED, message=f"trialCodeDirectory {code_dir} does not exist")
+        if self.trial.attempt > 1:
+            self._archive_attempt(self.trial.attempt - 1)
         (self.sys_dir / ".nni").mkdir(parents=True, exist_ok=True)
         _write_atomically(self.sys_dir / "parameter.cfg", self.trial.form.hyper_parameters.value)
+        keeper_end, worker_end = os.pipe()  # the worker holds `worker_end` open for as long as it lives
         with (self.sys_dir / "stdout").open("wb") as stdout_file, (self.sys_dir / "stderr").open("wb") as stderr:
-            process = subprocess.Popen(
-                ["/bin/sh", "-c", self.trial.launch.command],
-                cwd=code_dir,
-                env=self._environment(code_dir),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,  # its own process group, so a cancel reaches every child
-            )
-            self.control.started(str(self.sys_dir), url=str(self.sys_dir), gpu_indices=gpus or None)
-            assert process.stdout is not None
-            pump = threading.Thread(target=self._pump_stdout, args=(process.stdout, stdout_file), daemon=True)
-            pump.start()
-            stop = self._watch(process)
-            pump.join(ORPHAN_GRACE_S)
-            if pump.is_alive():  # children of the trial still hold its stdout: the trial is over
-                _signal_group(process.pid, signal.SIGKILL)
+            try:
+                process = subprocess.Popen(
+                    ["/bin/sh", "-c", _KEEPER, "trialstream-trial", self.trial.launch.command],
+                    cwd=code_dir,
+                    env=self._environment(code_dir),
+                    stdin=keeper_end,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    start_new_session=True,  # its own process group, so a cancel reaches every child
+                )
+            finally:
+                os.close(keeper_end)
+            try:
+                self.control.started(str(self.sys_dir), url=str(self.sys_dir), gpu_indices=gpus or None)
+                assert process.stdout is not None
+                pump = threading.Thread(target=self._pump_stdout, args=(process.stdout, stdout_file), daemon=True)
+                pump.start()
+                stop = self._watch(process)
+                pump.join(ORPHAN_GRACE_S)  # children of the trial may still hold its stdout: the trial is over
+                _signal_group(process.pid, signal.SIGKILL)  # leftovers and the keeper
                 pump.join()
+            finally:
+                os.close(worker_end)
         self._forward_file_metrics(final=True)
         return self._outcome(process.returncode, stop)
+
+    def _archive_attempt(self, attempt: int) -> None:
+        """Move a lost attempt's output aside, so the retry's metrics are read from a fresh file."""
+        archive = self.sys_dir / f"attempt-{attempt}"
+        archive.mkdir(parents=True, exist_ok=True)
+        for name in ("stdout", "stderr", ".nni/metrics"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.sys_dir / name).replace(archive / Path(name).name)
 
     def _environment(self, code_dir: Path) -> dict[str, str]:
         env = dict(os.environ)

@@ -25,6 +25,7 @@ class TrialAssignment:
     launch: TrialLaunchSpec
     working_directory: str
     platform_config: PlatformConfig
+    attempt: int = 1  # > 1 when the trial is retried after its worker was lost
 
 
 @dataclass(frozen=True)

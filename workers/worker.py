@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.worker import WorkerStatus
 
+from workers.job import decoded_client, worker_name
+from workers.reaper import reap_forever
 from workers.registry import platform_class, queue_name
 
 HEARTBEAT_INTERVAL_S = 15
@@ -19,8 +22,23 @@ class TrialWorker(SimpleWorker):
     """Runs trials in-process (no fork per job: ~3x the throughput) and keeps heartbeating meanwhile.
 
     RQ's SimpleWorker sends no heartbeat while a job runs, so a trial longer than the worker TTL
-    would look abandoned; a background thread keeps the worker, execution and job alive.
+    would look abandoned; a background thread keeps the worker, execution and job alive. Another
+    reaps the attempts of workers that died (see workers/reaper.py).
     """
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        stop = threading.Event()
+        reaper = threading.Thread(
+            target=reap_forever,
+            args=(decoded_client(self.connection), self.connection, worker_name(), stop),
+            name="reaper",
+            daemon=True,
+        )
+        reaper.start()
+        try:
+            return bool(super().work(*args, **kwargs))
+        finally:
+            stop.set()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         execution = self.prepare_execution(job)

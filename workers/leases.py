@@ -1,0 +1,105 @@
+"""Leases on running trial attempts: how a lost worker is noticed in seconds, not in RQ's minutes.
+
+A worker claims an attempt (so a duplicate delivery of its job does nothing) and holds a lease on
+it, renewed while the trial runs. Leases expire by Redis server time, so workers' clocks never
+matter. A lease that expired means the worker stopped: `workers.reaper` declares the attempt lost.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import redis
+from redis.client import Pipeline
+
+from manager import keys
+
+LEASE_ENV = "TRIALSTREAM_TRIAL_LEASE_S"
+DEFAULT_LEASE_S = 10.0
+CLAIM_TTL_S = 7 * 24 * 3600
+ENDED = "ended"
+LOST = "lost"
+
+# KEYS: claim, leases. ARGV: worker, claim ttl (s), lease member, lease length (ms)
+_ACQUIRE = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[2], now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
+return 1
+"""
+
+# Touching the claim makes a reaper that WATCHes it back off: a renewed lease is never reaped.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[2], 'XX', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
+return 1
+"""
+
+
+def lease_seconds() -> float:
+    """How long a worker's silence is tolerated before its attempts are declared lost."""
+    return float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S)
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    experiment_id: str
+    trial_id: str
+    attempt: int
+
+    @property
+    def member(self) -> str:
+        return f"{self.experiment_id}/{self.trial_id}/{self.attempt}"
+
+    @classmethod
+    def parse(cls, member: str) -> AttemptRef:
+        experiment_id, trial_id, attempt = member.rsplit("/", 2)
+        return cls(experiment_id, trial_id, int(attempt))
+
+    @property
+    def claim_key(self) -> str:
+        return keys.trial_claim(self.experiment_id, self.trial_id, self.attempt)
+
+    @property
+    def ended_key(self) -> str:
+        """Idempotency key of the event that ends the attempt: TrialEnded or TrialAttemptLost, only one."""
+        return f"ended:{self.trial_id}:{self.attempt}"
+
+
+class Lease:
+    """One worker's hold on one attempt."""
+
+    def __init__(self, client: redis.Redis, ref: AttemptRef, worker: str, seconds: float) -> None:
+        self.client = client
+        self.ref = ref
+        self.worker = worker
+        self.seconds = seconds
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+
+    @property
+    def _args(self) -> list[str | int]:
+        return [self.worker, CLAIM_TTL_S, self.ref.member, int(self.seconds * 1000)]
+
+    def acquire(self) -> bool:
+        """Claim the attempt and start the lease; False if another delivery already claimed it."""
+        return bool(self._acquire(keys=[self.ref.claim_key, keys.LEASES], args=self._args))
+
+    def renew(self) -> bool:
+        """Extend the lease; False once the attempt has been declared lost (or has ended)."""
+        return bool(self._renew(keys=[self.ref.claim_key, keys.LEASES], args=self._args))
+
+    def end(self, pipeline: Pipeline) -> None:
+        """Queue the end of the attempt on `pipeline`, to commit with the event that ends it."""
+        pipeline.set(self.ref.claim_key, ENDED, keepttl=True)
+        pipeline.zrem(keys.LEASES, self.ref.member)
+
+    def give_up(self) -> None:
+        """Let the attempt be claimed again (it was deferred before starting)."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(self.ref.claim_key)
+            pipe.zrem(keys.LEASES, self.ref.member)
+            pipe.execute()

@@ -1,0 +1,107 @@
+"""Declaring lost attempts: a lease that expired means its worker stopped (killed, crashed, cut off).
+
+Every worker runs the reaper in the background, and so does the experiment runner, so a lost trial
+is noticed within its lease plus a second even when no worker is left. The verdict is one
+MULTI/EXEC under a WATCH of the attempt's claim: the TrialAttemptLost event, the retry's job when
+maxTrialRetries allows one, and the release of the lease. A renewal or a normal end touches the
+claim, so an attempt that is alive after all is never declared lost, and two reapers never both act.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import redis
+
+from manager import keys
+from manager.event_store import EventStore, StoredEvent
+from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialSubmitted
+from schemas.trial import TrialJobStatus
+from workers.job import enqueue_trial, load_submission
+from workers.leases import LOST, AttemptRef
+
+log = logging.getLogger(__name__)
+
+REAP_INTERVAL_S = 1.0
+_BATCH = 100
+
+
+def reap_lost_attempts(client: redis.Redis, rq_connection: redis.Redis, reaper: str) -> list[TrialAttemptLost]:
+    """Declare every attempt whose lease has expired lost; returns the verdicts this call appended."""
+    seconds, microseconds = client.time()
+    now_ms = seconds * 1000 + microseconds // 1000
+    members: Any = client.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=_BATCH)
+    verdicts = []
+    for member in members:
+        verdict = _declare_lost(client, rq_connection, AttemptRef.parse(member), reaper)
+        if verdict is not None:
+            log.warning("trial %s attempt %d lost: %s", verdict.trial_id, verdict.attempt, verdict.reason)
+            verdicts.append(verdict)
+    return verdicts
+
+
+def reap_forever(client: redis.Redis, rq_connection: redis.Redis, reaper: str, stop: threading.Event) -> None:
+    """Reap every REAP_INTERVAL_S until `stop` is set; Redis outages are waited out."""
+    while not stop.wait(REAP_INTERVAL_S):
+        try:
+            reap_lost_attempts(client, rq_connection, reaper)
+        except redis.RedisError as error:
+            log.warning("reaper: %s; retrying", error)
+
+
+def _declare_lost(
+    client: redis.Redis, rq_connection: redis.Redis, ref: AttemptRef, reaper: str
+) -> TrialAttemptLost | None:
+    store = EventStore(client, ref.experiment_id)
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(ref.claim_key)
+                expiry = pipe.zscore(keys.LEASES, ref.member)
+                seconds, microseconds = pipe.time()
+                if expiry is None or expiry > seconds * 1000 + microseconds // 1000:
+                    pipe.unwatch()
+                    return None  # renewed, ended, or declared by another reaper meanwhile
+                holder: Any = pipe.get(ref.claim_key)
+                submitted = load_submission(store, ref.trial_id)
+                verdict = _verdict(store, submitted, ref, holder, reaper)
+                pipe.multi()
+                store.append(verdict, idempotency_key=ref.ended_key, pipeline=pipe)
+                if verdict.status is TrialJobStatus.WAITING:
+                    assert isinstance(submitted.event, TrialSubmitted)
+                    args = (ref.experiment_id, ref.trial_id, ref.attempt + 1)
+                    enqueue_trial(rq_connection, submitted.event.platform, args, pipeline=pipe)
+                pipe.zrem(keys.LEASES, ref.member)
+                pipe.set(ref.claim_key, LOST, keepttl=True)
+                pipe.execute()
+                return verdict
+            except redis.WatchError:
+                continue
+
+
+def _verdict(
+    store: EventStore, submitted: StoredEvent, ref: AttemptRef, holder: str | None, reaper: str
+) -> TrialAttemptLost:
+    """Retry while maxTrialRetries allows, unless someone asked the trial to stop: then it ends as asked."""
+    submission = submitted.event
+    assert isinstance(submission, TrialSubmitted)
+    _, entries = store.follow_trial(ref.trial_id, submitted.id, None)
+    cancels = [e.event for e in entries if isinstance(e, StoredEvent) and isinstance(e.event, TrialCancelRequested)]
+    if cancels:
+        status: TrialJobStatus = cancels[0].status
+    elif ref.attempt <= submission.launch.max_retries:
+        status = TrialJobStatus.WAITING
+    else:
+        status = TrialJobStatus.FAILED
+    who = f"worker {holder}" if holder else "its worker"
+    return TrialAttemptLost(
+        experiment_id=ref.experiment_id,
+        trial_id=ref.trial_id,
+        source=reaper,
+        attempt=ref.attempt,
+        worker=holder,
+        reason=f"{who} stopped renewing the lease of attempt {ref.attempt}",
+        status=status,
+    )
