@@ -29,6 +29,11 @@ def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"
 
 
+def gpu_holders(host: str) -> str:
+    """Hash: `<exp>/<trial>` -> the GPU indices it holds on `host` (the local platform's ledger)."""
+    return f"{LOG_PREFIX}:gpu:{host}:holders"
+
+
 @dataclass(frozen=True)
 class ViewKeys:
     """Keys of the disposable views of one experiment in one namespace."""

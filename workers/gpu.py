@@ -20,6 +20,8 @@ from typing import Protocol
 import pynvml
 from redis import Redis
 
+from manager import keys
+
 FAKE_GPUS_ENV = "TRIALSTREAM_FAKE_GPUS"
 NVIDIA_SMI_TIMEOUT_S = 15.0
 # The critical section is a few Redis round trips (GPUs are queried before taking the lock), so
@@ -241,7 +243,7 @@ class GpuLedger:
     def __init__(self, redis: Redis, host: str, source: GpuSource) -> None:
         self._redis = redis
         self._source = source
-        self.holders_key = f"ts:gpu:{host}:holders"
+        self.holders_key = keys.gpu_holders(host)
         self.lock_key = f"ts:gpu:{host}:lock"
 
     def occupancy(self) -> dict[int, int]:

@@ -41,21 +41,30 @@ def enqueue_trial(
     *,
     deferrals: int = 0,
     last_deferral: str = "",
+    delivery: str = "",
     pipeline: redis.client.Pipeline | None = None,
 ) -> None:
-    """Queue (or re-queue) the RQ job of a trial; RQ's job timeout is off, trials end on their own terms."""
+    """Queue (or re-queue) the RQ job of a trial; RQ's job timeout is off, trials end on their own terms.
+
+    The job id is `<attempt_job_prefix>-<deferrals><delivery>`: unique per delivery, and a queued
+    attempt is recognised by its prefix.
+    """
     experiment_id, trial_id, attempt = args
     Queue(queue_name(platform), connection=rq_connection).enqueue_call(
         RUN_TRIAL,
         args=args,
         kwargs={"deferrals": deferrals, "last_deferral": last_deferral},
-        job_id=f"{experiment_id}-{trial_id}-{attempt}-{deferrals}",
+        job_id=f"{attempt_job_prefix(experiment_id, trial_id, attempt)}-{deferrals}{delivery}",
         timeout=-1,
         result_ttl=600,
         failure_ttl=7 * 24 * 3600,
         description=f"trial {trial_id} of experiment {experiment_id}",
         pipeline=pipeline,
     )
+
+
+def attempt_job_prefix(experiment_id: str, trial_id: str, attempt: int) -> str:
+    return f"{experiment_id}-{trial_id}-{attempt}"
 
 
 def submission_key(trial_id: str) -> str:
@@ -118,15 +127,18 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
         if isinstance(outcome, Deferred):
             if outcome.reason != last_deferral:
                 store.append(TrialDeferred(experiment_id=experiment_id, trial_id=trial_id, reason=outcome.reason))
-            lease.give_up()
             control.wait(DEFER_POLL_S)
-            enqueue_trial(
-                job.connection,
-                submission.platform,
-                (experiment_id, trial_id, attempt),
-                deferrals=deferrals + 1,
-                last_deferral=outcome.reason,
-            )
+            with client.pipeline(transaction=True) as pipe:  # never unclaimed and unqueued at once
+                lease.give_up(pipe)
+                enqueue_trial(
+                    job.connection,
+                    submission.platform,
+                    (experiment_id, trial_id, attempt),
+                    deferrals=deferrals + 1,
+                    last_deferral=outcome.reason,
+                    pipeline=pipe,
+                )
+                pipe.execute()
             return f"deferred: {outcome.reason}"
         _end_attempt(store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message))
         return str(outcome.status)

@@ -97,9 +97,7 @@ class Lease:
         pipeline.set(self.ref.claim_key, ENDED, keepttl=True)
         pipeline.zrem(keys.LEASES, self.ref.member)
 
-    def give_up(self) -> None:
-        """Let the attempt be claimed again (it was deferred before starting)."""
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(self.ref.claim_key)
-            pipe.zrem(keys.LEASES, self.ref.member)
-            pipe.execute()
+    def give_up(self, pipeline: Pipeline) -> None:
+        """Queue, on `pipeline`, letting the attempt be claimed again (it was deferred before starting)."""
+        pipeline.delete(self.ref.claim_key)
+        pipeline.zrem(keys.LEASES, self.ref.member)

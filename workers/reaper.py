@@ -14,13 +14,15 @@ import threading
 from typing import Any
 
 import redis
+from rq import Queue
 
 from manager import keys
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialSubmitted
-from schemas.trial import TrialJobStatus
-from workers.job import enqueue_trial, load_submission
+from schemas.trial import TrialJobDetail, TrialJobStatus
+from workers.job import attempt_job_prefix, enqueue_trial, load_submission
 from workers.leases import LOST, AttemptRef
+from workers.registry import queue_name
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,31 @@ def reap_forever(client: redis.Redis, rq_connection: redis.Redis, reaper: str, s
             log.warning("reaper: %s; retrying", error)
 
 
+def unclaimed_attempts(
+    client: redis.Redis, rq_connection: redis.Redis, trials: list[TrialJobDetail]
+) -> list[TrialJobDetail]:
+    """WAITING trials whose current attempt is neither claimed by a worker nor in its queue.
+
+    RQ pops a job before the worker can claim it: a worker killed in between takes the job with
+    it. Seen twice, some time apart, such a trial's job was lost and must be queued again; a
+    needless re-queue is harmless, since only one delivery can claim the attempt.
+    """
+    waiting = [trial for trial in trials if trial.status is TrialJobStatus.WAITING]
+    if not waiting:
+        return []
+    queued = {
+        job_id.rsplit("-", 1)[0]
+        for platform in {trial.platform for trial in waiting}
+        for job_id in Queue(queue_name(platform), connection=rq_connection).get_job_ids()
+    }
+    claims: Any = client.mget([keys.trial_claim(t.experiment_id, t.id, t.attempt) for t in waiting])
+    return [
+        trial
+        for trial, claim in zip(waiting, claims, strict=True)
+        if claim is None and attempt_job_prefix(trial.experiment_id, trial.id, trial.attempt) not in queued
+    ]
+
+
 def _declare_lost(
     client: redis.Redis, rq_connection: redis.Redis, ref: AttemptRef, reaper: str
 ) -> TrialAttemptLost | None:
@@ -75,6 +102,8 @@ def _declare_lost(
                     enqueue_trial(rq_connection, submitted.event.platform, args, pipeline=pipe)
                 pipe.zrem(keys.LEASES, ref.member)
                 pipe.set(ref.claim_key, LOST, keepttl=True)
+                if holder:  # GPUs the dead worker held for the trial are free again
+                    pipe.hdel(keys.gpu_holders(holder.rsplit(":", 1)[0]), f"{ref.experiment_id}/{ref.trial_id}")
                 pipe.execute()
                 return verdict
             except redis.WatchError:
