@@ -129,6 +129,7 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
                 store.append(TrialDeferred(experiment_id=experiment_id, trial_id=trial_id, reason=outcome.reason))
             control.wait(DEFER_POLL_S)
             with client.pipeline(transaction=True) as pipe:  # never unclaimed and unqueued at once
+                pipe.multi()
                 lease.give_up(pipe)
                 enqueue_trial(
                     job.connection,
