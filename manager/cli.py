@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NoReturn
@@ -16,11 +18,26 @@ import redis
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from manager.config import ExperimentSpec, load_experiment_config
+from manager import keys
+from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
 from manager.connections import REDIS_URL_ENV, RedisUnavailable, connect, redact_url, redis_url
 from manager.experiments import ExperimentNotFound, new_id, resolve_experiment
 from manager.projector import Projector
+from manager.replay import (
+    EntryLine,
+    InvalidPosition,
+    UnknownEventType,
+    describe,
+    event_types,
+    follow_log,
+    parse_position,
+    parse_types,
+    read_log,
+    replay_check,
+    replayed,
+)
 from manager.runner import (
     ExperimentResult,
     ExperimentRunner,
@@ -32,6 +49,8 @@ from manager.runner import (
 )
 from manager.stack import EmbeddedRedis, ServiceProcesses, StackError
 from manager.training_service import TrainingService, TrialNotFound
+from manager.transfer import ExperimentExists, InvalidLogFile, LogFile, export_log, import_log, read_log_file, renamed
+from manager.views import ViewStore
 from schemas.config import ConfigError
 from schemas.trial import TrialJobDetail, metric_score
 from workers.registry import UnknownPlatform
@@ -46,6 +65,10 @@ _KNOWN_ERRORS = (
     UnknownPlatform,
     RunnerError,
     StackError,
+    InvalidPosition,
+    UnknownEventType,
+    InvalidLogFile,
+    ExperimentExists,
     redis.RedisError,
 )
 
@@ -62,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         _fail(str(error), EXIT_USAGE if isinstance(error, ConfigError) else EXIT_ERROR)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except BrokenPipeError:  # `trialstream events ... | head`: the reader has all it wants
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -83,6 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as one JSON object at the end")
     run.set_defaults(handler=_run)
 
+    resume = commands.add_parser("resume", help="continue an experiment from its log after its runner stopped")
+    resume.add_argument("experiment_id")
+    resume.add_argument("--json", action="store_true", help="print the result as one JSON object at the end")
+    resume.set_defaults(handler=_resume)
+
     trials = commands.add_parser("trials", help="inspect or cancel trials").add_subparsers(dest="action", required=True)
     for name, handler, help_text in (
         ("list", _trials_list, "list the trials of an experiment"),
@@ -95,7 +126,41 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--experiment", "-e", help="experiment id (default: the newest)")
         if name != "cancel":
             sub.add_argument("--json", action="store_true")
+        if name == "show":
+            sub.add_argument("--history", action="store_true", help="also every event of the trial, in log order")
         sub.set_defaults(handler=handler)
+
+    time_help = "an event id (1795319625061-0), epoch milliseconds, or an ISO-8601 time (local unless it has an offset)"
+    events = commands.add_parser("events", help="list an experiment's events", description=time_help)
+    events.add_argument("experiment", nargs="?", help="experiment id (default: the newest)")
+    events.add_argument("--trial", help="only this trial's events")
+    events.add_argument(
+        "--type", action="append", dest="types", metavar="TYPE", help="only these types (repeatable, or a,b)"
+    )
+    events.add_argument("--since", metavar="TIME", help="from this event or time on")
+    events.add_argument("--until", metavar="TIME", help="up to this event or time")
+    events.add_argument("--follow", "-f", action="store_true", help="then print new events as they come, until ^C")
+    events.add_argument("--json", action="store_true", help='one {"id", "event"} object per line')
+    events.set_defaults(handler=_events)
+
+    replay = commands.add_parser("replay", help="rebuild the views from the log, at a point or to check the live ones")
+    replay.add_argument("experiment", nargs="?", help="experiment id (default: the newest)")
+    mode = replay.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--until", metavar="EVENT_ID|TIME", help=f"the views as they were there: {time_help}")
+    mode.add_argument(
+        "--check", action="store_true", help="compare the live views with a replay; exit 1 on a difference"
+    )
+    replay.add_argument("--json", action="store_true")
+    replay.set_defaults(handler=_replay)
+
+    export = commands.add_parser("export", help="write an experiment's log as JSON lines to stdout")
+    export.add_argument("experiment", nargs="?", help="experiment id (default: the newest)")
+    export.set_defaults(handler=_export)
+
+    import_ = commands.add_parser("import", help="load a log written by `export` (its views are rebuilt)")
+    import_.add_argument("file", help="the JSON lines file, or - for stdin")
+    import_.add_argument("--experiment-id", metavar="NEW_ID", help="import under this id instead of the file's")
+    import_.set_defaults(handler=_import)
 
     worker = commands.add_parser("worker", help="an RQ worker serving one platform's queue")
     worker.add_argument("--platform", required=True)
@@ -124,45 +189,78 @@ def _run(args: argparse.Namespace) -> int:
     if url is not None:
         client, rq_connection = connect(url), connect(url, decode=False)
         check_served(client, rq_connection, spec.platform.platform, redact_url(url))
-        result = _run_with_progress(spec, client, rq_connection)
+        result = _with_progress(lambda show: ExperimentRunner.create(spec, client, rq_connection, on_progress=show))
     else:
-        result = _run_embedded(spec)
-    if args.json:
-        print(result.to_json())
-    else:
-        _print_trials(result.trials, title=f"experiment {result.experiment_id}")
+        experiment_id = new_id(8)
+        with _embedded_stack(experiments_root(spec) / experiment_id) as (client, rq_connection, services):
+            services.serve(spec.platform.platform, spec.config.trial_concurrency)
+            result = _with_progress(
+                lambda show: ExperimentRunner.create(spec, client, rq_connection, experiment_id, on_progress=show)
+            )
+    _print_result(result, args.json)
     return 0
 
 
-def _run_embedded(spec: ExperimentSpec) -> ExperimentResult:
-    """A private Redis under the experiment's directory, then the projector and one worker per concurrent trial."""
-    experiment_id = new_id(8)
-    experiment_dir = experiments_root(spec) / experiment_id
+def _resume(args: argparse.Namespace) -> int:
+    """Continue an experiment whose runner stopped, from its log (see ExperimentRunner.resume)."""
+    url = redis_url(args.redis)
+    if url is not None:
+        client, rq_connection = connect(url), connect(url, decode=False)
+        experiment_id = resolve_experiment(client, args.experiment_id)
+        spec = _stored_spec(client, rq_connection, experiment_id)
+        check_served(client, rq_connection, spec.platform.platform, redact_url(url))
+        result = _with_progress(lambda show: ExperimentRunner.resume(client, rq_connection, experiment_id, show))
+    else:
+        experiment_dir = _embedded_data_dir(args.experiment_id).parent
+        if (experiment_dir / "redis" / "redis.sock").exists():
+            with suppress(RedisUnavailable):
+                connect(f"unix://{experiment_dir / 'redis' / 'redis.sock'}")
+                raise RunnerError(f"experiment {args.experiment_id} is still running (its Redis answers)")
+        with _embedded_stack(experiment_dir) as (client, rq_connection, services):
+            experiment_id = resolve_experiment(client, args.experiment_id)
+            spec = _stored_spec(client, rq_connection, experiment_id)
+            services.serve(spec.platform.platform, spec.config.trial_concurrency)
+            result = _with_progress(lambda show: ExperimentRunner.resume(client, rq_connection, experiment_id, show))
+    _print_result(result, args.json)
+    return 0
+
+
+def _stored_spec(client: redis.Redis, rq_connection: redis.Redis, experiment_id: str) -> ExperimentSpec:
+    experiment = TrainingService(client, rq_connection, experiment_id).experiment_view()
+    return stored_experiment_spec(experiment.config, experiment.working_directory)
+
+
+def _print_result(result: ExperimentResult, as_json: bool) -> None:
+    if as_json:
+        print(result.to_json())
+    else:
+        _print_trials(result.trials, title=f"experiment {result.experiment_id}")
+
+
+class _Services(ServiceProcesses):
+    def serve(self, platform: str, concurrency: int) -> None:
+        """The projector, and one worker per concurrent trial."""
+        self.start("projector", log_name="projector")
+        for index in range(concurrency):
+            self.start("worker", "--platform", platform, log_name=f"worker-{index}")
+
+
+@contextmanager
+def _embedded_stack(experiment_dir: Path) -> Iterator[tuple[redis.Redis, redis.Redis, _Services]]:
+    """A private Redis with its data under the experiment's directory; services are stopped on the way out."""
     server = EmbeddedRedis(experiment_dir / "redis")
     url = server.start()
-    services = ServiceProcesses(url, experiment_dir / "logs")
+    services = _Services(url, experiment_dir / "logs")
     try:
-        services.start("projector", log_name="projector")
-        for index in range(spec.config.trial_concurrency):
-            services.start("worker", "--platform", spec.platform.platform, log_name=f"worker-{index}")
-        return _run_with_progress(spec, connect(url), connect(url, decode=False), experiment_id)
+        yield connect(url), connect(url, decode=False), services
     finally:
         services.stop()
         server.stop()
 
 
-def _run_with_progress(
-    spec: ExperimentSpec, client: redis.Redis, rq_connection: redis.Redis, experiment_id: str | None = None
-) -> ExperimentResult:
+def _with_progress(make_runner: Callable[[Callable[[Progress], None]], ExperimentRunner]) -> ExperimentResult:
     with Live(console=err, refresh_per_second=8, transient=False) as live:
-        runner = ExperimentRunner.create(
-            spec,
-            client,
-            rq_connection,
-            experiment_id=experiment_id,
-            on_progress=lambda progress: live.update(_progress_table(progress)),
-        )
-        return runner.run()
+        return make_runner(lambda progress: live.update(_progress_table(progress))).run()
 
 
 def _progress_table(progress: Progress) -> Table:
@@ -259,16 +357,24 @@ def _trials_list(args: argparse.Namespace) -> int:
 
 
 def _trials_show(args: argparse.Namespace) -> int:
-    with _experiment(args) as (service, _):
+    with _experiment(args) as (service, experiment_id):
         trial = service.get_trial_job(args.trial_id)
         metrics = service.views.metrics(args.trial_id)
+        history = None
+        if args.history:
+            history = [describe(entry) for entry in read_log(service.store.client, experiment_id, trial=args.trial_id)]
     if args.json:
-        print(json.dumps({**json.loads(trial.to_json()), "metrics": [json.loads(m.to_json()) for m in metrics]}))
+        shown = {**json.loads(trial.to_json()), "metrics": [json.loads(m.to_json()) for m in metrics]}
+        if history is not None:
+            shown["history"] = [line.json for line in history]
+        print(json.dumps(shown))
         return 0
     console = Console()
     console.print_json(trial.to_json())
     for metric in metrics:
         console.print(f"{metric.type:<10} seq {metric.sequence:<4} {json.dumps(metric.value)}", highlight=False)
+    if history is not None:
+        _print_entries(history, title=f"history of trial {trial.id}", show_trial=False)
     return 0
 
 
@@ -277,6 +383,161 @@ def _trials_cancel(args: argparse.Namespace) -> int:
         service.cancel_trial_job(args.trial_id)
         print(f"cancel requested for trial {args.trial_id} ({service.get_trial_job(args.trial_id).status})")
     return 0
+
+
+# the log
+
+
+def _events(args: argparse.Namespace) -> int:
+    types = parse_types(args.types)
+    since = parse_position(args.since) if args.since else "-"
+    until = parse_position(args.until, end=True) if args.until else "+"
+    if args.follow and args.until:
+        raise InvalidPosition("--follow prints events as they come, so it takes no --until")
+    with _experiment(args) as (service, experiment_id):
+        client = service.store.client
+        if args.trial is not None:
+            service.get_trial_job(args.trial)  # an unknown trial is an error, not an empty list
+        if args.follow:
+            until = service.store.head()  # the history up to here, then everything after it
+        history = read_log(client, experiment_id, since=since, until=until, trial=args.trial, types=types)
+        title = f"events of experiment {experiment_id}"
+        _show_entries([describe(entry) for entry in history], title, args.trial is None, args.json)
+        if args.follow:
+            with suppress(KeyboardInterrupt):  # ^C or SIGTERM: the way to stop following
+                for entry in follow_log(client, experiment_id, until, trial=args.trial, types=types):
+                    _show_entries([describe(entry)], None, args.trial is None, args.json)
+    return 0
+
+
+def _show_entries(lines: list[EntryLine], title: str | None, show_trial: bool, as_json: bool) -> None:
+    if as_json:
+        for line in lines:
+            print(json.dumps(line.json), flush=True)
+    else:
+        _print_entries(lines, title, show_trial)
+
+
+def _print_entries(lines: list[EntryLine], title: str | None, show_trial: bool) -> None:
+    """The one rendering of log entries (events, a trial's history); without a title, rows that follow a table."""
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, show_header=title is not None)
+    columns = [("id", 15), ("time", 29), ("type", max(map(len, event_types())))]
+    columns += [("trial", 5)] if show_trial else []
+    columns += [("source", 14), ("attempt", 7), ("summary", 0)]
+    for column, width in columns:
+        table.add_column(column, min_width=width or None, overflow="fold")
+    for line in lines:
+        cells = [line.id, line.time, line.type, *([line.trial] if show_trial else []), line.source]
+        cells += ["" if line.attempt is None else str(line.attempt), line.summary]
+        table.add_row(*(Text(cell) for cell in cells), style="red" if line.summary.startswith("unreadable") else None)
+    console = Console()
+    if console.is_terminal:
+        console.print(table)
+        return
+    wide = Console(width=100_000)  # a pipe or a file: one line per row whatever its length, for grep
+    with wide.capture() as captured:
+        wide.print(table)
+    print("\n".join(row.rstrip() for row in captured.get().splitlines()), flush=True)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    until = parse_position(args.until, end=True) if args.until else None
+    with _experiment(args) as (service, experiment_id):
+        client = service.store.client
+        if until is None:
+            return _replay_check(client, experiment_id, args.json)
+        with replayed(client, experiment_id, until) as replay:
+            views = ViewStore(client, experiment_id, replay.namespace)
+            experiment, trials = views.experiment(), views.trials()
+    if args.json:
+        shown = {
+            "position": replay.position,
+            "experiment": None if experiment is None else json.loads(experiment.to_json()),
+            "trials": [json.loads(trial.to_json()) for trial in trials],
+        }
+        print(json.dumps(shown))
+        return 0
+    if replay.position == "0-0":
+        title = f"experiment {experiment_id} before its first event"
+    else:
+        status = "" if experiment is None else f", {experiment.status}"
+        title = f"experiment {experiment_id} at event {replay.position}{status}"
+    _print_trials(trials, title=title)
+    return 0
+
+
+def _replay_check(client: redis.Redis, experiment_id: str, as_json: bool) -> int:
+    result = replay_check(client, experiment_id)
+    if as_json:
+        print(json.dumps({"position": result.position, "events": result.applied, "differences": result.differences}))
+    elif result.differences:
+        for difference in result.differences:
+            print(difference)
+        err.print(f"the views of {experiment_id} differ from a replay of the log up to {result.position}")
+    else:
+        print(f"views match the log ({result.applied} events)")
+    behind = int(client.xlen(keys.events(experiment_id))) - result.applied
+    if behind > 0 and not as_json:
+        err.print(f"the views are {behind} events behind the log: checked up to their position {result.position}")
+    return EXIT_ERROR if result.differences else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    with _experiment(args) as (service, experiment_id):
+        count = export_log(service.store.client, experiment_id, sys.stdout)
+    err.print(f"exported {count} entries of experiment {experiment_id}", highlight=False)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    log = _read_log_file(args.file)
+    if args.experiment_id:
+        log = renamed(log, args.experiment_id)
+    url = redis_url(args.redis)
+    if url is not None:
+        _import_into(connect(url), log)
+    else:
+        _import_embedded(log)
+    print(f"imported experiment {log.experiment_id}: {len(log.entries)} entries")
+    return 0
+
+
+def _read_log_file(path: str) -> LogFile:
+    try:
+        if path == "-":
+            return read_log_file(sys.stdin)
+        with open(path, encoding="utf-8") as source:
+            return read_log_file(source, name=path)
+    except OSError as error:
+        raise InvalidLogFile(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise InvalidLogFile(f"{path}: not UTF-8 text, not a trialstream log") from None
+
+
+def _import_into(client: redis.Redis, log: LogFile) -> None:
+    """Import, then project at once, so the views are there even where no projector serves."""
+    import_log(client, log)
+    Projector(client).catch_up(log.experiment_id)
+
+
+def _import_embedded(log: LogFile) -> None:
+    """No Redis given: a new data directory under the experiments root, read later as an ended run's."""
+    root = default_experiments_root()
+    data_dir = root / log.experiment_id / "redis"
+    if data_dir.exists():
+        raise ExperimentExists(
+            f"experiment {log.experiment_id!r} already exists under {root}; "
+            "import it under another id with --experiment-id NEW_ID"
+        )
+    server = EmbeddedRedis(data_dir)
+    imported = False
+    try:
+        _import_into(connect(server.start()), log)
+        imported = True
+    finally:
+        server.stop()
+        if not imported:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 # long-running services

@@ -47,12 +47,23 @@ class ExperimentSpec:
 
 def load_experiment_config(path: str | Path) -> ExperimentSpec:
     source = Path(path).expanduser().resolve()
-    data = _read_yaml(source)
+    return _validated(_read_yaml(source), source, source.parent)
+
+
+def stored_experiment_spec(config: dict[str, Any], working_directory: str) -> ExperimentSpec:
+    """The spec an experiment was created with, from the config its ExperimentCreated event holds.
+
+    That config has its search space inlined and an absolute code directory, so a resumed
+    experiment needs neither the YAML file nor the directory it was run from.
+    """
+    return _validated(config, Path(working_directory) / "ExperimentCreated.config", Path("/"))
+
+
+def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec:
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_explain(error, source)) from None
-    base = source.parent
     search_space = _search_space(config, base)
     code_directory = (base / Path(config.trial_code_directory).expanduser()).resolve()
     if not code_directory.is_dir():

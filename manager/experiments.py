@@ -43,8 +43,9 @@ def create_experiment(client: redis.Redis, config: dict[str, Any], root: Path, e
 
 
 def finish_experiment(client: redis.Redis, experiment_id: str, status: str, message: str | None = None) -> None:
+    """A resumed experiment finishes again: the last ExperimentFinished holds."""
     event = ExperimentFinished(experiment_id=experiment_id, status=status, message=message)  # type: ignore[arg-type]
-    EventStore(client, experiment_id).append(event, idempotency_key="finished")
+    EventStore(client, experiment_id).append(event)
 
 
 def resolve_experiment(client: redis.Redis, experiment_id: str | None) -> str:

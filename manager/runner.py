@@ -1,7 +1,8 @@
 """The experiment runner: NNI's manager loop, as a client of the TrainingService.
 
 It asks the tuner for parameters, keeps `trialConcurrency` trials in flight, refills a slot the
-moment the log says a trial ended, and stops at maxTrialNumber or maxExperimentDuration.
+moment the log says a trial ended, and stops at maxTrialNumber or maxExperimentDuration. It keeps
+no state the log does not have: `resume` rebuilds it from the log after a crash.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import redis
 from rq import Queue, Worker
 
 from manager import keys
-from manager.config import ExperimentSpec
+from manager.config import ExperimentSpec, stored_experiment_spec
+from manager.event_store import EventStore
 from manager.experiments import create_experiment, finish_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from manager.tuners import create_tuner
+from schemas.events import ExperimentResumed
 from schemas.trial import (
     HyperParameters,
     JobApplicationForm,
@@ -31,6 +34,8 @@ from schemas.trial import (
     TrialJobStatus,
     metric_score,
 )
+from workers.job import enqueue_trial
+from workers.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from workers.registry import queue_name
 
 DEFAULT_EXPERIMENTS_ROOT = Path("~/trialstream-experiments")
@@ -111,6 +116,7 @@ class ExperimentRunner:
         experiment_dir: Path,
         experiment_id: str,
         on_progress: Callable[[Progress], None] = lambda progress: None,
+        elapsed_s: float = 0.0,
     ) -> None:
         self.spec = spec
         self.config = spec.config
@@ -119,9 +125,14 @@ class ExperimentRunner:
         self.on_progress = on_progress
         self.tuner = create_tuner(self.config.tuner.name or "", self.config.tuner.class_args, spec.search_space)
         self.maximize = (self.config.tuner.class_args or {}).get("optimize_mode", "maximize") != "minimize"
-        self.progress = Progress(experiment_id, time.monotonic(), max_trials=self.config.max_trial_number)
+        self.progress = Progress(experiment_id, time.monotonic() - elapsed_s, max_trials=self.config.max_trial_number)
+        self._client = client
+        self._rq_connection = rq_connection
+        self._next_sequence_id = 0
         self._active: dict[str, TrialJobStatus] = {}
         self._parameters: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._reaped_at = 0.0
+        self._unclaimed: set[str] = set()
 
     @classmethod
     def create(
@@ -141,9 +152,33 @@ class ExperimentRunner:
             code_directory=str(spec.code_directory),
             gpu_number=spec.config.trial_gpu_number,
             max_trial_duration=spec.config.max_trial_duration,
+            max_retries=spec.config.max_trial_retries,
         )
         runner.service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
         runner.service.set_cluster_metadata(PLATFORM_CONFIG, spec.platform.model_dump_json(by_alias=True))
+        return runner
+
+    @classmethod
+    def resume(
+        cls,
+        client: redis.Redis,
+        rq_connection: redis.Redis,
+        experiment_id: str,
+        on_progress: Callable[[Progress], None] = lambda progress: None,
+    ) -> ExperimentRunner:
+        """Take an experiment up again from its log: ended trials are not rerun, running ones are
+        followed to their end, and maxTrialNumber and maxExperimentDuration count what came before."""
+        service = TrainingService(client, rq_connection, experiment_id)
+        experiment = service.experiment_view()
+        if experiment.status == "DONE":
+            raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
+        spec = stored_experiment_spec(experiment.config, experiment.working_directory)
+        elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)
+        runner = cls(
+            spec, client, rq_connection, Path(experiment.working_directory), experiment_id, on_progress, elapsed_s
+        )
+        runner._replay_history(service.list_trial_jobs())
+        EventStore(client, experiment_id).append(ExperimentResumed(experiment_id=experiment_id))
         return runner
 
     @property
@@ -152,20 +187,16 @@ class ExperimentRunner:
 
     def run(self) -> ExperimentResult:
         deadline = self.config.max_experiment_duration
-        started = time.monotonic()
-        sequence_id = 0
+        started = self.progress.started_at
         exhausted = False
         try:
             while True:
                 out_of_time = deadline is not None and time.monotonic() - started >= deadline
                 while not (out_of_time or exhausted) and len(self._active) < self.config.trial_concurrency:
-                    if self.config.max_trial_number is not None and sequence_id >= self.config.max_trial_number:
+                    budget = self.config.max_trial_number
+                    if (budget is not None and self._next_sequence_id >= budget) or not self._submit():
                         exhausted = True
                         break
-                    if not self._submit(sequence_id):
-                        exhausted = True
-                        break
-                    sequence_id += 1
                 if out_of_time and self._active:
                     self._stop_all("experiment reached maxExperimentDuration")
                     return self._finish("DONE")
@@ -174,16 +205,36 @@ class ExperimentRunner:
                 self.on_progress(self.progress)
                 wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
                 self.service.wait_for_change(wait)
+                self._reap()
                 self._refresh()
         except BaseException:
             self._stop_all("the experiment runner stopped")
             finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
             raise
 
-    def _submit(self, sequence_id: int) -> bool:
+    def _replay_history(self, trials: list[TrialJobDetail]) -> None:
+        """Bring the tuner, the budget and the trials in flight to where the log says they were.
+
+        The tuner is asked again for every past sequence id, in order, so a seeded tuner continues
+        exactly as an uninterrupted run would; ended trials' results are handed to it again.
+        """
+        for trial in sorted(trials, key=lambda trial: trial.sequence_id):
+            while self._next_sequence_id <= trial.sequence_id:
+                self.tuner.generate_parameters(self._next_sequence_id)
+                self._next_sequence_id += 1
+            self._parameters[trial.id] = (trial.sequence_id, trial.form.hyper_parameters.parameters)
+            self.progress.counts[str(trial.status)] += 1
+            if trial.status.is_terminal:
+                self._record_result(trial)
+            else:
+                self._active[trial.id] = trial.status
+
+    def _submit(self) -> bool:
+        sequence_id = self._next_sequence_id
         parameters = self.tuner.generate_parameters(sequence_id)
         if parameters is None:
             return False
+        self._next_sequence_id += 1
         value = json.dumps(
             {
                 "parameter_id": sequence_id,
@@ -211,12 +262,33 @@ class ExperimentRunner:
                 self._active[trial_id] = trial.status
                 continue
             del self._active[trial_id]
-            score = metric_score(trial.final_metric)
-            if score is not None:
-                parameter_id, parameters = self._parameters[trial_id]
-                self.tuner.receive_trial_result(parameter_id, parameters, score)
-                if self.progress.best is None or (score > self.progress.best) == self.maximize:
-                    self.progress.best = score
+            self._record_result(trial)
+
+    def _record_result(self, trial: TrialJobDetail) -> None:
+        score = metric_score(trial.final_metric)
+        if score is None:
+            return
+        parameter_id, parameters = self._parameters[trial.id]
+        self.tuner.receive_trial_result(parameter_id, parameters, score)
+        if self.progress.best is None or (score > self.progress.best) == self.maximize:
+            self.progress.best = score
+
+    def _reap(self) -> None:
+        """Declare trials of dead workers lost, even when no worker is left to do it, and queue
+        again the jobs a worker took with it when it died before claiming them."""
+        if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
+            return
+        self._reaped_at = time.monotonic()
+        reap_lost_attempts(self._client, self._rq_connection, f"runner:{os.getpid()}")
+        waiting = [
+            self.service.get_trial_job(trial_id) for trial_id, status in self._active.items() if status == "WAITING"
+        ]
+        unclaimed = unclaimed_attempts(self._client, self._rq_connection, waiting)
+        for trial in unclaimed:
+            if trial.id in self._unclaimed:  # seen a second before too: its job is gone
+                args = (self.experiment_id, trial.id, trial.attempt)
+                enqueue_trial(self._rq_connection, trial.platform, args, delivery=f"r{time.time_ns()}")
+        self._unclaimed = {trial.id for trial in unclaimed}
 
     def _stop_all(self, reason: str) -> None:
         """SYS_CANCELED for every trial in flight, then wait (bounded) until they have ended."""

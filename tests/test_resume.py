@@ -1,0 +1,90 @@
+"""The runner (the manager) SIGKILLed mid-experiment, then `trialstream resume` continues it from the log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import redis
+
+from manager import keys
+from manager.event_store import EventStore, StoredEvent
+from manager.views import ViewStore
+from schemas.events import ExperimentResumed, TrialStarted
+from tests.conftest import REPO, Processes, wait_until
+
+TRIAL = """
+import time, trialstream_sdk as nni
+x = nni.get_next_parameter()["x"]
+time.sleep(1.0)
+nni.report_final_result(x)
+"""
+
+
+def trialstream(redis_url: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "--redis", redis_url, *args],
+        cwd=REPO,
+        env={key: value for key, value in os.environ.items() if key != "TRIALSTREAM_REDIS_URL"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_resume_continues_a_crashed_runner_without_rerunning_or_overspending(
+    tmp_path: Path, processes: Processes, redis_url: str, client: redis.Redis
+) -> None:
+    (tmp_path / "trial.py").write_text(TRIAL)
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 6,
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "Random", "classArgs": {"seed": 5}},
+        "trainingService": {"platform": "local"},
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+    }
+    (tmp_path / "config.yml").write_text(json.dumps(config))
+    processes.projector()
+    processes.worker()
+    processes.worker()
+
+    runner = trialstream(redis_url, "run", str(tmp_path / "config.yml"), "--json")
+    experiment_id = str(wait_until(lambda: client.zrange(keys.EXPERIMENTS, 0, -1), 20, what="the experiment")[0])
+    views = ViewStore(client, experiment_id)
+
+    def mid_run() -> bool:
+        statuses = Counter(str(trial.status) for trial in views.trials())
+        return statuses["SUCCEEDED"] >= 2 and statuses["RUNNING"] >= 1
+
+    wait_until(mid_run, 30, what="two trials done and one running")
+    runner.send_signal(signal.SIGKILL)
+    runner.wait()
+    before = {trial.id: trial.status for trial in views.trials()}
+
+    resumed = trialstream(redis_url, "resume", experiment_id, "--json")
+    output, errors = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, errors
+
+    trials = json.loads(output)["trials"]
+    assert len(trials) == 6  # maxTrialNumber counts the trials from before the crash
+    assert sorted(trial["sequenceId"] for trial in trials) == list(range(6))
+    assert {trial["status"] for trial in trials} == {"SUCCEEDED"}  # running ones were followed, not canceled
+    entries = EventStore(client, experiment_id).read()
+    starts = Counter(
+        e.event.trial_id for e in entries if isinstance(e, StoredEvent) and isinstance(e.event, TrialStarted)
+    )
+    assert all(starts[trial_id] == 1 for trial_id in before)  # nothing from before was run again
+    assert sum(isinstance(e, StoredEvent) and isinstance(e.event, ExperimentResumed) for e in entries) == 1
+    wait_until(lambda: (view := views.experiment()) is not None and view.status == "DONE", 10, what="DONE")
+
+    again = trialstream(redis_url, "resume", experiment_id)
+    _, errors = again.communicate(timeout=30)
+    assert again.returncode == 1 and f"experiment {experiment_id} is done" in errors
