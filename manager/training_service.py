@@ -164,13 +164,13 @@ class TrainingService:
     def run(self) -> None:
         """Deliver every metric of the experiment to the listeners, once each, until clean_up()."""
         cursor = "0-0"
-        seen: set[tuple[str, str, str, int]] = set()
+        seen: set[tuple[str, int, str, str, int]] = set()
         while not self._stopped.is_set():
             for entry in self.store.wait(cursor, block_ms=200):
                 cursor = entry.id
                 if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported):
                     event = entry.event
-                    key = (event.trial_id, event.parameter_id, event.metric_type, event.sequence)
+                    key = (event.trial_id, event.attempt, event.parameter_id, event.metric_type, event.sequence)
                     if key in seen:
                         continue
                     seen.add(key)
