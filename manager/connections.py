@@ -1,12 +1,29 @@
-"""Redis connections, and errors that say which server could not be reached."""
+"""Redis connections, and errors that say which server could not be reached.
+
+Every client rides out a Redis restart: a command that meets a dropped connection reconnects and
+is sent again with exponential backoff (`retry_policy`), for about `OUTAGE_BUDGET_S` in all
+($TRIALSTREAM_REDIS_RETRY_S to change it) before the error reaches the caller. Only the first
+ping of `connect(check=True)` fails at once, so a wrong URL is reported straight away instead of
+after a minute of retries.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 
 import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
 
 REDIS_URL_ENV = "TRIALSTREAM_REDIS_URL"
+OUTAGE_BUDGET_ENV = "TRIALSTREAM_REDIS_RETRY_S"
+
+RETRY_BASE_S = 0.05  # the first retry waits 2 * base, then each wait doubles...
+RETRY_CAP_S = 2.0  # ...up to this
+OUTAGE_BUDGET_S = 60.0  # how long a command keeps retrying before its error reaches the caller (default)
+CHECK_CONNECT_TIMEOUT_S = 5.0
+_RETRIED_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout)  # BusyLoadingError is a ConnectionError
 
 
 class RedisUnavailable(ConnectionError):
@@ -28,12 +45,44 @@ def redis_url(explicit: str | None = None) -> str | None:
     return explicit or os.environ.get(REDIS_URL_ENV) or None
 
 
+def retries_within(budget_s: float, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> int:
+    """How many retries of `ExponentialBackoff(cap_s, base_s)` it takes for their waits to add up to `budget_s`."""
+    waited, retries = 0.0, 0
+    while waited < budget_s:
+        retries += 1
+        waited += min(cap_s, base_s * 2**retries)  # ExponentialBackoff.compute(failures)
+    return retries
+
+
+def outage_budget_s() -> float:
+    """How long a command retries: $TRIALSTREAM_REDIS_RETRY_S seconds, else OUTAGE_BUDGET_S."""
+    return float(os.environ.get(OUTAGE_BUDGET_ENV) or OUTAGE_BUDGET_S)
+
+
+def retry_policy(budget_s: float | None = None) -> Retry:
+    """Reconnect and resend on connection errors and timeouts, backing off from 0.1 s to 2 s, for ~`budget_s`
+    (default: `outage_budget_s()`).
+
+    It is applied per connection: a command, a pipeline (a transaction is re-sent whole), and the
+    connect itself. While a pipeline WATCHes, redis-py does not resend: it raises WatchError, and
+    the caller re-reads and tries again, as after any conflict.
+    """
+    budget = outage_budget_s() if budget_s is None else budget_s
+    return Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries_within(budget), _RETRIED_ERRORS)
+
+
 def connect(url: str, *, check: bool = True, decode: bool = True) -> redis.Redis:
-    """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here."""
-    client = redis.Redis.from_url(url, decode_responses=decode, health_check_interval=30)
+    """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here.
+
+    The retry policy is in the pool's connection kwargs, so clients built from those kwargs
+    (workers.job.decoded_client) keep it.
+    """
     if check:
+        probe = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=CHECK_CONNECT_TIMEOUT_S)
         try:
-            client.ping()
+            probe.ping()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
             raise RedisUnavailable(url, error) from error
-    return client
+        finally:
+            probe.close()
+    return redis.Redis.from_url(url, decode_responses=decode, health_check_interval=30, retry=retry_policy())

@@ -3,19 +3,23 @@
 How far it has read is written in the same MULTI/EXEC as the views it updates, under a WATCH of
 that position: a restart resumes exactly where the last commit left off, and two projectors can
 never apply the same event twice.
+
+Nothing in the log stops it. An entry that cannot be decoded, or whose fold raises, is recorded in
+the `unreadable` view (id -> why) in the same transaction as the position that passes it, and
+skipped; a rebuild after a fix folds it again. Redis going away is waited out: the client retries
+each command for a while (manager.connections), and `run` then backs off and tries again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
 from typing import Any
 
 import redis
 
 from manager import keys
-from manager.event_store import EventStore, StoredEvent, UnreadableEvent
+from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, decode_entry
 from manager.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record
 from schemas.events import TrialEvent, TrialMetricReported
@@ -24,6 +28,21 @@ from schemas.trial import MetricRecord, TrialJobDetail
 log = logging.getLogger(__name__)
 
 HEARTBEAT_TTL_S = 5
+BACKOFF_BASE_S = 0.1
+BACKOFF_CAP_S = 2.0
+_ERROR_CHARS = 500
+
+
+def _why(error: BaseException) -> str:
+    """One line saying what went wrong, short enough for a hash field."""
+    text = str(error).strip()
+    first_line = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first_line}"[:_ERROR_CHARS]
+
+
+def _connection_lost(error: redis.WatchError) -> bool:
+    """redis-py turns a connection error while WATCHing into a WatchError (it cannot resend the watch)."""
+    return isinstance(error.__context__, redis.ConnectionError | redis.TimeoutError)
 
 
 class Projector:
@@ -31,6 +50,7 @@ class Projector:
         self.client = client
         self.namespace = namespace
         self.batch_size = batch_size
+        self._raw_client: redis.Redis | None = None
 
     def catch_up(self, experiment_id: str, until: str = "+") -> str:
         """Apply every event up to `until`; returns the position reached."""
@@ -48,18 +68,54 @@ class Projector:
         return self.catch_up(experiment_id, until)
 
     def run(self, stop: threading.Event, block_ms: int = 500) -> None:
-        """Serve every experiment until `stop` is set, waking as soon as an event is appended."""
+        """Serve every experiment until `stop` is set, waking as soon as an event is appended.
+
+        Redis errors (after the client's own retries) are logged once, then retried with backoff
+        until Redis answers again; so is any other error of a round. An experiment whose views
+        cannot be updated (other than by a Redis error) is logged and retried each round, without
+        holding up the others.
+        """
         positions: dict[str, str] = {}
+        failing: dict[str, str] = {}  # experiment -> the error last logged for it
+        outage = 0  # consecutive rounds that ended in a Redis error
         while not stop.is_set():
-            self.client.set(keys.PROJECTOR_HEARTBEAT, "1", ex=HEARTBEAT_TTL_S)
-            experiment_ids: Any = self.client.zrange(keys.EXPERIMENTS, 0, -1)
-            for experiment_id in experiment_ids:
+            try:
+                self.client.set(keys.PROJECTOR_HEARTBEAT, "1", ex=HEARTBEAT_TTL_S)
+                if outage:
+                    log.warning("serving again after %d failed round%s", outage, "s" if outage > 1 else "")
+                    outage = 0
+                self._serve_round(positions, failing, block_ms, stop)
+            except Exception as error:
+                outage += 1
+                if outage == 1 and isinstance(error, redis.RedisError):
+                    log.warning("Redis error: %s; retrying with backoff (up to %gs)", _why(error), BACKOFF_CAP_S)
+                elif outage == 1:
+                    log.exception("unexpected error; retrying with backoff (up to %gs)", BACKOFF_CAP_S)
+                stop.wait(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (outage - 1)))
+
+    def _serve_round(
+        self, positions: dict[str, str], failing: dict[str, str], block_ms: int, stop: threading.Event
+    ) -> None:
+        experiment_ids: Any = self.client.zrange(keys.EXPERIMENTS, 0, -1)
+        for experiment_id in experiment_ids:
+            try:
                 positions[experiment_id] = self.catch_up(experiment_id)
-            if not positions:
-                stop.wait(block_ms / 1000)
-                continue
-            streams: Any = {keys.events(experiment_id): position for experiment_id, position in positions.items()}
-            self.client.xread(streams, count=1, block=block_ms)  # a wake-up only; catch_up reads
+            except redis.RedisError:
+                raise
+            except Exception as error:  # not one event (those are skipped): the views themselves
+                positions.pop(experiment_id, None)  # no wake-up from a log it cannot follow: retried next round
+                if failing.get(experiment_id) != _why(error):
+                    log.exception("experiment %s: cannot update its views; retrying each round", experiment_id)
+                    failing[experiment_id] = _why(error)
+            else:
+                if failing.pop(experiment_id, None) is not None:
+                    log.warning("experiment %s: views updated again", experiment_id)
+        if not positions:
+            stop.wait(block_ms / 1000)
+            return
+        streams: Any = {keys.events(experiment_id): position for experiment_id, position in positions.items()}
+        # A wake-up only (catch_up reads), so undecoded: an entry that is not UTF-8 is catch_up's to record.
+        self._raw().xread(streams, count=1, block=block_ms)
 
     def _apply_batch(self, experiment_id: str, until: str) -> tuple[str, int]:
         view_keys = ViewKeys(experiment_id, self.namespace)
@@ -69,33 +125,76 @@ class Projector:
                 try:
                     pipe.watch(view_keys.position)
                     position = str(pipe.hget(view_keys.position, "position") or "0-0")
-                    entries = store.read(after=position, until=until, count=self.batch_size)
+                    entries = self._read(store, position, until)
                     if not entries:
                         pipe.unwatch()
                         return position, 0
                     self._write_batch(pipe, view_keys, entries)
                     pipe.execute()
                     return entries[-1].id, len(entries)
-                except redis.WatchError:
-                    log.debug("another projector advanced %s; re-reading", experiment_id)
+                except redis.WatchError as error:
+                    if _connection_lost(error):  # the EXEC may or may not have landed: the position says
+                        log.warning("experiment %s: connection lost mid-batch (%s); re-reading", experiment_id, error)
+                    else:
+                        log.debug("another projector advanced %s; re-reading", experiment_id)
 
-    def _write_batch(self, pipe: redis.client.Pipeline, view_keys: ViewKeys, entries: list) -> None:
-        """Fold `entries` in memory, then queue every write and the new position in one MULTI."""
+    def _read(self, store: EventStore, after: str, until: str) -> list[LogEntry]:
+        """The next batch; if an entry breaks decoding itself (bytes that are not UTF-8, JSON nested too
+        deep), the batch is read again raw and decoded entry by entry, so only that entry is unreadable."""
+        try:
+            return store.read(after=after, until=until, count=self.batch_size)
+        except redis.RedisError:
+            raise
+        except Exception as error:
+            log.warning(
+                "experiment %s: a batch does not decode (%s); decoding entry by entry", store.experiment_id, _why(error)
+            )
+        raw: Any = self._raw().xrange(store.stream, min=f"({after}", max=until, count=self.batch_size)
+        return [_decode_raw(entry_id, fields) for entry_id, fields in raw]
+
+    def _raw(self) -> redis.Redis:
+        """A client on the same server and pool settings (retry included) that returns bytes."""
+        if self._raw_client is None:
+            pool = self.client.connection_pool
+            kwargs = {**pool.connection_kwargs, "decode_responses": False}
+            self._raw_client = redis.Redis(
+                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+            )
+        return self._raw_client
+
+    def _write_batch(self, pipe: redis.client.Pipeline, view_keys: ViewKeys, entries: list[LogEntry]) -> None:
+        """Fold `entries` in memory, then queue every write and the new position in one MULTI.
+
+        An event whose fold raises changes nothing (nor do its metrics): it is recorded as
+        unreadable with the error, like an entry that does not decode.
+        """
         stored = [entry for entry in entries if isinstance(entry, StoredEvent)]
         trial_ids = sorted({entry.event.trial_id for entry in stored if isinstance(entry.event, TrialEvent)})
         trials = self._load_trials(pipe, view_keys, trial_ids)
         raw_experiment = pipe.hget(view_keys.experiment, "view")
         experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
         experiment_changed = False
-        new_metrics = self._new_metrics(pipe, view_keys, stored)
+        unreadable = {entry.id: entry.error for entry in entries if isinstance(entry, UnreadableEvent)}
+        candidates: dict[str, MetricRecord] = {}
 
         for entry in stored:
             event = entry.event
+            try:
+                record = metric_record(event) if isinstance(event, TrialMetricReported) else None
+                if isinstance(event, TrialEvent):
+                    trial = apply_to_trial(trials.get(event.trial_id), event)
+                else:
+                    folded = apply_to_experiment(experiment, event)
+            except Exception as error:  # a poison event: skipped, never retried in a loop
+                unreadable[entry.id] = f"fold failed: {_why(error)}"
+                continue
             if isinstance(event, TrialEvent):
-                trials[event.trial_id] = apply_to_trial(trials.get(event.trial_id), event)
+                trials[event.trial_id] = trial
             else:
-                experiment = apply_to_experiment(experiment, event)
-                experiment_changed = True
+                experiment, experiment_changed = folded, True
+            if record is not None:
+                candidates.setdefault(f"{record.trial_job_id}|{record.dedup_key}", record)
+        new_metrics = self._new_metrics(pipe, view_keys, candidates)
 
         pipe.multi()
         changed: Any = {trial_id: view.to_json() for trial_id, view in trials.items() if view is not None}
@@ -103,13 +202,18 @@ class Projector:
             pipe.hset(view_keys.trials, mapping=changed)
         if experiment is not None and experiment_changed:
             pipe.hset(view_keys.experiment, "view", experiment.to_json())
-        for dedup_key, record in new_metrics.items():
-            pipe.sadd(view_keys.metric_keys, dedup_key)
-            pipe.rpush(view_keys.metrics(record.trial_job_id), record.to_json())
-        for entry in entries:
-            if isinstance(entry, UnreadableEvent):
-                log.warning("skipping unreadable event %s: %s", entry.id, entry.error)
-                pipe.hset(view_keys.unreadable, entry.id, entry.error)
+        if new_metrics:
+            pipe.sadd(view_keys.metric_keys, *new_metrics)
+            by_trial: dict[str, list[str]] = {}
+            for record in new_metrics.values():
+                by_trial.setdefault(record.trial_job_id, []).append(record.to_json())
+            for trial_id, records in by_trial.items():
+                pipe.rpush(view_keys.metrics(trial_id), *records)
+        if unreadable:
+            for entry_id, why in unreadable.items():
+                log.warning("skipping unreadable event %s: %s", entry_id, why)
+            mapping: Any = unreadable
+            pipe.hset(view_keys.unreadable, mapping=mapping)
         pipe.hset(view_keys.position, "position", entries[-1].id)
         pipe.hincrby(view_keys.position, "applied", len(entries))
 
@@ -126,14 +230,28 @@ class Projector:
         }
 
     @staticmethod
-    def _new_metrics(pipe: redis.client.Pipeline, view_keys: ViewKeys, stored: Iterable[StoredEvent]) -> dict:
-        """Metrics of this batch not projected before, keyed by their dedup key, in log order."""
-        candidates: dict[str, MetricRecord] = {}
-        for entry in stored:
-            if isinstance(entry.event, TrialMetricReported):
-                record = metric_record(entry.event)
-                candidates.setdefault(f"{record.trial_job_id}|{record.dedup_key}", record)
+    def _new_metrics(
+        pipe: redis.client.Pipeline, view_keys: ViewKeys, candidates: dict[str, MetricRecord]
+    ) -> dict[str, MetricRecord]:
+        """The candidates (keyed by dedup key, in log order) not projected before."""
         if not candidates:
             return {}
         seen = pipe.smismember(view_keys.metric_keys, list(candidates))
         return {key: record for (key, record), known in zip(candidates.items(), seen, strict=True) if not known}
+
+
+def _decode_raw(entry_id: bytes | str, fields: dict[bytes, bytes]) -> LogEntry:
+    """One entry read as bytes: whatever is wrong with it makes it unreadable, never an exception."""
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    try:
+        decoded = {name.decode(): value.decode() for name, value in fields.items()}
+    except UnicodeDecodeError as not_utf8:
+        lenient = {
+            name.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
+            for name, value in fields.items()
+        }
+        return UnreadableEvent(entry_id, lenient, f"not UTF-8: {not_utf8}")
+    try:
+        return decode_entry(entry_id, decoded)
+    except Exception as error:
+        return UnreadableEvent(entry_id, decoded, f"cannot decode: {_why(error)}")
