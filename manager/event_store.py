@@ -59,15 +59,35 @@ def decode_entry(entry_id: str, fields: dict[str, str]) -> LogEntry:
         return StoredEvent(entry_id, EVENT_ADAPTER.validate_json(fields["json"]))
     except KeyError as error:
         return UnreadableEvent(entry_id, fields, f"no {error} field")
-    except (ValidationError, ValueError) as error:
+    except (ValidationError, ValueError, RecursionError) as error:
         first_error = error
     try:
         payload = json.loads(fields["json"])
         if isinstance(payload, dict) and (upgraded := upcast(payload)) is not payload:
             return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upgraded))
-    except (ValidationError, ValueError) as error:
+    except (ValidationError, ValueError, RecursionError) as error:  # JSON nested too deep: RecursionError
         first_error = error
-    return UnreadableEvent(entry_id, fields, str(first_error).splitlines()[0])
+    return UnreadableEvent(entry_id, fields, _reason(first_error))
+
+
+def _reason(error: Exception) -> str:
+    """One line: for a validation error, its first error and where (`TrialStarted.v: Input should be 2`)."""
+    if isinstance(error, ValidationError) and error.errors():
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
+def decode_raw_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> LogEntry:
+    """An entry read as bytes: one that is not UTF-8 is unreadable, never an exception."""
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    try:
+        decoded = {name.decode(): value.decode() for name, value in fields.items()}
+    except UnicodeDecodeError as error:
+        lenient = {k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace") for k, v in fields.items()}
+        return UnreadableEvent(entry_id, lenient, f"not UTF-8: {error}")
+    return decode_entry(entry_id, decoded)
 
 
 def encode_event(event: Event) -> dict[str, str]:
@@ -84,6 +104,36 @@ class EventStore:
         self.stream = keys.events(experiment_id)
         self._idempotency = keys.idempotency(experiment_id)
         self._append_script = client.register_script(_APPEND)
+        self._raw: redis.Redis | None = None
+
+    def _raw_client(self) -> redis.Redis:
+        """The same server and pool settings, returning bytes: for a log holding an entry that is not UTF-8."""
+        if self._raw is None:
+            pool = self.client.connection_pool
+            kwargs = {**pool.connection_kwargs, "decode_responses": False}
+            self._raw = redis.Redis(
+                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+            )
+        return self._raw
+
+    def _xrange(self, low: str, high: str, count: int | None = None) -> list[tuple[str, dict[str, str]] | LogEntry]:
+        """XRANGE; if an entry is not UTF-8 (the whole reply fails to decode), read raw and decode entry by entry."""
+        try:
+            entries: Any = self.client.xrange(self.stream, min=low, max=high, count=count)
+            return list(entries)
+        except UnicodeDecodeError:
+            raw: Any = self._raw_client().xrange(self.stream, min=low, max=high, count=count)
+            return [decode_raw_entry(entry_id, fields) for entry_id, fields in raw]
+
+    def _xread(
+        self, after: str, block_ms: int, count: int | None = None
+    ) -> list[tuple[str, dict[str, str]] | LogEntry]:
+        try:
+            answer: Any = self.client.xread({self.stream: after}, count=count, block=block_ms)
+        except UnicodeDecodeError:
+            answer = self._raw_client().xread({self.stream: after}, count=count, block=block_ms)
+            return [decode_raw_entry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
+        return [entry for _, entries in answer or [] for entry in entries]
 
     def append(self, event: Event, *, idempotency_key: str | None = None, pipeline: Pipeline | None = None) -> str:
         """Append one event and return its id (the first one's id for a repeated idempotency key).
@@ -116,33 +166,27 @@ class EventStore:
 
     def read(self, after: str = "0-0", until: str = "+", count: int | None = None) -> list[LogEntry]:
         """Entries strictly after `after`, up to and including `until`."""
-        entries: Any = self.client.xrange(self.stream, min=f"({after}", max=until, count=count)
-        return [decode_entry(entry_id, fields) for entry_id, fields in entries]
+        return [_decoded(entry) for entry in self._xrange(f"({after}", until, count)]
 
     def read_one(self, entry_id: str) -> LogEntry | None:
-        entries: Any = self.client.xrange(self.stream, min=entry_id, max=entry_id)
-        return decode_entry(*entries[0]) if entries else None
+        entries = self._xrange(entry_id, entry_id)
+        return _decoded(entries[0]) if entries else None
 
     def wait(self, after: str, block_ms: int, count: int | None = None) -> list[LogEntry]:
         """Entries after `after`, blocking up to `block_ms` for the first one to arrive."""
-        answer: Any = self.client.xread({self.stream: after}, count=count, block=block_ms)
-        return [decode_entry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
+        return [_decoded(entry) for entry in self._xread(after, block_ms, count)]
 
     def follow_trial(self, trial_id: str, after: str, block_ms: int | None) -> tuple[str, list[LogEntry]]:
         """One trial's entries after `after` (others skipped undecoded), and the id read up to.
 
         With `block_ms` None it reads without waiting.
         """
-        entries: Any
-        if block_ms is None:
-            entries = self.client.xrange(self.stream, min=f"({after}")
-        else:
-            answer: Any = self.client.xread({self.stream: after}, block=block_ms)
-            entries = [entry for _, stream_entries in answer or [] for entry in stream_entries]
+        entries = self._xrange(f"({after}", "+") if block_ms is None else self._xread(after, block_ms)
         if not entries:
             return after, []
-        mine = [decode_entry(entry_id, fields) for entry_id, fields in entries if fields.get("trial") == trial_id]
-        return str(entries[-1][0]), mine
+        mine = [_decoded(entry) for entry in entries if _fields(entry).get("trial") == trial_id]
+        last = entries[-1]
+        return (last.id if isinstance(last, StoredEvent | UnreadableEvent) else str(last[0])), mine
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""
@@ -151,3 +195,15 @@ class EventStore:
 
     def length(self) -> int:
         return int(self.client.xlen(self.stream))
+
+
+def _decoded(entry: tuple[str, dict[str, str]] | LogEntry) -> LogEntry:
+    return entry if isinstance(entry, StoredEvent | UnreadableEvent) else decode_entry(*entry)
+
+
+def _fields(entry: tuple[str, dict[str, str]] | LogEntry) -> dict[str, str]:
+    if isinstance(entry, UnreadableEvent):
+        return entry.fields
+    if isinstance(entry, StoredEvent):
+        return {"trial": getattr(entry.event, "trial_id", "")}
+    return entry[1]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 
@@ -30,6 +32,26 @@ from workers.platform import StopRequest
 log = logging.getLogger(__name__)
 
 _WATCH_BLOCK_MS = 250
+_UNREACHABLE_BACKOFF_CAP_S = 2.0
+T = TypeVar("T")
+
+
+def until_redis_answers(action: Callable[[], T], what: str) -> T:
+    """`action`, retried for as long as Redis cannot be reached (beyond the client's own retries).
+
+    For writes that are safe to repeat (an idempotency key, a transaction that sets absolute
+    values): a trial must not die because Redis was away longer than a client retries.
+    """
+    delay, failures = 0.1, 0
+    while True:
+        try:
+            return action()
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            failures += 1
+            if failures == 1:
+                log.warning("%s: Redis unreachable (%s); retrying until it answers", what, error)
+            time.sleep(delay)
+            delay = min(_UNREACHABLE_BACKOFF_CAP_S, delay * 2)
 
 
 def _format_seconds(seconds: float) -> str:
@@ -134,14 +156,14 @@ class LogTrialControl:
     # plumbing
 
     def _append(self, event: TrialStarted | TrialMetricReported | TrialMetricRejected, key: str | None) -> None:
-        self._store.append(event, idempotency_key=key)
+        until_redis_answers(lambda: self._store.append(event, idempotency_key=key), f"trial {self._trial_id}")
 
     def _watch(self) -> None:
         while not self._closed.is_set():
             try:
                 self._renew_lease()
                 self._poll(block_ms=_WATCH_BLOCK_MS)
-            except redis.RedisError as error:
+            except Exception as error:  # the watcher must outlive anything: it renews the lease
                 log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
                 self._closed.wait(0.5)
 

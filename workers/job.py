@@ -16,7 +16,7 @@ from rq import Queue, get_current_job
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import TrialDeferred, TrialEnded, TrialSubmitted
 from schemas.trial import TrialJobStatus
-from workers.control import LogTrialControl
+from workers.control import LogTrialControl, until_redis_answers
 from workers.leases import AttemptRef, Lease, lease_seconds
 from workers.platform import Deferred, TrialAssignment
 from workers.registry import RUN_TRIAL, platform_class, queue_name
@@ -106,6 +106,7 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
     control = LogTrialControl(store, submitted, lease)
     try:
         if control.stop_request() is not None:
+            control.close()
             _end_attempt(store, lease, None)  # the cancel itself ended the WAITING trial
             return "canceled before it started"
         platform = platform_class(submission.platform)(client)
@@ -122,6 +123,7 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
             outcome = platform.run_trial(assignment, control)
         except Exception as error:
             log.exception("trial %s: platform %s failed", trial_id, submission.platform)
+            control.close()
             _end_attempt(store, lease, _ended(lease, TrialJobStatus.FAILED, None, f"internal error: {error}"))
             raise
         if isinstance(outcome, Deferred):
@@ -141,6 +143,7 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
                 )
                 pipe.execute()
             return f"deferred: {outcome.reason}"
+        control.close()  # no lease renewal may race the end of the attempt
         _end_attempt(store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message))
         return str(outcome.status)
     finally:
@@ -152,12 +155,16 @@ def _end_attempt(store: EventStore, lease: Lease, ended: TrialEnded | None) -> N
 
     If the attempt was already declared lost, the shared idempotency key keeps that verdict.
     """
-    with store.client.pipeline(transaction=True) as pipe:
-        pipe.multi()
-        if ended is not None:
-            store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
-        lease.end(pipe)
-        pipe.execute()
+
+    def commit() -> None:
+        with store.client.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            if ended is not None:
+                store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
+            lease.end(pipe)
+            pipe.execute()
+
+    until_redis_answers(commit, f"trial {lease.ref.trial_id}")  # safe to repeat: keyed append, absolute writes
 
 
 def _ended(lease: Lease, status: TrialJobStatus, exit_code: int | None, message: str | None) -> TrialEnded:
