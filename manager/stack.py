@@ -6,6 +6,7 @@ owner can open), the projector, and local workers: the same programs a compose s
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -22,6 +24,7 @@ from manager.connections import REDIS_URL_ENV
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _START_DEADLINE_S = 15.0
+_PR_SET_PDEATHSIG = 1
 
 
 class StackError(RuntimeError):
@@ -58,7 +61,9 @@ class EmbeddedRedis:
             args += ["--port", str(port), "--bind", "127.0.0.1"]
             self.url = f"redis://:{password}@127.0.0.1:{port}/0"
             args += ["--requirepass", password]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
+        )
         self._wait_ready()
         return self.url
 
@@ -108,6 +113,7 @@ class ServiceProcesses:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent(signal.SIGKILL),  # its trials' keepers end them too
             )
         self.processes.append(process)
 
@@ -122,6 +128,20 @@ class ServiceProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _die_with_parent(signum: int) -> Callable[[], None]:
+    """Have the kernel send `signum` to the child when this process dies, however it dies.
+
+    The embedded stack belongs to the `run` that started it: a SIGKILLed runner must not leave a
+    redis-server (SIGTERM: it fsyncs the AOF and exits) or workers (SIGKILL) behind; `trialstream
+    resume` starts them again from the data directory.
+    """
+
+    def set_death_signal() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
+
+    return set_death_signal
 
 
 def _free_port() -> int:

@@ -88,3 +88,54 @@ def test_resume_continues_a_crashed_runner_without_rerunning_or_overspending(
     again = trialstream(redis_url, "resume", experiment_id)
     _, errors = again.communicate(timeout=30)
     assert again.returncode == 1 and f"experiment {experiment_id} is done" in errors
+
+
+def test_resume_after_an_embedded_run_was_killed(tmp_path: Path) -> None:
+    """No Redis URL: the runner's private stack dies with it, and resume brings it back from the data directory."""
+    root = tmp_path / "experiments"
+    (tmp_path / "trial.py").write_text(TRIAL)
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 6,
+        "maxTrialRetries": 1,
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "Random", "classArgs": {"seed": 5}},
+        "trainingService": {"platform": "local"},
+    }
+    (tmp_path / "config.yml").write_text(json.dumps(config))
+    env = {
+        **{key: value for key, value in os.environ.items() if key != "TRIALSTREAM_REDIS_URL"},
+        "TRIALSTREAM_EXPERIMENTS_DIR": str(root),
+        "TRIALSTREAM_TRIAL_LEASE_S": "1",
+    }
+
+    def cli(*args: str) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "manager.cli", *args]
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    runner = cli("run", str(tmp_path / "config.yml"), "--json")
+    socket_path = wait_until(lambda: next(root.glob("*/redis/redis.sock"), None), 30, what="the embedded Redis")
+    client = redis.Redis(unix_socket_path=str(socket_path), decode_responses=True)
+    experiment_id = socket_path.parent.parent.name
+    views = ViewStore(client, experiment_id)
+    wait_until(lambda: sum(t.status == "SUCCEEDED" for t in views.trials()) >= 2, 60, what="two trials done")
+    runner.send_signal(signal.SIGKILL)
+    runner.wait()
+
+    def stack_gone() -> bool:
+        try:
+            client.ping()
+        except redis.ConnectionError:
+            return True
+        return False
+
+    wait_until(stack_gone, 15, what="the embedded Redis to stop with its runner")
+    resumed = cli("resume", experiment_id, "--json")
+    output, errors = resumed.communicate(timeout=90)
+    assert resumed.returncode == 0, errors
+    trials = json.loads(output)["trials"]
+    assert sorted(trial["sequenceId"] for trial in trials) == list(range(6))
+    assert {trial["status"] for trial in trials} <= {"SUCCEEDED", "FAILED"}
+    assert sum(trial["status"] == "SUCCEEDED" for trial in trials) >= 2
