@@ -379,3 +379,30 @@ def test_an_outage_longer_than_the_client_retries_does_not_kill_a_trial(
     metrics = sorted((m.type, m.sequence, m.value) for m in ViewStore(client, service.experiment_id).metrics(trial_id))
     assert metrics == expected_metrics(count)
     assert worker.poll() is None
+
+
+def test_an_outage_longer_than_the_lease_does_not_declare_a_live_trial_lost(
+    own_redis: RedisServer, own_processes: Processes, tmp_path: Path
+) -> None:
+    """No worker can renew while Redis is down: after a restart, reapers give the holders time to."""
+    client, rq_connection = connect(own_redis.url), connect(own_redis.url, decode=False)
+    count = 50
+    service = local_experiment(client, rq_connection, tmp_path, metric_trial(tmp_path, count, 0.08))
+    lease = {"TRIALSTREAM_TRIAL_LEASE_S": "0.5"}
+    own_processes.start("projector")
+    own_processes.worker(env=lease)
+    trial_id = service.submit_trial_job(form(0)).id
+    directory = wait_for_status(service, trial_id, "RUNNING").working_directory
+    own_processes.worker(env=lease)  # a reaper with nothing else to do
+    wait_until(lambda: metric_file_records(directory) >= 3, 10, what="the trial to report")
+    written = metric_file_records(directory)
+    own_redis.kill()
+    wait_until(lambda: metric_file_records(directory) >= written + 15, 10, what="an outage of several leases")
+    own_redis.start()
+
+    terminal = [str(status) for status in TrialJobStatus if status.is_terminal]
+    trial = wait_for_status(service, trial_id, *terminal, timeout=30)
+    assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
+    entries = EventStore(client, service.experiment_id).read()
+    lost = [e.id for e in entries if isinstance(e, StoredEvent) and e.event.type == "TrialAttemptLost"]
+    assert lost == []

@@ -128,13 +128,14 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     trial_id = service.submit_trial_job(form(0)).id  # no worker serves the queue: the job just waits
     held = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "ghost:1", seconds=30)
     assert held.acquire() and not held.acquire()
-    assert reap_lost_attempts(client, rq_connection, "reaper") == []  # alive: nothing to reap
+    assert reap_lost_attempts(client, rq_connection, "reaper", restart_grace=0) == []  # alive: nothing to reap
 
     client.zadd(keys.LEASES, {held.ref.member: 0})  # as if it expired long ago
     verdicts: list[list[TrialAttemptLost]] = []
     threads = [
         threading.Thread(
-            target=lambda name: verdicts.append(reap_lost_attempts(client, rq_connection, name)), args=(name,)
+            target=lambda name: verdicts.append(reap_lost_attempts(client, rq_connection, name, restart_grace=0)),
+            args=(name,),
         )
         for name in ("reaper-1", "reaper-2", "reaper-3", "reaper-4")
     ]

@@ -17,11 +17,12 @@ import redis
 from rq import Queue
 
 from manager import keys
+from manager.connections import RETRY_CAP_S
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialSubmitted
 from schemas.trial import TrialJobDetail, TrialJobStatus
 from workers.job import attempt_job_prefix, enqueue_trial, load_submission
-from workers.leases import LOST, AttemptRef
+from workers.leases import LOST, AttemptRef, lease_seconds
 from workers.registry import queue_name
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,20 @@ REAP_INTERVAL_S = 1.0
 _BATCH = 100
 
 
-def reap_lost_attempts(client: redis.Redis, rq_connection: redis.Redis, reaper: str) -> list[TrialAttemptLost]:
+def restart_grace_s() -> float:
+    """After Redis restarts, how long leases are not reaped: no worker could renew while it was down,
+    so each gets two lease lengths, plus the client's longest back-off, to reconnect and renew."""
+    return 2 * lease_seconds() + RETRY_CAP_S
+
+
+def reap_lost_attempts(
+    client: redis.Redis, rq_connection: redis.Redis, reaper: str, restart_grace: float | None = None
+) -> list[TrialAttemptLost]:
     """Declare every attempt whose lease has expired lost; returns the verdicts this call appended."""
+    grace = restart_grace_s() if restart_grace is None else restart_grace
+    uptime: Any = client.info("server")["uptime_in_seconds"]
+    if int(uptime) < grace:
+        return []
     seconds, microseconds = client.time()
     now_ms = seconds * 1000 + microseconds // 1000
     members: Any = client.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=_BATCH)
