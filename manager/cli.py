@@ -53,6 +53,7 @@ from manager.transfer import ExperimentExists, InvalidLogFile, LogFile, export_l
 from manager.views import ViewStore
 from schemas.config import ConfigError
 from schemas.trial import TrialJobDetail, metric_score
+from workers.leases import LEASE_ENV
 from workers.registry import UnknownPlatform
 
 EXIT_ERROR = 1
@@ -166,6 +167,13 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--platform", required=True)
     worker.add_argument("--burst", action="store_true", help="quit when the queue is empty")
     worker.add_argument("--name")
+    worker.add_argument(
+        "--lease",
+        type=float,
+        metavar="SECONDS",
+        help="how long this worker may be silent before its trials are declared lost "
+        "(default: $TRIALSTREAM_TRIAL_LEASE_S, else 10)",
+    )
     worker.set_defaults(handler=_worker)
 
     projector = commands.add_parser("projector", help="fold events into views, for every experiment")
@@ -547,6 +555,10 @@ def _worker(args: argparse.Namespace) -> int:
     from workers.worker import serve
 
     url = _required_url(args)
+    if args.lease is not None:
+        if args.lease <= 0:
+            raise RunnerError(f"--lease must be a positive number of seconds, not {args.lease:g}")
+        os.environ[LEASE_ENV] = str(args.lease)  # read by each trial's job in this process
     serve(connect(url, decode=False), args.platform, burst=args.burst, name=args.name)
     return 0
 

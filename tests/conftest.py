@@ -75,11 +75,13 @@ class Processes:
         self.running.append(process)
         return process
 
-    def worker(self, platform: str = "local", env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def worker(
+        self, platform: str = "local", env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         """A worker, returned once it has registered with RQ (so it is serving its queue)."""
         queue = Queue(queue_name(platform), connection=connect(self.redis_url, decode=False))
         before = len(Worker.all(queue=queue))
-        process = self.start("worker", "--platform", platform, env=env)
+        process = self.start("worker", "--platform", platform, *args, env=env)
         wait_until(lambda: len(Worker.all(queue=queue)) > before, 20, what="the worker to register")
         return process
 

@@ -137,8 +137,8 @@ def test_redis_healthcheck_pings_without_a_password_on_its_command_line(config: 
     ("name", "expected"),
     [
         ("projector", ["trialstream", "projector"]),
-        ("worker-local", ["trialstream", "worker", "--platform", "local"]),
-        ("worker-gpu", ["trialstream", "worker", "--platform", "local"]),
+        ("worker-local", ["trialstream", "worker", "--platform", "local", "--lease", "10"]),
+        ("worker-gpu", ["trialstream", "worker", "--platform", "local", "--lease", "10"]),
     ],
 )
 def test_services_run_the_documented_commands_against_the_redis_service(

@@ -32,7 +32,7 @@ from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingServ
 from manager.views import ViewStore
 from schemas.events import ClusterMetadataSet, TrialMetricReported
 from schemas.trial import TrialConfig, TrialJobStatus
-from tests.conftest import Processes, form, wait_for_status, wait_until
+from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
 
 START_DEADLINE_S = 10.0
 
@@ -406,3 +406,44 @@ def test_an_outage_longer_than_the_lease_does_not_declare_a_live_trial_lost(
     entries = EventStore(client, service.experiment_id).read()
     lost = [e.id for e in entries if isinstance(e, StoredEvent) and e.event.type == "TrialAttemptLost"]
     assert lost == []
+
+
+def test_the_runner_rides_out_a_redis_restart(own_redis: RedisServer, own_processes: Processes, tmp_path: Path) -> None:
+    """`trialstream run` itself (the manager) reconnects too, and the experiment completes."""
+    code_dir = tmp_path / "code"
+    command = metric_trial(tmp_path, 30, 0.05)
+    config = {
+        "trialCommand": command,
+        "trialCodeDirectory": str(code_dir),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}},
+        "trainingService": {"platform": "local"},
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+    }
+    (tmp_path / "config.yml").write_text(json.dumps(config))
+    own_processes.projector()
+    own_processes.worker()
+    own_processes.worker()
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "--redis", own_redis.url, "run", str(tmp_path / "config.yml"), "--json"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    experiments = tmp_path / "experiments"
+    first = wait_until(lambda: next(experiments.glob("*/trials/*/.nni/metrics"), None), 30, what="a trial reporting")
+    written = metric_file_records(str(first.parent.parent))
+    own_redis.kill()
+    wait_until(
+        lambda: metric_file_records(str(first.parent.parent)) >= written + 10,
+        10,
+        what="the trial to go on reporting while Redis is down",
+    )
+    own_redis.start()
+    output, errors = runner.communicate(timeout=60)
+
+    assert runner.returncode == 0, errors[-2000:]
+    trials = json.loads(output)["trials"]
+    assert len(trials) == 4 and {trial["status"] for trial in trials} == {"SUCCEEDED"}

@@ -45,9 +45,11 @@ nni.report_final_result(42.0)
 """
 
 
-def running_trial(service, processes: Processes, code_dir: Path) -> tuple[str, list[int], object]:
+def running_trial(
+    service, processes: Processes, code_dir: Path, lease_flag: bool = False
+) -> tuple[str, list[int], object]:
     """A trial running its first attempt on a worker of its own; returns the trial, its pids, the worker."""
-    victim = processes.worker(env=FAST_LEASE)
+    victim = processes.worker(args=("--lease", str(LEASE_S))) if lease_flag else processes.worker(env=FAST_LEASE)
     trial_id = service.submit_trial_job(form(0)).id
     running = wait_for_status(service, trial_id, "RUNNING")
     pid_file = Path(running.working_directory) / "pids"
@@ -65,7 +67,7 @@ def test_a_killed_worker_s_trial_fails_within_the_lease_and_leaves_no_orphans(
     make_service: ServiceFactory, processes: Processes, code_dir: Path
 ) -> None:
     service = make_service(script(code_dir, "trial.py", TRIAL))
-    trial_id, pids, victim = running_trial(service, processes, code_dir)
+    trial_id, pids, victim = running_trial(service, processes, code_dir, lease_flag=True)
     processes.worker(env=FAST_LEASE)  # the survivor that notices
 
     victim.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
