@@ -74,8 +74,7 @@ def retry_policy(budget_s: float | None = None) -> Retry:
 def connect(url: str, *, check: bool = True, decode: bool = True) -> redis.Redis:
     """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here.
 
-    The retry policy is in the pool's connection kwargs, so clients built from those kwargs
-    (workers.job.decoded_client) keep it.
+    The retry policy is in the pool's connection kwargs, so clients made by `same_server` keep it.
     """
     if check:
         probe = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=CHECK_CONNECT_TIMEOUT_S)
@@ -86,3 +85,13 @@ def connect(url: str, *, check: bool = True, decode: bool = True) -> redis.Redis
         finally:
             probe.close()
     return redis.Redis.from_url(url, decode_responses=decode, health_check_interval=30, retry=retry_policy())
+
+
+def same_server(client: redis.Redis, *, decode: bool) -> redis.Redis:
+    """A client on `client`'s server with its settings (retries included), decoding replies or not.
+
+    RQ needs bytes; the log's readers want strings, except to read an entry that is not UTF-8.
+    """
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "decode_responses": decode}
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 
 from manager import keys
+from manager.connections import same_server
 from schemas.events import EVENT_ADAPTER, Event
 from schemas.upcasters import upcast
 
@@ -107,13 +108,9 @@ class EventStore:
         self._raw: redis.Redis | None = None
 
     def _raw_client(self) -> redis.Redis:
-        """The same server and pool settings, returning bytes: for a log holding an entry that is not UTF-8."""
+        """The same server, returning bytes: for a log holding an entry that is not UTF-8."""
         if self._raw is None:
-            pool = self.client.connection_pool
-            kwargs = {**pool.connection_kwargs, "decode_responses": False}
-            self._raw = redis.Redis(
-                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
-            )
+            self._raw = same_server(self.client, decode=False)
         return self._raw
 
     def _xrange(self, low: str, high: str, count: int | None = None) -> list[tuple[str, dict[str, str]] | LogEntry]:

@@ -19,7 +19,8 @@ from typing import Any
 import redis
 
 from manager import keys
-from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, decode_entry
+from manager.connections import same_server
+from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
 from manager.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record
 from schemas.events import TrialEvent, TrialMetricReported
@@ -125,7 +126,7 @@ class Projector:
                 try:
                     pipe.watch(view_keys.position)
                     position = str(pipe.hget(view_keys.position, "position") or "0-0")
-                    entries = self._read(store, position, until)
+                    entries = store.read(after=position, until=until, count=self.batch_size)
                     if not entries:
                         pipe.unwatch()
                         return position, 0
@@ -138,28 +139,9 @@ class Projector:
                     else:
                         log.debug("another projector advanced %s; re-reading", experiment_id)
 
-    def _read(self, store: EventStore, after: str, until: str) -> list[LogEntry]:
-        """The next batch; if an entry breaks decoding itself (bytes that are not UTF-8, JSON nested too
-        deep), the batch is read again raw and decoded entry by entry, so only that entry is unreadable."""
-        try:
-            return store.read(after=after, until=until, count=self.batch_size)
-        except redis.RedisError:
-            raise
-        except Exception as error:
-            log.warning(
-                "experiment %s: a batch does not decode (%s); decoding entry by entry", store.experiment_id, _why(error)
-            )
-        raw: Any = self._raw().xrange(store.stream, min=f"({after}", max=until, count=self.batch_size)
-        return [_decode_raw(entry_id, fields) for entry_id, fields in raw]
-
     def _raw(self) -> redis.Redis:
-        """A client on the same server and pool settings (retry included) that returns bytes."""
         if self._raw_client is None:
-            pool = self.client.connection_pool
-            kwargs = {**pool.connection_kwargs, "decode_responses": False}
-            self._raw_client = redis.Redis(
-                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
-            )
+            self._raw_client = same_server(self.client, decode=False)
         return self._raw_client
 
     def _write_batch(self, pipe: redis.client.Pipeline, view_keys: ViewKeys, entries: list[LogEntry]) -> None:
@@ -238,20 +220,3 @@ class Projector:
             return {}
         seen = pipe.smismember(view_keys.metric_keys, list(candidates))
         return {key: record for (key, record), known in zip(candidates.items(), seen, strict=True) if not known}
-
-
-def _decode_raw(entry_id: bytes | str, fields: dict[bytes, bytes]) -> LogEntry:
-    """One entry read as bytes: whatever is wrong with it makes it unreadable, never an exception."""
-    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    try:
-        decoded = {name.decode(): value.decode() for name, value in fields.items()}
-    except UnicodeDecodeError as not_utf8:
-        lenient = {
-            name.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
-            for name, value in fields.items()
-        }
-        return UnreadableEvent(entry_id, lenient, f"not UTF-8: {not_utf8}")
-    try:
-        return decode_entry(entry_id, decoded)
-    except Exception as error:
-        return UnreadableEvent(entry_id, decoded, f"cannot decode: {_why(error)}")

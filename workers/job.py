@@ -13,6 +13,7 @@ import socket
 import redis
 from rq import Queue, get_current_job
 
+from manager.connections import same_server
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import TrialDeferred, TrialEnded, TrialSubmitted
 from schemas.trial import TrialJobStatus
@@ -24,14 +25,6 @@ from workers.registry import RUN_TRIAL, platform_class, queue_name
 log = logging.getLogger(__name__)
 
 DEFER_POLL_S = 0.5
-
-
-def decoded_client(raw: redis.Redis) -> redis.Redis:
-    """A string-decoding client on the same server as RQ's raw connection."""
-    kwargs = dict(raw.connection_pool.connection_kwargs)
-    kwargs["decode_responses"] = True
-    pool = redis.ConnectionPool(connection_class=raw.connection_pool.connection_class, **kwargs)
-    return redis.Redis(connection_pool=pool)
 
 
 def enqueue_trial(
@@ -93,7 +86,7 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
     """Run one attempt of a trial on this worker's platform and append how it ended."""
     job = get_current_job()
     assert job is not None, "run_trial runs inside an RQ job"
-    client = decoded_client(job.connection)
+    client = same_server(job.connection, decode=True)
     store = EventStore(client, experiment_id)
     submitted = load_submission(store, trial_id)
     submission = submitted.event

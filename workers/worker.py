@@ -11,7 +11,8 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.worker import WorkerStatus
 
-from workers.job import decoded_client, worker_name
+from manager.connections import same_server
+from workers.job import worker_name
 from workers.reaper import reap_forever
 from workers.registry import platform_class, queue_name
 
@@ -30,7 +31,7 @@ class TrialWorker(SimpleWorker):
         stop = threading.Event()
         reaper = threading.Thread(
             target=reap_forever,
-            args=(decoded_client(self.connection), self.connection, worker_name(), stop),
+            args=(same_server(self.connection, decode=True), self.connection, worker_name(), stop),
             name="reaper",
             daemon=True,
         )
