@@ -9,12 +9,19 @@ after a minute of retries.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REDIS_URL_ENV = "TRIALSTREAM_REDIS_URL"
 OUTAGE_BUDGET_ENV = "TRIALSTREAM_REDIS_RETRY_S"
@@ -95,3 +102,21 @@ def same_server(client: redis.Redis, *, decode: bool) -> redis.Redis:
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, "decode_responses": decode}
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
+def until_redis_answers(action: Callable[[], T], what: str) -> T:
+    """`action`, retried for as long as Redis cannot be reached (beyond the client's own retries).
+
+    For writes that are safe to repeat (an idempotency key, a transaction that sets absolute
+    values): a trial must not die because Redis was away longer than a client retries.
+    """
+    delay, failures = 0.1, 0
+    while True:
+        try:
+            return action()
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            failures += 1
+            if failures == 1:
+                log.warning("%s: Redis unreachable (%s); retrying until it answers", what, error)
+            time.sleep(delay)
+            delay = min(RETRY_CAP_S, delay * 2)

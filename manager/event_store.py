@@ -80,15 +80,27 @@ def _reason(error: Exception) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
-def decode_raw_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> LogEntry:
-    """An entry read as bytes: one that is not UTF-8 is unreadable, never an exception."""
-    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+@dataclass(frozen=True)
+class RawEntry:
+    """A stream entry as stored, its fields as text; bytes that are not UTF-8 come backslash-escaped,
+    with `not_utf8` saying why, so one such entry never breaks a reader."""
+
+    id: str
+    fields: dict[str, str]
+    not_utf8: str | None = None
+
+    def decode(self) -> LogEntry:
+        if self.not_utf8 is not None:
+            return UnreadableEvent(self.id, self.fields, self.not_utf8)
+        return decode_entry(self.id, self.fields)
+
+
+def _from_bytes(entry_id: bytes, fields: dict[bytes, bytes]) -> RawEntry:
     try:
-        decoded = {name.decode(): value.decode() for name, value in fields.items()}
+        return RawEntry(entry_id.decode(), {name.decode(): value.decode() for name, value in fields.items()})
     except UnicodeDecodeError as error:
         lenient = {k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace") for k, v in fields.items()}
-        return UnreadableEvent(entry_id, lenient, f"not UTF-8: {error}")
-    return decode_entry(entry_id, decoded)
+        return RawEntry(entry_id.decode(errors="backslashreplace"), lenient, f"not UTF-8: {error}")
 
 
 def encode_event(event: Event) -> dict[str, str]:
@@ -113,24 +125,23 @@ class EventStore:
             self._raw = same_server(self.client, decode=False)
         return self._raw
 
-    def _xrange(self, low: str, high: str, count: int | None = None) -> list[tuple[str, dict[str, str]] | LogEntry]:
-        """XRANGE; if an entry is not UTF-8 (the whole reply fails to decode), read raw and decode entry by entry."""
+    def raw_range(self, low: str = "-", high: str = "+", count: int | None = None) -> list[RawEntry]:
+        """XRANGE as stored; a reply holding bytes that are not UTF-8 is read again as bytes."""
         try:
             entries: Any = self.client.xrange(self.stream, min=low, max=high, count=count)
-            return list(entries)
+            return [RawEntry(entry_id, fields) for entry_id, fields in entries]
         except UnicodeDecodeError:
             raw: Any = self._raw_client().xrange(self.stream, min=low, max=high, count=count)
-            return [decode_raw_entry(entry_id, fields) for entry_id, fields in raw]
+            return [_from_bytes(entry_id, fields) for entry_id, fields in raw]
 
-    def _xread(
-        self, after: str, block_ms: int, count: int | None = None
-    ) -> list[tuple[str, dict[str, str]] | LogEntry]:
+    def raw_wait(self, after: str, block_ms: int, count: int | None = None) -> list[RawEntry]:
+        """XREAD BLOCK as stored, like raw_range."""
         try:
             answer: Any = self.client.xread({self.stream: after}, count=count, block=block_ms)
+            return [RawEntry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
         except UnicodeDecodeError:
             answer = self._raw_client().xread({self.stream: after}, count=count, block=block_ms)
-            return [decode_raw_entry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
-        return [entry for _, entries in answer or [] for entry in entries]
+            return [_from_bytes(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
 
     def append(self, event: Event, *, idempotency_key: str | None = None, pipeline: Pipeline | None = None) -> str:
         """Append one event and return its id (the first one's id for a repeated idempotency key).
@@ -163,27 +174,25 @@ class EventStore:
 
     def read(self, after: str = "0-0", until: str = "+", count: int | None = None) -> list[LogEntry]:
         """Entries strictly after `after`, up to and including `until`."""
-        return [_decoded(entry) for entry in self._xrange(f"({after}", until, count)]
+        return [entry.decode() for entry in self.raw_range(f"({after}", until, count)]
 
     def read_one(self, entry_id: str) -> LogEntry | None:
-        entries = self._xrange(entry_id, entry_id)
-        return _decoded(entries[0]) if entries else None
+        entries = self.raw_range(entry_id, entry_id)
+        return entries[0].decode() if entries else None
 
     def wait(self, after: str, block_ms: int, count: int | None = None) -> list[LogEntry]:
         """Entries after `after`, blocking up to `block_ms` for the first one to arrive."""
-        return [_decoded(entry) for entry in self._xread(after, block_ms, count)]
+        return [entry.decode() for entry in self.raw_wait(after, block_ms, count)]
 
     def follow_trial(self, trial_id: str, after: str, block_ms: int | None) -> tuple[str, list[LogEntry]]:
         """One trial's entries after `after` (others skipped undecoded), and the id read up to.
 
         With `block_ms` None it reads without waiting.
         """
-        entries = self._xrange(f"({after}", "+") if block_ms is None else self._xread(after, block_ms)
+        entries = self.raw_range(f"({after}", "+") if block_ms is None else self.raw_wait(after, block_ms)
         if not entries:
             return after, []
-        mine = [_decoded(entry) for entry in entries if _fields(entry).get("trial") == trial_id]
-        last = entries[-1]
-        return (last.id if isinstance(last, StoredEvent | UnreadableEvent) else str(last[0])), mine
+        return entries[-1].id, [entry.decode() for entry in entries if entry.fields.get("trial") == trial_id]
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""
@@ -192,15 +201,3 @@ class EventStore:
 
     def length(self) -> int:
         return int(self.client.xlen(self.stream))
-
-
-def _decoded(entry: tuple[str, dict[str, str]] | LogEntry) -> LogEntry:
-    return entry if isinstance(entry, StoredEvent | UnreadableEvent) else decode_entry(*entry)
-
-
-def _fields(entry: tuple[str, dict[str, str]] | LogEntry) -> dict[str, str]:
-    if isinstance(entry, UnreadableEvent):
-        return entry.fields
-    if isinstance(entry, StoredEvent):
-        return {"trial": getattr(entry.event, "trial_id", "")}
-    return entry[1]

@@ -29,6 +29,11 @@ def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"
 
 
+def runner(experiment_id: str) -> str:
+    """The runner driving the experiment, with a short TTL it keeps renewing: one runner at a time."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:runner"
+
+
 def gpu_holders(host: str) -> str:
     """Hash: `<exp>/<trial>` -> the GPU indices it holds on `host` (the local platform's ledger)."""
     return f"{LOG_PREFIX}:gpu:{host}:holders"

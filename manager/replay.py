@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from redis.client import Pipeline
 
 from manager import keys
-from manager.event_store import LogEntry, StoredEvent, UnreadableEvent, decode_entry, stream_position
+from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, stream_position
 from manager.keys import ViewKeys
 from manager.projector import Projector
 from schemas.events import Event
@@ -116,16 +116,14 @@ def read_log(
     types: set[str] | None = None,
 ) -> Iterator[LogEntry]:
     """The experiment's entries from `since` to `until` (both inclusive), in log order, in batches."""
-    stream = keys.events(experiment_id)
+    store = EventStore(client, experiment_id)
     start = since
     while True:
-        batch: Any = client.xrange(stream, min=start, max=until, count=_BATCH)
-        for entry_id, fields in batch:
-            if _matches(fields, trial, types):
-                yield decode_entry(entry_id, fields)
+        batch = store.raw_range(start, until, _BATCH)
+        yield from (entry.decode() for entry in batch if _matches(entry.fields, trial, types))
         if len(batch) < _BATCH:
             return
-        start = f"({batch[-1][0]}"
+        start = f"({batch[-1].id}"
 
 
 def follow_log(
@@ -138,14 +136,12 @@ def follow_log(
     block_ms: int = 1000,
 ) -> Iterator[LogEntry]:
     """Entries appended after `after`, as they arrive (XREAD BLOCK), forever."""
-    stream = keys.events(experiment_id)
+    store = EventStore(client, experiment_id)
     while True:
-        answer: Any = client.xread({stream: after}, count=_BATCH, block=block_ms)
-        for _, entries in answer or []:
-            for entry_id, fields in entries:
-                after = entry_id
-                if _matches(fields, trial, types):
-                    yield decode_entry(entry_id, fields)
+        for entry in store.raw_wait(after, block_ms, _BATCH):
+            after = entry.id
+            if _matches(entry.fields, trial, types):
+                yield entry.decode()
 
 
 # describing entries

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from workers.registry import queue_name
 DEFAULT_EXPERIMENTS_ROOT = Path("~/trialstream-experiments")
 EXPERIMENTS_DIR_ENV = "TRIALSTREAM_EXPERIMENTS_DIR"
 _STOP_DEADLINE_S = 60.0
+RUNNER_LEASE_S = 5.0
 
 
 class RunnerError(RuntimeError):
@@ -133,6 +135,7 @@ class ExperimentRunner:
         self._parameters: dict[str, tuple[int, dict[str, Any]]] = {}
         self._reaped_at = 0.0
         self._unclaimed: set[str] = set()
+        self._name = f"runner:{socket.gethostname()}:{os.getpid()}"
 
     @classmethod
     def create(
@@ -147,6 +150,7 @@ class ExperimentRunner:
         root = experiments_root(spec)
         experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress)
+        runner._claim(wait_s=0)
         trial_config = TrialConfig(
             command=spec.config.trial_command,
             code_directory=str(spec.code_directory),
@@ -177,6 +181,7 @@ class ExperimentRunner:
         runner = cls(
             spec, client, rq_connection, Path(experiment.working_directory), experiment_id, on_progress, elapsed_s
         )
+        runner._claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
         runner._replay_history(service.list_trial_jobs())
         EventStore(client, experiment_id).append(ExperimentResumed(experiment_id=experiment_id))
         return runner
@@ -205,12 +210,25 @@ class ExperimentRunner:
                 self.on_progress(self.progress)
                 wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
                 self.service.wait_for_change(wait)
+                self._client.set(keys.runner(self.experiment_id), self._name, px=int(RUNNER_LEASE_S * 1000))
                 self._reap()
                 self._refresh()
         except BaseException:
             self._stop_all("the experiment runner stopped")
             finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
             raise
+        finally:
+            self._client.delete(keys.runner(self.experiment_id))
+
+    def _claim(self, wait_s: float) -> None:
+        """Become the experiment's only runner: two would both submit trials and overspend the budget."""
+        key = keys.runner(self.experiment_id)
+        give_up = time.monotonic() + wait_s
+        while not self._client.set(key, self._name, nx=True, px=int(RUNNER_LEASE_S * 1000)):
+            if time.monotonic() >= give_up:
+                holder: Any = self._client.get(key)
+                raise RunnerError(f"experiment {self.experiment_id} is being run by {holder}; stop that runner first")
+            time.sleep(0.1)
 
     def _replay_history(self, trials: list[TrialJobDetail]) -> None:
         """Bring the tuner, the budget and the trials in flight to where the log says they were.
@@ -279,7 +297,7 @@ class ExperimentRunner:
         if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
             return
         self._reaped_at = time.monotonic()
-        reap_lost_attempts(self._client, self._rq_connection, f"runner:{os.getpid()}")
+        reap_lost_attempts(self._client, self._rq_connection, self._name)
         waiting = [
             self.service.get_trial_job(trial_id) for trial_id, status in self._active.items() if status == "WAITING"
         ]
@@ -297,6 +315,7 @@ class ExperimentRunner:
         give_up = time.monotonic() + _STOP_DEADLINE_S
         while self._active and time.monotonic() < give_up:
             self.service.wait_for_change(0.5)
+            self._reap()  # a dead worker's trial must not hold the stop up
             self._refresh()
 
     def _finish(self, status: str) -> ExperimentResult:

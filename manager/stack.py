@@ -130,16 +130,22 @@ class ServiceProcesses:
                 process.wait()
 
 
-def _die_with_parent(signum: int) -> Callable[[], None]:
-    """Have the kernel send `signum` to the child when this process dies, however it dies.
+def _die_with_parent(signum: int) -> Callable[[], None] | None:
+    """Have the kernel send `signum` to the child when this process dies, however it dies (Linux only).
 
     The embedded stack belongs to the `run` that started it: a SIGKILLed runner must not leave a
     redis-server (SIGTERM: it fsyncs the AOF and exits) or workers (SIGKILL) behind; `trialstream
     resume` starts them again from the data directory.
     """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    parent = os.getpid()
 
     def set_death_signal() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
+        prctl(_PR_SET_PDEATHSIG, signum)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signum)
 
     return set_death_signal
 

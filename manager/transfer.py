@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import redis
 
 from manager import keys
-from manager.event_store import stream_position
+from manager.event_store import EventStore, stream_position
 from manager.keys import ViewKeys
 
 FORMAT = "trialstream-log"
@@ -62,20 +62,19 @@ def export_log(client: redis.Redis, experiment_id: str, out: TextIO) -> int:
     Appends that land during the export are left out, and so are their idempotency keys, which
     are written in the same script as their entries: the file is the log as it was at one id.
     """
-    stream = keys.events(experiment_id)
-    last: Any = client.xrevrange(stream, count=1)
-    until = str(last[0][0]) if last else "0-0"
+    store = EventStore(client, experiment_id)
+    until = store.head()
     out.write(json.dumps({"format": FORMAT, "version": VERSION, "experimentId": experiment_id}) + "\n")
     exported: set[str] = set()
     start = "-"
-    while last:
-        batch: Any = client.xrange(stream, min=start, max=until, count=_BATCH)
-        for entry_id, fields in batch:
-            out.write(json.dumps({"id": entry_id, "fields": fields}) + "\n")
-            exported.add(entry_id)
+    while until != "0-0":
+        batch = store.raw_range(start, until, _BATCH)  # bytes that are not UTF-8 move backslash-escaped
+        for entry in batch:
+            out.write(json.dumps({"id": entry.id, "fields": entry.fields}) + "\n")
+            exported.add(entry.id)
         if len(batch) < _BATCH:
             break
-        start = f"({batch[-1][0]}"
+        start = f"({batch[-1].id}"
     idempotency: Any = client.hgetall(keys.idempotency(experiment_id))
     kept = {key: entry_id for key, entry_id in idempotency.items() if entry_id in exported}
     out.write(json.dumps({"idempotency": kept, "entries": len(exported)}) + "\n")

@@ -18,6 +18,7 @@ from schemas.events import TrialAttemptLost, TrialEnded, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.test_local_platform import pid_alive, script
+from workers.job import enqueue_trial
 from workers.leases import AttemptRef, Lease
 from workers.reaper import reap_lost_attempts
 from workers.registry import queue_name
@@ -129,7 +130,8 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     service = make_service("true", max_retries=1)
     trial_id = service.submit_trial_job(form(0)).id  # no worker serves the queue: the job just waits
     held = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "ghost:1", seconds=30)
-    assert held.acquire() and not held.acquire()
+    assert held.acquire() and held.acquire()  # again by its holder (a resent script): still its own
+    assert not Lease(client, held.ref, "other:2", seconds=30).acquire()
     assert reap_lost_attempts(client, rq_connection, "reaper", restart_grace=0) == []  # alive: nothing to reap
 
     client.zadd(keys.LEASES, {held.ref.member: 0})  # as if it expired long ago
@@ -153,3 +155,31 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     jobs = [job_id.decode() for job_id in rq_connection.lrange(f"rq:queue:{queue_name('local')}", 0, -1)]
     assert f"{service.experiment_id}-{trial_id}-2-0" in jobs
     assert client.zcard(keys.LEASES) == 0
+
+
+def test_a_retry_of_a_trial_canceled_meanwhile_ends_it_as_canceled(
+    make_service: ServiceFactory, processes: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    """A cancel can land between a reaper's look at the log and its verdict: the retry then ends the trial."""
+    service = make_service("sleep 30", max_retries=1)
+    trial_id = service.submit_trial_job(form(0)).id  # no worker yet: attempt 1 is played by hand
+    experiment_id = service.experiment_id
+    service.store.append(
+        TrialStarted(experiment_id=experiment_id, trial_id=trial_id, attempt=1, working_directory="/w")
+    )
+    service.cancel_trial_job(trial_id)
+    service.store.append(
+        TrialAttemptLost(
+            experiment_id=experiment_id,
+            trial_id=trial_id,
+            attempt=1,
+            reason="a racing reaper",
+            status=TrialJobStatus.WAITING,
+        )
+    )
+    assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
+    enqueue_trial(rq_connection, "local", (experiment_id, trial_id, 2))
+
+    processes.worker()
+    trial = wait_for_status(service, trial_id, "USER_CANCELED", "SUCCEEDED", "FAILED", timeout=15)
+    assert trial.status is TrialJobStatus.USER_CANCELED and trial.attempt == 2

@@ -6,6 +6,7 @@ same transaction as the position that passes it, and goes on with the events aft
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -21,9 +22,11 @@ import redis
 
 from manager import keys
 from manager.connections import REDIS_URL_ENV
-from manager.event_store import EventStore, encode_event
+from manager.event_store import EventStore, UnreadableEvent, encode_event
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.projector import Projector
+from manager.replay import read_log
+from manager.transfer import export_log
 from manager.views import ViewStore
 from schemas.events import ClusterMetadataSet, TrialEnded, TrialMetricReported, TrialStarted
 from schemas.trial import TrialJobStatus
@@ -239,5 +242,11 @@ def test_an_entry_that_is_not_utf8_breaks_no_reader(
         service.cancel_trial_job(trial_id)  # reads the log past the views (no projector here): steps over the entry
         trial = wait_for_status(service, trial_id, "USER_CANCELED", "FAILED", timeout=8)
         assert trial.status is TrialJobStatus.USER_CANCELED and "lost" not in (trial.message or ""), trial.message
+        client = service.store.client  # the inspection commands read it too: `events`, `--history`, `export`
+        unreadable = [e for e in read_log(client, service.experiment_id) if isinstance(e, UnreadableEvent)]
+        assert [e.error.split(":")[0] for e in unreadable] == ["not UTF-8"]
+        exported = io.StringIO()
+        assert export_log(client, service.experiment_id, exported) == service.store.length()
+        assert "\\xff" in exported.getvalue()  # moved backslash-escaped: still unreadable after an import
     finally:
         worker.kill()  # not a warm shutdown that waits for the trial: its keeper kills it

@@ -10,11 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
-import redis
-
+from manager.connections import until_redis_answers
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import (
     TrialCancelRequested,
@@ -32,26 +29,6 @@ from workers.platform import StopRequest
 log = logging.getLogger(__name__)
 
 _WATCH_BLOCK_MS = 250
-_UNREACHABLE_BACKOFF_CAP_S = 2.0
-T = TypeVar("T")
-
-
-def until_redis_answers(action: Callable[[], T], what: str) -> T:
-    """`action`, retried for as long as Redis cannot be reached (beyond the client's own retries).
-
-    For writes that are safe to repeat (an idempotency key, a transaction that sets absolute
-    values): a trial must not die because Redis was away longer than a client retries.
-    """
-    delay, failures = 0.1, 0
-    while True:
-        try:
-            return action()
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            failures += 1
-            if failures == 1:
-                log.warning("%s: Redis unreachable (%s); retrying until it answers", what, error)
-            time.sleep(delay)
-            delay = min(_UNREACHABLE_BACKOFF_CAP_S, delay * 2)
 
 
 def _format_seconds(seconds: float) -> str:

@@ -13,11 +13,11 @@ import socket
 import redis
 from rq import Queue, get_current_job
 
-from manager.connections import same_server
+from manager.connections import same_server, until_redis_answers
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import TrialDeferred, TrialEnded, TrialSubmitted
 from schemas.trial import TrialJobStatus
-from workers.control import LogTrialControl, until_redis_answers
+from workers.control import LogTrialControl
 from workers.leases import AttemptRef, Lease, lease_seconds
 from workers.platform import Deferred, TrialAssignment
 from workers.registry import RUN_TRIAL, platform_class, queue_name
@@ -98,9 +98,10 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
 
     control = LogTrialControl(store, submitted, lease)
     try:
-        if control.stop_request() is not None:
+        stop = control.stop_request()
+        if stop is not None:  # ends the trial even if the cancel came while an earlier attempt ran
             control.close()
-            _end_attempt(store, lease, None)  # the cancel itself ended the WAITING trial
+            _end_attempt(store, lease, _ended(lease, stop.status, None, stop.reason))
             return "canceled before it started"
         platform = platform_class(submission.platform)(client)
         assignment = TrialAssignment(
@@ -123,19 +124,18 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
             if outcome.reason != last_deferral:
                 store.append(TrialDeferred(experiment_id=experiment_id, trial_id=trial_id, reason=outcome.reason))
             control.wait(DEFER_POLL_S)
-            with client.pipeline(transaction=True) as pipe:  # never unclaimed and unqueued at once
-                pipe.multi()
-                lease.give_up(pipe)
-                enqueue_trial(
+            args = (experiment_id, trial_id, attempt)
+            requeued = lease.give_up(
+                lambda pipe: enqueue_trial(
                     job.connection,
                     submission.platform,
-                    (experiment_id, trial_id, attempt),
+                    args,
                     deferrals=deferrals + 1,
                     last_deferral=outcome.reason,
                     pipeline=pipe,
                 )
-                pipe.execute()
-            return f"deferred: {outcome.reason}"
+            )
+            return f"deferred: {outcome.reason}" if requeued else "deferred, then declared lost meanwhile"
         control.close()  # no lease renewal may race the end of the attempt
         _end_attempt(store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message))
         return str(outcome.status)

@@ -8,6 +8,7 @@ matter. A lease that expired means the worker stopped: `workers.reaper` declares
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -22,17 +23,22 @@ ENDED = "ended"
 LOST = "lost"
 
 # KEYS: claim, leases. ARGV: worker, claim ttl (s), lease member, lease length (ms)
+# Acquiring again as the same holder succeeds: a client that resends the script after a lost reply
+# must not lock itself out of its own attempt.
 _ACQUIRE = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) and redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
 local now = redis.call('TIME')
 redis.call('ZADD', KEYS[2], now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
 return 1
 """
 
-# Touching the claim makes a reaper that WATCHes it back off: a renewed lease is never reaped.
+# Touching the claim makes a reaper that WATCHes it back off: a renewed lease is never reaped. Its
+# TTL starts again too, so a trial may run for longer than the claim's TTL.
 _RENEW = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local now = redis.call('TIME')
 redis.call('ZADD', KEYS[2], 'XX', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
 return 1
@@ -97,7 +103,21 @@ class Lease:
         pipeline.set(self.ref.claim_key, ENDED, keepttl=True)
         pipeline.zrem(keys.LEASES, self.ref.member)
 
-    def give_up(self, pipeline: Pipeline) -> None:
-        """Queue, on `pipeline`, letting the attempt be claimed again (it was deferred before starting)."""
-        pipeline.delete(self.ref.claim_key)
-        pipeline.zrem(keys.LEASES, self.ref.member)
+    def give_up(self, then: Callable[[Pipeline], None]) -> bool:
+        """Let the attempt be claimed again (it was deferred before starting), and queue `then` in the
+        same transaction; False, doing nothing, if the attempt is no longer this worker's (declared lost)."""
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self.ref.claim_key)
+                    if pipe.get(self.ref.claim_key) != self.worker:
+                        pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.delete(self.ref.claim_key)
+                    pipe.zrem(keys.LEASES, self.ref.member)
+                    then(pipe)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue

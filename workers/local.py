@@ -13,6 +13,7 @@ from typing import BinaryIO, ClassVar
 
 import redis
 
+from manager.connections import until_redis_answers
 from schemas.config import LocalConfig
 from schemas.trial import TrialJobStatus
 from workers.gpu import GpuLedger, GpuPolicy, GpuRequestImpossible, cuda_visible_devices, detect_gpu_source
@@ -54,7 +55,7 @@ class LocalPlatform:
             max_trials_per_gpu=config.max_trial_number_per_gpu,
             use_active_gpu=bool(config.use_active_gpu),
         )
-        ledger_key = f"{trial.experiment_id}/{trial.trial_id}"
+        ledger_key = f"{trial.experiment_id}/{trial.trial_id}/{trial.attempt}"  # as the attempt's lease
         try:
             gpus = self.ledger.reserve(ledger_key, policy)
         except GpuRequestImpossible as error:
@@ -65,7 +66,8 @@ class LocalPlatform:
         try:
             return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
         finally:
-            self.ledger.release(ledger_key)
+            if gpus:  # an outage now must not turn the trial's outcome into an error
+                until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")
 
 
 class _TrialProcess:
@@ -99,6 +101,9 @@ class _TrialProcess:
                     stderr=stderr,
                     start_new_session=True,  # its own process group, so a cancel reaches every child
                 )
+            except BaseException:
+                os.close(worker_end)
+                raise
             finally:
                 os.close(keeper_end)
             try:

@@ -41,16 +41,22 @@ def reap_lost_attempts(
     client: redis.Redis, rq_connection: redis.Redis, reaper: str, restart_grace: float | None = None
 ) -> list[TrialAttemptLost]:
     """Declare every attempt whose lease has expired lost; returns the verdicts this call appended."""
-    grace = restart_grace_s() if restart_grace is None else restart_grace
-    uptime: Any = client.info("server")["uptime_in_seconds"]
-    if int(uptime) < grace:
-        return []
     seconds, microseconds = client.time()
     now_ms = seconds * 1000 + microseconds // 1000
     members: Any = client.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=_BATCH)
+    grace = restart_grace_s() if restart_grace is None else restart_grace
+    if not members or int(client.info("server")["uptime_in_seconds"]) < grace:
+        return []
     verdicts = []
     for member in members:
-        verdict = _declare_lost(client, rq_connection, AttemptRef.parse(member), reaper)
+        try:
+            verdict = _declare_lost(client, rq_connection, AttemptRef.parse(member), reaper)
+        except redis.RedisError:
+            raise
+        except Exception:  # poison: one bad lease must not stop every reaper; the log keeps it
+            log.exception("reaper: cannot judge lease %r; dropping it", member)
+            client.zrem(keys.LEASES, member)
+            continue
         if verdict is not None:
             log.warning("trial %s attempt %d lost: %s", verdict.trial_id, verdict.attempt, verdict.reason)
             verdicts.append(verdict)
@@ -115,8 +121,8 @@ def _declare_lost(
                     enqueue_trial(rq_connection, submitted.event.platform, args, pipeline=pipe)
                 pipe.zrem(keys.LEASES, ref.member)
                 pipe.set(ref.claim_key, LOST, keepttl=True)
-                if holder:  # GPUs the dead worker held for the trial are free again
-                    pipe.hdel(keys.gpu_holders(holder.rsplit(":", 1)[0]), f"{ref.experiment_id}/{ref.trial_id}")
+                if holder:  # GPUs the dead worker held for the attempt are free again
+                    pipe.hdel(keys.gpu_holders(holder.rsplit(":", 1)[0]), ref.member)
                 pipe.execute()
                 return verdict
             except redis.WatchError:
