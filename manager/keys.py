@@ -67,7 +67,7 @@ class ViewKeys:
 
     @property
     def metric_keys(self) -> str:
-        """Set of `trial|parameter|type|sequence` already projected: metrics are counted once."""
+        """Set of `trial|attempt|parameter|type|sequence` already projected: metrics are counted once."""
         return f"{self._base}:metric-keys"
 
     @property
