@@ -26,6 +26,22 @@ nni.report_final_result(x)
 """
 
 
+def write_config(directory: Path, **overrides: object) -> None:
+    """Six trials of TRIAL, two at a time, with a seeded Random tuner."""
+    (directory / "trial.py").write_text(TRIAL)
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(directory),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 6,
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "Random", "classArgs": {"seed": 5}},
+        "trainingService": {"platform": "local"},
+        **overrides,
+    }
+    (directory / "config.yml").write_text(json.dumps(config))
+
+
 def trialstream(redis_url: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "manager.cli", "--redis", redis_url, *args],
@@ -40,18 +56,7 @@ def trialstream(redis_url: str, *args: str) -> subprocess.Popen[str]:
 def test_resume_continues_a_crashed_runner_without_rerunning_or_overspending(
     tmp_path: Path, processes: Processes, redis_url: str, client: redis.Redis
 ) -> None:
-    (tmp_path / "trial.py").write_text(TRIAL)
-    config = {
-        "trialCommand": f"{sys.executable} trial.py",
-        "trialCodeDirectory": str(tmp_path),
-        "trialConcurrency": 2,
-        "maxTrialNumber": 6,
-        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "tuner": {"name": "Random", "classArgs": {"seed": 5}},
-        "trainingService": {"platform": "local"},
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-    }
-    (tmp_path / "config.yml").write_text(json.dumps(config))
+    write_config(tmp_path, experimentWorkingDirectory=str(tmp_path / "experiments"))
     processes.projector()
     processes.worker()
     processes.worker()
@@ -93,18 +98,7 @@ def test_resume_continues_a_crashed_runner_without_rerunning_or_overspending(
 def test_resume_after_an_embedded_run_was_killed(tmp_path: Path) -> None:
     """No Redis URL: the runner's private stack dies with it, and resume brings it back from the data directory."""
     root = tmp_path / "experiments"
-    (tmp_path / "trial.py").write_text(TRIAL)
-    config = {
-        "trialCommand": f"{sys.executable} trial.py",
-        "trialCodeDirectory": str(tmp_path),
-        "trialConcurrency": 2,
-        "maxTrialNumber": 6,
-        "maxTrialRetries": 1,
-        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "tuner": {"name": "Random", "classArgs": {"seed": 5}},
-        "trainingService": {"platform": "local"},
-    }
-    (tmp_path / "config.yml").write_text(json.dumps(config))
+    write_config(tmp_path, maxTrialRetries=1)
     env = {
         **{key: value for key, value in os.environ.items() if key != "TRIALSTREAM_REDIS_URL"},
         "TRIALSTREAM_EXPERIMENTS_DIR": str(root),
