@@ -7,6 +7,7 @@ script, so a retried append is stored once, with no time window (XADD alone has 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,18 @@ class UnreadableEvent:
 
 
 LogEntry = StoredEvent | UnreadableEvent
+
+
+STREAM_ID = re.compile(r"\d+-\d+")
+
+
+def stored_payload(fields: dict[str, str]) -> dict[str, Any]:
+    """The entry's JSON object, or {} when it has none that parses (unreadable entries too)."""
+    try:
+        payload = json.loads(fields.get("json", ""))
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
 
 
 def stream_position(entry_id: str) -> tuple[int, int]:

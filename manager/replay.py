@@ -23,14 +23,20 @@ from pydantic import BaseModel
 from redis.client import Pipeline
 
 from manager import keys
-from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, stream_position
+from manager.event_store import (
+    STREAM_ID,
+    EventStore,
+    LogEntry,
+    StoredEvent,
+    stored_payload,
+    stream_position,
+)
 from manager.keys import ViewKeys
 from manager.projector import Projector
 from schemas.events import Event
 
 SCRATCH_PREFIX = "ts-replay-"
 _BATCH = 1000
-_STREAM_ID = re.compile(r"\d+-\d+")
 _EPOCH_MS = re.compile(r"\d+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Fields every event has: shown in their own columns, so left out of the summary.
@@ -55,7 +61,7 @@ def parse_position(text: str, *, end: bool = False) -> str:
     whole millisecond (XRANGE reads a bare `ms` there as `ms-<max>`).
     """
     text = text.strip()
-    if _STREAM_ID.fullmatch(text) or _EPOCH_MS.fullmatch(text):
+    if STREAM_ID.fullmatch(text) or _EPOCH_MS.fullmatch(text):
         return text
     try:
         moment = datetime.fromisoformat(text)
@@ -181,7 +187,7 @@ def describe(entry: LogEntry) -> EntryLine:
             summary=" ".join(f"{name}={_short(value)}" for name, value in fields.items()),
             json={"id": entry.id, "event": json.loads(event.model_dump_json(by_alias=True, exclude_none=True))},
         )
-    raw = _raw_payload(entry)
+    raw = stored_payload(entry.fields)
     attempt = raw.get("attempt")
     raw_time = raw.get("time")
     return EntryLine(
@@ -194,15 +200,6 @@ def describe(entry: LogEntry) -> EntryLine:
         summary=f"unreadable: {entry.error}",
         json={"id": entry.id, "unreadable": entry.error, "fields": entry.fields},
     )
-
-
-def _raw_payload(entry: UnreadableEvent) -> dict[str, Any]:
-    """What can still be read of an entry that does not decode: its JSON object, if it is one."""
-    try:
-        payload = json.loads(entry.fields.get("json", ""))
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -211,8 +211,7 @@ class ExperimentRunner:
                 wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
                 self.service.wait_for_change(wait)
                 self._client.set(keys.runner(self.experiment_id), self._name, px=int(RUNNER_LEASE_S * 1000))
-                self._reap()
-                self._refresh()
+                self._reap(self._refresh())
         except BaseException:
             self._stop_all("the experiment runner stopped")
             finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
@@ -268,10 +267,13 @@ class ExperimentRunner:
         self.progress.counts[str(trial.status)] += 1
         return True
 
-    def _refresh(self) -> None:
-        """Re-read the trials in flight; hand finished ones to the tuner."""
+    def _refresh(self) -> list[TrialJobDetail]:
+        """Re-read the trials in flight; hand finished ones to the tuner. Returns those still in flight."""
+        in_flight = []
         for trial_id, before in list(self._active.items()):
             trial = self.service.get_trial_job(trial_id)
+            if not trial.status.is_terminal:
+                in_flight.append(trial)
             if trial.status is before:
                 continue
             self.progress.counts[str(before)] -= 1
@@ -281,6 +283,7 @@ class ExperimentRunner:
                 continue
             del self._active[trial_id]
             self._record_result(trial)
+        return in_flight
 
     def _record_result(self, trial: TrialJobDetail) -> None:
         score = metric_score(trial.final_metric)
@@ -291,17 +294,14 @@ class ExperimentRunner:
         if self.progress.best is None or (score > self.progress.best) == self.maximize:
             self.progress.best = score
 
-    def _reap(self) -> None:
+    def _reap(self, in_flight: list[TrialJobDetail]) -> None:
         """Declare trials of dead workers lost, even when no worker is left to do it, and queue
         again the jobs a worker took with it when it died before claiming them."""
         if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
             return
         self._reaped_at = time.monotonic()
         reap_lost_attempts(self._client, self._rq_connection, self._name)
-        waiting = [
-            self.service.get_trial_job(trial_id) for trial_id, status in self._active.items() if status == "WAITING"
-        ]
-        unclaimed = unclaimed_attempts(self._client, self._rq_connection, waiting)
+        unclaimed = unclaimed_attempts(self._client, self._rq_connection, in_flight)
         for trial in unclaimed:
             if trial.id in self._unclaimed:  # seen a second before too: its job is gone
                 args = (self.experiment_id, trial.id, trial.attempt)
@@ -315,8 +315,7 @@ class ExperimentRunner:
         give_up = time.monotonic() + _STOP_DEADLINE_S
         while self._active and time.monotonic() < give_up:
             self.service.wait_for_change(0.5)
-            self._reap()  # a dead worker's trial must not hold the stop up
-            self._refresh()
+            self._reap(self._refresh())  # a dead worker's trial must not hold the stop up
 
     def _finish(self, status: str) -> ExperimentResult:
         self.on_progress(self.progress)

@@ -20,13 +20,12 @@ from typing import Any, TextIO
 import redis
 
 from manager import keys
-from manager.event_store import EventStore, stream_position
+from manager.event_store import STREAM_ID, EventStore, stored_payload, stream_position
 from manager.keys import ViewKeys
 
 FORMAT = "trialstream-log"
 VERSION = 1
 _BATCH = 1000
-_STREAM_ID = re.compile(r"\d+-\d+")
 _EXPERIMENT_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -49,7 +48,7 @@ class LogFile:
         """When the experiment was created (its ExperimentCreated time), for the experiments index."""
         for entry_id, fields in self.entries:
             if fields.get("type") == "ExperimentCreated":
-                payload = _payload(fields)
+                payload = stored_payload(fields)
                 if isinstance(payload.get("time"), int):
                     return int(payload["time"])
                 return stream_position(entry_id)[0]
@@ -133,13 +132,13 @@ def _check_entry(
     record: dict[str, Any], experiment_id: str, previous: tuple[int, int], where: str
 ) -> tuple[str, dict[str, str]]:
     entry_id, fields = record.get("id"), record.get("fields")
-    if not isinstance(entry_id, str) or not _STREAM_ID.fullmatch(entry_id):
+    if not isinstance(entry_id, str) or not STREAM_ID.fullmatch(entry_id):
         raise InvalidLogFile(f"{where}: invalid stream id {entry_id!r}")
     if stream_position(entry_id) <= previous:
         raise InvalidLogFile(f"{where}: stream id {entry_id} does not come after the one before it")
     if not isinstance(fields, dict) or not fields or not all(isinstance(v, str) for v in fields.values()):
         raise InvalidLogFile(f"{where}: `fields` must be a non-empty object of strings")
-    owner = _payload(fields).get("experimentId", experiment_id)
+    owner = stored_payload(fields).get("experimentId", experiment_id)
     if owner != experiment_id:
         raise InvalidLogFile(f"{where}: an event of experiment {owner!r} in the log of {experiment_id!r}")
     return entry_id, fields
@@ -154,15 +153,6 @@ def _check_trailer(record: dict[str, Any], entry_ids: set[str], where: str) -> N
             raise InvalidLogFile(f"{where}: idempotency key {key!r} points at {entry_id!r}, which is not in the log")
 
 
-def _payload(fields: dict[str, str]) -> dict[str, Any]:
-    """The entry's JSON object, or {} when it has none that parses (an unreadable entry moves as it is)."""
-    try:
-        payload = json.loads(fields.get("json", ""))
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
-
-
 def renamed(log: LogFile, experiment_id: str) -> LogFile:
     """The same log under another experiment id: each event's `experimentId` rewritten, nothing else.
 
@@ -172,7 +162,7 @@ def renamed(log: LogFile, experiment_id: str) -> LogFile:
         raise InvalidLogFile(f"invalid experiment id {experiment_id!r}: use letters, digits, '_', '.', '-'")
     entries = []
     for entry_id, fields in log.entries:
-        payload = _payload(fields)
+        payload = stored_payload(fields)
         if "experimentId" in payload:
             payload["experimentId"] = experiment_id
             fields = {**fields, "json": json.dumps(payload, separators=(",", ":"), ensure_ascii=False)}
