@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -94,14 +96,26 @@ def connect(url: str, *, check: bool = True, decode: bool = True) -> redis.Redis
     return redis.Redis.from_url(url, decode_responses=decode, health_check_interval=30, retry=retry_policy())
 
 
+_siblings: weakref.WeakKeyDictionary[redis.ConnectionPool, dict[bool, redis.Redis]] = weakref.WeakKeyDictionary()
+_siblings_lock = threading.Lock()
+
+
 def same_server(client: redis.Redis, *, decode: bool) -> redis.Redis:
     """A client on `client`'s server with its settings (retries included), decoding replies or not.
 
     RQ needs bytes; the log's readers want strings, except to read an entry that is not UTF-8.
+    One per pool and mode, made once: a worker asks for one per trial, and every new connection
+    costs redis-py a few milliseconds.
     """
     pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, "decode_responses": decode}
-    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+    with _siblings_lock:
+        made = _siblings.setdefault(pool, {})
+        if decode not in made:
+            kwargs = {**pool.connection_kwargs, "decode_responses": decode}
+            made[decode] = redis.Redis(
+                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+            )
+        return made[decode]
 
 
 def until_redis_answers(action: Callable[[], T], what: str) -> T:

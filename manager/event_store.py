@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,15 +21,22 @@ from manager.connections import same_server
 from schemas.events import EVENT_ADAPTER, Event
 from schemas.upcasters import upcast
 
+# KEYS: stream, idempotency hash. ARGV: (idempotency key or '', type, trial, json) per event.
+# One call appends a whole batch, atomically and in order; a key seen before returns its first id.
 _APPEND = """
-if ARGV[1] ~= '' then
-  local existing = redis.call('HGET', KEYS[2], ARGV[1])
-  if existing then return existing end
+local ids = {}
+for i = 1, #ARGV, 4 do
+  local key, id = ARGV[i], false
+  if key ~= '' then id = redis.call('HGET', KEYS[2], key) end
+  if not id then
+    id = redis.call('XADD', KEYS[1], '*', 'type', ARGV[i + 1], 'trial', ARGV[i + 2], 'json', ARGV[i + 3])
+    if key ~= '' then redis.call('HSET', KEYS[2], key, id) end
+  end
+  ids[#ids + 1] = id
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
-if ARGV[1] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], id) end
-return id
+return ids
 """
+_APPEND_BATCH = 1000  # events per script call: Redis serves nobody else while a script runs
 
 
 @dataclass(frozen=True)
@@ -160,22 +168,33 @@ class EventStore:
         """Append one event and return its id (the first one's id for a repeated idempotency key).
 
         With `pipeline`, the append is queued there (to commit atomically with other writes) and
-        the return value is empty: the id arrives with the pipeline's results.
+        the return value is empty: the id arrives with the pipeline's results (as a one-item list).
         """
-        if event.experiment_id != self.experiment_id:
-            raise ValueError(f"event of experiment {event.experiment_id} appended to {self.experiment_id}")
-        args: list[Any] = [idempotency_key or ""]
-        for field, value in encode_event(event).items():
-            args += [field, value]
-        result = self._append_script(keys=[self.stream, self._idempotency], args=args, client=pipeline)
-        return "" if pipeline is not None else str(result)
+        result = self._append_script(
+            keys=[self.stream, self._idempotency], args=self._arguments([event], [idempotency_key]), client=pipeline
+        )
+        return "" if pipeline is not None else str(result[0])
 
     def append_all(self, events: list[Event], idempotency_keys: list[str | None] | None = None) -> list[str]:
-        """Append several events in one round trip, in order."""
+        """Append several events in one round trip, in order (in batches of 1000, each one atomic)."""
+        keys_ = idempotency_keys or [None] * len(events)
+        if len(keys_) != len(events):
+            raise ValueError(f"{len(events)} events but {len(keys_)} idempotency keys")
         with self.client.pipeline(transaction=False) as pipe:
-            for event, key in zip(events, idempotency_keys or [None] * len(events), strict=True):
-                self.append(event, idempotency_key=key, pipeline=pipe)
-            return [str(entry_id) for entry_id in pipe.execute()]
+            for start in range(0, len(events), _APPEND_BATCH):
+                batch = slice(start, start + _APPEND_BATCH)
+                arguments = self._arguments(events[batch], keys_[batch])
+                self._append_script(keys=[self.stream, self._idempotency], args=arguments, client=pipe)
+            return [str(entry_id) for ids in pipe.execute() for entry_id in ids]
+
+    def _arguments(self, events: list[Event], idempotency_keys: list[str | None]) -> list[str]:
+        arguments = []
+        for event, key in zip(events, idempotency_keys, strict=True):
+            if event.experiment_id != self.experiment_id:
+                raise ValueError(f"event of experiment {event.experiment_id} appended to {self.experiment_id}")
+            fields = encode_event(event)
+            arguments += [key or "", fields["type"], fields["trial"], fields["json"]]
+        return arguments
 
     def has_key(self, idempotency_key: str) -> bool:
         return bool(self.client.hexists(self._idempotency, idempotency_key))
@@ -185,9 +204,17 @@ class EventStore:
         entry_id = self.client.hget(self._idempotency, idempotency_key)
         return str(entry_id) if entry_id else None
 
-    def read(self, after: str = "0-0", until: str = "+", count: int | None = None) -> list[LogEntry]:
-        """Entries strictly after `after`, up to and including `until`."""
-        return [entry.decode() for entry in self.raw_range(f"({after}", until, count)]
+    def read(
+        self,
+        after: str = "0-0",
+        until: str = "+",
+        count: int | None = None,
+        where: Callable[[dict[str, str]], bool] | None = None,
+    ) -> list[LogEntry]:
+        """Entries strictly after `after`, up to and including `until`; with `where`, only those whose
+        stream fields (`type`, `trial`) it accepts, the others skipped without decoding them."""
+        entries = self.raw_range(f"({after}", until, count)
+        return [entry.decode() for entry in entries if where is None or where(entry.fields)]
 
     def read_one(self, entry_id: str) -> LogEntry | None:
         entries = self.raw_range(entry_id, entry_id)

@@ -43,6 +43,7 @@ DEFAULT_EXPERIMENTS_ROOT = Path("~/trialstream-experiments")
 EXPERIMENTS_DIR_ENV = "TRIALSTREAM_EXPERIMENTS_DIR"
 _STOP_DEADLINE_S = 60.0
 RUNNER_LEASE_S = 5.0
+RUNNER_RENEW_S = 1.0
 
 
 class RunnerError(RuntimeError):
@@ -134,6 +135,7 @@ class ExperimentRunner:
         self._active: dict[str, TrialJobStatus] = {}
         self._parameters: dict[str, tuple[int, dict[str, Any]]] = {}
         self._reaped_at = 0.0
+        self._claimed_at = 0.0
         self._unclaimed: set[str] = set()
         self._name = f"runner:{socket.gethostname()}:{os.getpid()}"
 
@@ -210,7 +212,7 @@ class ExperimentRunner:
                 self.on_progress(self.progress)
                 wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
                 self.service.wait_for_change(wait)
-                self._client.set(keys.runner(self.experiment_id), self._name, px=int(RUNNER_LEASE_S * 1000))
+                self._keep_claim()
                 self._reap(self._refresh())
         except BaseException:
             self._stop_all("the experiment runner stopped")
@@ -228,6 +230,13 @@ class ExperimentRunner:
                 holder: Any = self._client.get(key)
                 raise RunnerError(f"experiment {self.experiment_id} is being run by {holder}; stop that runner first")
             time.sleep(0.1)
+        self._claimed_at = time.monotonic()
+
+    def _keep_claim(self) -> None:
+        """Renew the runner claim, once a second (not once per wake-up: a write is an fsync away)."""
+        if time.monotonic() - self._claimed_at >= RUNNER_RENEW_S:
+            self._client.set(keys.runner(self.experiment_id), self._name, px=int(RUNNER_LEASE_S * 1000))
+            self._claimed_at = time.monotonic()
 
     def _replay_history(self, trials: list[TrialJobDetail]) -> None:
         """Bring the tuner, the budget and the trials in flight to where the log says they were.
@@ -270,8 +279,8 @@ class ExperimentRunner:
     def _refresh(self) -> list[TrialJobDetail]:
         """Re-read the trials in flight; hand finished ones to the tuner. Returns those still in flight."""
         in_flight = []
-        for trial_id, before in list(self._active.items()):
-            trial = self.service.get_trial_job(trial_id)
+        for trial in self.service.get_trial_jobs(list(self._active)):
+            trial_id, before = trial.id, self._active[trial.id]
             if not trial.status.is_terminal:
                 in_flight.append(trial)
             if trial.status is before:

@@ -74,23 +74,21 @@ class TrainingService:
 
     def list_trial_jobs(self) -> list[TrialJobDetail]:
         position, trials = self._snapshot(None)
-        for entry in self.store.read(after=position):
-            if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
-                trial_id = entry.event.trial_id
-                view = apply_to_trial(trials.get(trial_id), entry.event)
-                if view is not None:
-                    trials[trial_id] = view
+        self._fold_tail(trials, position, lambda fields: bool(fields.get("trial")))
         return sorted(trials.values(), key=lambda trial: trial.sequence_id)
 
     def get_trial_job(self, trial_id: str) -> TrialJobDetail:
-        position, trials = self._snapshot(trial_id)
-        view = trials.get(trial_id)
-        for entry in self.store.read(after=position):
-            if isinstance(entry, StoredEvent) and getattr(entry.event, "trial_id", None) == trial_id:
-                view = apply_to_trial(view, entry.event)
-        if view is None:
-            raise TrialNotFound(self.experiment_id, trial_id)
-        return view
+        return self.get_trial_jobs([trial_id])[0]
+
+    def get_trial_jobs(self, trial_ids: list[str]) -> list[TrialJobDetail]:
+        """Several trials, in one read of the views and one of the log (the runner follows all it started)."""
+        position, trials = self._snapshot(trial_ids)
+        wanted = set(trial_ids)
+        self._fold_tail(trials, position, lambda fields: fields.get("trial") in wanted)
+        missing = wanted.difference(trials)
+        if missing:
+            raise TrialNotFound(self.experiment_id, sorted(missing)[0])
+        return [trials[trial_id] for trial_id in trial_ids]
 
     def get_cluster_metadata(self, key: str) -> str:
         return _metadata(self.experiment_view(), key)
@@ -195,22 +193,33 @@ class TrainingService:
 
     # helpers
 
-    def _snapshot(self, trial_id: str | None) -> tuple[str, dict[str, TrialJobDetail]]:
-        """Projection position and views read in one transaction, so they agree with each other."""
+    def _snapshot(self, trial_ids: list[str] | None) -> tuple[str, dict[str, TrialJobDetail]]:
+        """Projection position and views (all trials', or those of `trial_ids`) read in one transaction,
+        so they agree with each other."""
         with self._client.pipeline(transaction=True) as pipe:
             pipe.hget(self.views.keys.position, "position")
-            if trial_id is None:
+            if trial_ids is None:
                 pipe.hvals(self.views.keys.trials)
             else:
-                pipe.hmget(self.views.keys.trials, [trial_id])
+                pipe.hmget(self.views.keys.trials, trial_ids)
             position, raws = pipe.execute()
         trials = [TrialJobDetail.model_validate_json(raw) for raw in raws if raw]
         return position or "0-0", {trial.id: trial for trial in trials}
 
+    def _fold_tail(
+        self, trials: dict[str, TrialJobDetail], position: str, where: Callable[[dict[str, str]], bool]
+    ) -> None:
+        """Fold into `trials` the trial events after `position` (those the projector has not applied yet)."""
+        for entry in self.store.read(after=position, where=where):
+            if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
+                view = apply_to_trial(trials.get(entry.event.trial_id), entry.event)
+                if view is not None:
+                    trials[entry.event.trial_id] = view
+
     def experiment_view(self) -> ExperimentView:
         position = self.views.position()
         view = self.views.experiment()
-        for entry in self.store.read(after=position):
+        for entry in self.store.read(after=position, where=lambda fields: not fields.get("trial")):
             if isinstance(entry, StoredEvent) and not isinstance(entry.event, TrialEvent):
                 view = apply_to_experiment(view, entry.event)
         if view is None:

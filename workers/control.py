@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from manager.connections import until_redis_answers
 from manager.event_store import EventStore, StoredEvent
 from schemas.events import (
+    Event,
     TrialCancelRequested,
     TrialFormUpdated,
     TrialMetricRejected,
@@ -74,10 +76,11 @@ class LogTrialControl:
             f"started:{self._trial_id}:{self._attempt}",
         )
 
-    def metric(self, metric: ParsedMetric) -> None:
-        if metric.metric_type == "REQUEST_PARAMETER":
+    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
+        reported = [metric for metric in metrics if metric.metric_type != "REQUEST_PARAMETER"]
+        if not reported:
             return
-        self._append(
+        events: list[Event] = [
             TrialMetricReported(
                 experiment_id=self._store.experiment_id,
                 trial_id=self._trial_id,
@@ -87,9 +90,14 @@ class LogTrialControl:
                 metric_type=metric.metric_type,  # type: ignore[arg-type]
                 sequence=metric.sequence,
                 data=metric.data,
-            ),
-            f"metric:{self._trial_id}:{self._attempt}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}",
-        )
+            )
+            for metric in reported
+        ]
+        idempotency_keys: list[str | None] = [
+            f"metric:{self._trial_id}:{self._attempt}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}"
+            for metric in reported
+        ]
+        until_redis_answers(lambda: self._store.append_all(events, idempotency_keys), f"trial {self._trial_id}")
 
     def rejected(self, reason: str) -> None:
         log.warning("trial %s: %s", self._trial_id, reason)
@@ -127,12 +135,13 @@ class LogTrialControl:
         self._wake.clear()
 
     def close(self) -> None:
+        """Stop watching. Not waiting for the watcher (it may be blocked in a read): a renewal that
+        still lands after the attempt ended fails harmlessly, as the claim is no longer this worker's."""
         self._closed.set()
-        self._watcher.join(timeout=2 * _WATCH_BLOCK_MS / 1000)
 
     # plumbing
 
-    def _append(self, event: TrialStarted | TrialMetricReported | TrialMetricRejected, key: str | None) -> None:
+    def _append(self, event: TrialStarted | TrialMetricRejected, key: str | None) -> None:
         until_redis_answers(lambda: self._store.append(event, idempotency_key=key), f"trial {self._trial_id}")
 
     def _watch(self) -> None:
@@ -150,7 +159,7 @@ class LogTrialControl:
             return
         if self._lease.renew():
             self._renewed_at = time.monotonic()
-        else:
+        elif not self._closed.is_set():  # after close the attempt has ended: not lost
             log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
             self._lease_lost = True
             self._wake.set()

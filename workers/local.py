@@ -33,7 +33,7 @@ exec 3<&0 </dev/null
 exec 3<&-
 exec /bin/sh -c "$1"
 """
-TICK_S = 0.02
+TICK_S = 0.005
 ORPHAN_GRACE_S = 1.0
 STDERR_TAIL_BYTES = 2000
 
@@ -187,12 +187,12 @@ class _TrialProcess:
                 self.control.rejected(str(error))
                 continue
             if metric is not None:
-                self.control.metric(metric)
+                self.control.metrics([metric])
 
     def _forward_file_metrics(self, final: bool = False) -> None:
         metrics, problems = self.reader.read_new(final=final)
-        for metric in metrics:
-            self.control.metric(metric)
+        if metrics:
+            self.control.metrics(metrics)
         for problem in problems:
             self.control.rejected(problem)
 

@@ -6,6 +6,7 @@ A platform runs one trial to its end and says how it ended. It reports what happ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -54,8 +55,8 @@ class TrialControl(Protocol):
     def started(self, working_directory: str, url: str | None = None, gpu_indices: list[int] | None = None) -> None:
         """The trial is running."""
 
-    def metric(self, metric: ParsedMetric) -> None:
-        """The trial reported a metric."""
+    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
+        """The trial reported these metrics (all those read at once: they are stored in one round trip)."""
 
     def rejected(self, reason: str) -> None:
         """The trial wrote a metric record that could not be read."""
