@@ -18,19 +18,21 @@ from redis.client import Pipeline
 
 from manager import keys
 from manager.connections import same_server
-from schemas.events import EVENT_ADAPTER, Event
+from schemas.events import EVENT_ADAPTER, Event, TrialCommand
 from schemas.upcasters import upcast
 
-# KEYS: stream, idempotency hash. ARGV: (idempotency key or '', type, trial, json) per event.
-# One call appends a whole batch, atomically and in order; a key seen before returns its first id.
+# KEYS: stream, idempotency hash. ARGV: (idempotency key or '', type, trial, json, commands stream or '')
+# per event. One call appends a whole batch, atomically and in order; a key seen before returns its
+# first id. A command to a trial is also indexed in that trial's commands stream.
 _APPEND = """
 local ids = {}
-for i = 1, #ARGV, 4 do
+for i = 1, #ARGV, 5 do
   local key, id = ARGV[i], false
   if key ~= '' then id = redis.call('HGET', KEYS[2], key) end
   if not id then
     id = redis.call('XADD', KEYS[1], '*', 'type', ARGV[i + 1], 'trial', ARGV[i + 2], 'json', ARGV[i + 3])
     if key ~= '' then redis.call('HSET', KEYS[2], key, id) end
+    if ARGV[i + 4] ~= '' then redis.call('XADD', ARGV[i + 4], '*', 'id', id) end
   end
   ids[#ids + 1] = id
 end
@@ -193,7 +195,10 @@ class EventStore:
             if event.experiment_id != self.experiment_id:
                 raise ValueError(f"event of experiment {event.experiment_id} appended to {self.experiment_id}")
             fields = encode_event(event)
-            arguments += [key or "", fields["type"], fields["trial"], fields["json"]]
+            commands = (
+                keys.trial_commands(self.experiment_id, fields["trial"]) if isinstance(event, TrialCommand) else ""
+            )
+            arguments += [key or "", fields["type"], fields["trial"], fields["json"], commands]
         return arguments
 
     def has_key(self, idempotency_key: str) -> bool:
@@ -224,15 +229,24 @@ class EventStore:
         """Entries after `after`, blocking up to `block_ms` for the first one to arrive."""
         return [entry.decode() for entry in self.raw_wait(after, block_ms, count)]
 
-    def follow_trial(self, trial_id: str, after: str, block_ms: int | None) -> tuple[str, list[LogEntry]]:
-        """One trial's entries after `after` (others skipped undecoded), and the id read up to.
-
-        With `block_ms` None it reads without waiting.
-        """
-        entries = self.raw_range(f"({after}", "+") if block_ms is None else self.raw_wait(after, block_ms)
-        if not entries:
+    def trial_commands(
+        self, trial_id: str, after: str = "0-0", block_ms: int | None = None
+    ) -> tuple[str, list[LogEntry]]:
+        """The commands to one trial (cancels, new parameter sets) appended after position `after` of its
+        commands stream, and the position read up to; with `block_ms`, waits that long for the first."""
+        stream = keys.trial_commands(self.experiment_id, trial_id)
+        if block_ms is None:
+            index: Any = self.client.xrange(stream, min=f"({after}")
+        else:
+            answer: Any = self.client.xread({stream: after}, block=block_ms)
+            index = [entry for _, entries in answer or [] for entry in entries]
+        if not index:
             return after, []
-        return entries[-1].id, [entry.decode() for entry in entries if entry.fields.get("trial") == trial_id]
+        with self.client.pipeline(transaction=False) as pipe:
+            for _, fields in index:
+                pipe.xrange(self.stream, min=fields["id"], max=fields["id"])
+            found: Any = pipe.execute()
+        return index[-1][0], [decode_entry(entry_id, fields) for hit in found for entry_id, fields in hit]
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""

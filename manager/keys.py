@@ -24,6 +24,12 @@ def idempotency(experiment_id: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:idem"
 
 
+def trial_commands(experiment_id: str, trial_id: str) -> str:
+    """Stream of the log ids of the commands to one trial (cancels, new parameter sets), written with
+    them: its worker follows these instead of reading every event of the experiment."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:commands:{trial_id}"
+
+
 def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
     """The worker holding an attempt (then `ended` or `lost`): a duplicate delivery of its job does nothing."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"

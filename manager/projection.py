@@ -6,6 +6,7 @@ terminal status, and a metric is counted once however often it is delivered.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from schemas.events import (
@@ -49,6 +50,24 @@ def metric_record(event: TrialMetricReported) -> MetricRecord:
     )
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # as pydantic writes JSON
+
+
+def metric_record_json(event: TrialMetricReported) -> str:
+    """`metric_record(event).to_json()`, without building the model: the projector writes one per metric
+    event, most of a log's events (a test checks the two agree)."""
+    record = {
+        "timestamp": event.time,
+        "trialJobId": event.trial_id,
+        "parameterId": event.parameter_id,
+        "type": event.metric_type,
+        "sequence": event.sequence,
+        "data": event.data,
+        "attempt": event.attempt,
+    }
+    return _COMPACT_JSON.encode(record)
+
+
 def apply_to_experiment(view: ExperimentView | None, event: Event) -> ExperimentView | None:
     match event:
         case ExperimentCreated():
@@ -74,6 +93,8 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
     Reports of an attempt other than the current one (a lost attempt whose worker was only
     stalled) never move the trial; their metrics are still listed, tagged with their attempt.
     """
+    if isinstance(event, TrialMetricReported) and event.metric_type != "FINAL":
+        return view  # intermediate metrics live in their own view: most events of a log, so checked first
     if isinstance(event, TrialSubmitted):
         if view is not None:
             return view

@@ -22,9 +22,9 @@ from manager import keys
 from manager.connections import same_server
 from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
 from manager.keys import ViewKeys
-from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record
+from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
 from schemas.events import TrialEvent, TrialMetricReported
-from schemas.trial import MetricRecord, TrialJobDetail
+from schemas.trial import TrialJobDetail
 
 log = logging.getLogger(__name__)
 
@@ -153,16 +153,17 @@ class Projector:
         stored = [entry for entry in entries if isinstance(entry, StoredEvent)]
         trial_ids = sorted({entry.event.trial_id for entry in stored if isinstance(entry.event, TrialEvent)})
         trials = self._load_trials(pipe, view_keys, trial_ids)
+        loaded = dict(trials)
         raw_experiment = pipe.hget(view_keys.experiment, "view")
         experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
         experiment_changed = False
         unreadable = {entry.id: entry.error for entry in entries if isinstance(entry, UnreadableEvent)}
-        candidates: dict[str, MetricRecord] = {}
+        candidates: dict[str, tuple[str, str]] = {}  # `trial|dedup key` -> (trial, record JSON), in log order
 
         for entry in stored:
             event = entry.event
             try:
-                record = metric_record(event) if isinstance(event, TrialMetricReported) else None
+                record = metric_record_json(event) if isinstance(event, TrialMetricReported) else None
                 if isinstance(event, TrialEvent):
                     trial = apply_to_trial(trials.get(event.trial_id), event)
                 else:
@@ -175,11 +176,16 @@ class Projector:
             else:
                 experiment, experiment_changed = folded, True
             if record is not None:
-                candidates.setdefault(f"{record.trial_job_id}|{record.dedup_key}", record)
+                assert isinstance(event, TrialMetricReported)
+                candidates.setdefault(f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record))
         new_metrics = self._new_metrics(pipe, view_keys, candidates)
 
         pipe.multi()
-        changed: Any = {trial_id: view.to_json() for trial_id, view in trials.items() if view is not None}
+        changed: Any = {
+            trial_id: view.to_json()
+            for trial_id, view in trials.items()
+            if view is not None and view is not loaded[trial_id]  # folds return the same view when nothing changed
+        }
         if changed:
             pipe.hset(view_keys.trials, mapping=changed)
         if experiment is not None and experiment_changed:
@@ -187,8 +193,8 @@ class Projector:
         if new_metrics:
             pipe.sadd(view_keys.metric_keys, *new_metrics)
             by_trial: dict[str, list[str]] = {}
-            for record in new_metrics.values():
-                by_trial.setdefault(record.trial_job_id, []).append(record.to_json())
+            for trial_id, record in new_metrics.values():
+                by_trial.setdefault(trial_id, []).append(record)
             for trial_id, records in by_trial.items():
                 pipe.rpush(view_keys.metrics(trial_id), *records)
         if unreadable:
@@ -213,8 +219,8 @@ class Projector:
 
     @staticmethod
     def _new_metrics(
-        pipe: redis.client.Pipeline, view_keys: ViewKeys, candidates: dict[str, MetricRecord]
-    ) -> dict[str, MetricRecord]:
+        pipe: redis.client.Pipeline, view_keys: ViewKeys, candidates: dict[str, tuple[str, str]]
+    ) -> dict[str, tuple[str, str]]:
         """The candidates (keyed by dedup key, in log order) not projected before."""
         if not candidates:
             return {}

@@ -41,6 +41,7 @@ TRIAL_CONFIG = "trial_config"
 PLATFORM_CONFIG = "platform_config"
 _TRIAL_ID_ALPHABET = string.ascii_letters + string.digits
 
+PARSED_VIEWS_KEPT = 20_000
 MetricListener = Callable[[TrialJobMetric], None]
 
 
@@ -69,6 +70,7 @@ class TrainingService:
         self._listeners: list[MetricListener] = []
         self._stopped = threading.Event()
         self._change_cursor = self.store.head()
+        self._parsed: dict[str, TrialJobDetail] = {}  # view JSON -> the view (frozen, so safe to hand out again)
 
     # queries
 
@@ -203,8 +205,24 @@ class TrainingService:
             else:
                 pipe.hmget(self.views.keys.trials, trial_ids)
             position, raws = pipe.execute()
-        trials = [TrialJobDetail.model_validate_json(raw) for raw in raws if raw]
+        trials = self._parse_views([raw for raw in raws if raw], whole=trial_ids is None)
         return position or "0-0", {trial.id: trial for trial in trials}
+
+    def _parse_views(self, raws: list[str], whole: bool) -> list[TrialJobDetail]:
+        """Parse views, reusing those parsed before whose JSON has not changed since: parsing is most of the
+        cost of listing 10k trials (~15 us each), and most views stop changing once their trial has ended.
+        A whole list replaces the memo, so it holds what the views hold now; it never holds more than
+        PARSED_VIEWS_KEPT views."""
+        memo = self._parsed
+        trials = [memo.get(raw) or TrialJobDetail.model_validate_json(raw) for raw in raws]
+        fresh = dict(zip(raws, trials, strict=True))
+        if whole:
+            self._parsed = fresh if len(fresh) <= PARSED_VIEWS_KEPT else {}
+        elif len(memo) + len(fresh) <= PARSED_VIEWS_KEPT:
+            memo.update(fresh)
+        else:  # full of views that have changed since: start again from these
+            self._parsed = fresh
+        return trials
 
     def _fold_tail(
         self, trials: dict[str, TrialJobDetail], position: str, where: Callable[[dict[str, str]], bool]

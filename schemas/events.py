@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, field_validator
 
-from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus
+from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus, metric_dedup_key
 
 
 def now_ms() -> int:
@@ -102,6 +102,10 @@ class TrialMetricReported(TrialEvent):
     sequence: int
     data: str
 
+    @property
+    def dedup_key(self) -> str:
+        return metric_dedup_key(self.attempt, self.parameter_id, self.metric_type, self.sequence)
+
 
 class TrialMetricRejected(TrialEvent):
     """A metric record the trial wrote that could not be read; the trial goes on."""
@@ -127,6 +131,9 @@ class TrialCancelRequested(TrialEvent):
     v: Literal[1] = 1
     status: StopStatus
     reason: str | None = None
+
+
+TrialCommand = TrialCancelRequested | TrialFormUpdated  # addressed to the running trial: its worker must see them
 
 
 class TrialEnded(TrialEvent):

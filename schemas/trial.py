@@ -76,6 +76,11 @@ class JobApplicationForm(CamelModel):
 MetricType = Literal["PERIODICAL", "FINAL", "REQUEST_PARAMETER"]
 
 
+def metric_dedup_key(attempt: int, parameter_id: str, metric_type: str, sequence: int) -> str:
+    """What makes a metric the same metric: delivered twice, it is counted once."""
+    return f"{attempt}|{parameter_id}|{metric_type}|{sequence}"
+
+
 class MetricRecord(CamelModel):
     """One metric as the REST API and the CLI show it; `data` is NNI's double-encoded JSON string."""
 
@@ -89,7 +94,7 @@ class MetricRecord(CamelModel):
 
     @property
     def dedup_key(self) -> str:
-        return f"{self.attempt}|{self.parameter_id}|{self.type}|{self.sequence}"
+        return metric_dedup_key(self.attempt, self.parameter_id, self.type, self.sequence)
 
     @property
     def value(self) -> Any:

@@ -7,7 +7,7 @@ import redis
 
 from manager import keys
 from manager.event_store import EventStore, StoredEvent, UnreadableEvent, stream_position
-from schemas.events import ClusterMetadataSet, TrialEnded
+from schemas.events import ClusterMetadataSet, TrialCancelRequested, TrialEnded, TrialMetricReported
 from schemas.trial import TrialJobStatus
 
 
@@ -63,3 +63,34 @@ def test_an_unreadable_entry_is_returned_as_such_not_raised(client: redis.Redis)
     entries = store.read()
     assert isinstance(entries[0], StoredEvent) and entries[0].id == good
     assert [type(entry) for entry in entries[1:]] == [UnreadableEvent, UnreadableEvent]
+
+
+def cancel(trial_id: str) -> TrialCancelRequested:
+    return TrialCancelRequested(experiment_id="exp1", trial_id=trial_id, status=TrialJobStatus.USER_CANCELED)
+
+
+def test_a_batch_is_appended_whole_in_one_call_and_in_order(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    events = [metadata(f"k{i}") for i in range(2500)]  # more than one script call's batch
+    ids = store.append_all(events)
+    assert len(ids) == len(set(ids)) == 2500
+    assert [entry.id for entry in store.read()] == ids
+    with pytest.raises(ValueError, match="2 events but 1 idempotency keys"):
+        store.append_all([metadata("a"), metadata("b")], ["only-one"])
+
+
+def test_commands_to_a_trial_are_indexed_for_its_worker_and_nothing_else_is(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    metric = TrialMetricReported(
+        experiment_id="exp1", trial_id="t1", attempt=1, parameter_id="0", metric_type="FINAL", sequence=0, data="1"
+    )
+    store.append(metric)
+    first = store.append(cancel("t1"), idempotency_key="stop-once")
+    store.append(cancel("t1"), idempotency_key="stop-once")  # a retried command is indexed once, like it is stored
+    store.append(cancel("t2"))
+    cursor, commands = store.trial_commands("t1")
+    assert [entry.id for entry in commands] == [first]
+    assert isinstance(commands[0], StoredEvent) and isinstance(commands[0].event, TrialCancelRequested)
+    assert store.trial_commands("t1", after=cursor) == (cursor, [])
+    later = store.append(cancel("t1"))
+    assert [entry.id for entry in store.trial_commands("t1", after=cursor, block_ms=1000)[1]] == [later]

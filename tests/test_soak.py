@@ -75,7 +75,7 @@ def test_soak_with_random_worker_kills(tmp_path: Path, processes: Processes, red
 
     def kill_at_random() -> None:
         nonlocal kills
-        while not done.wait(chaos.uniform(1.0, 2.5)):
+        while not done.wait(chaos.uniform(0.5, 1.5)):
             victim = workers.pop(chaos.randrange(len(workers)))
             victim.send_signal(signal.SIGKILL)
             victim.wait()

@@ -142,3 +142,24 @@ def test_clean_up_stops_every_unfinished_trial(make_service: ServiceFactory) -> 
     waiting = service.submit_trial_job(form(0)).id
     service.clean_up()
     assert service.get_trial_job(waiting).status is TrialJobStatus.SYS_CANCELED
+
+
+def test_views_parsed_before_are_reused_only_while_unchanged(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    first, second = (service.submit_trial_job(form(n)).id for n in range(2))
+    projector = Projector(client)
+    projector.catch_up(service.experiment_id)
+    listed = service.list_trial_jobs()
+    assert service.list_trial_jobs()[0] is listed[0]  # unchanged JSON: the view parsed before
+    service.store.append(
+        TrialStarted(experiment_id=service.experiment_id, trial_id=first, attempt=1, working_directory="/w")
+    )
+    projector.catch_up(service.experiment_id)
+    again = {trial.id: trial for trial in service.list_trial_jobs()}
+    assert again[first].status is TrialJobStatus.RUNNING and again[second] is listed[1]
+    assert [trial.status for trial in service.get_trial_jobs([second, first])] == [
+        TrialJobStatus.WAITING,
+        TrialJobStatus.RUNNING,
+    ]
+    with pytest.raises(TrialNotFound, match="nope"):
+        service.get_trial_jobs([first, "nope"])

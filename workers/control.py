@@ -1,8 +1,9 @@
 """The TrialControl a platform reports through: every report becomes an event in the log.
 
-A watcher thread tails the experiment's log from the trial's submission on, so a cancel or a new
-parameter set reaches the running trial within milliseconds of being appended; the same thread
-renews the attempt's lease, and stops the trial if the attempt was declared lost meanwhile.
+A watcher thread follows the trial's commands (the log ids of its cancels and new parameter sets,
+indexed as they are appended), so a cancel or a new parameter set reaches the running trial within
+milliseconds, without reading the other trials' events. The same thread renews the attempt's lease,
+and stops the trial if the attempt was declared lost meanwhile.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class LogTrialControl:
         self._lease = lease
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
-        self._cursor = submitted.id
+        self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
         self._cancel: TrialCancelRequested | None = None
         self._lease_lost = False
         self._renewed_at = time.monotonic()
@@ -165,7 +166,7 @@ class LogTrialControl:
             self._wake.set()
 
     def _poll(self, block_ms: int | None = None) -> None:
-        self._cursor, entries = self._store.follow_trial(self._trial_id, self._cursor, block_ms)
+        self._cursor, entries = self._store.trial_commands(self._trial_id, self._cursor, block_ms)
         for entry in entries:
             if not isinstance(entry, StoredEvent):
                 continue

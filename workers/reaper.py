@@ -135,7 +135,7 @@ def _verdict(
     """Retry while maxTrialRetries allows, unless someone asked the trial to stop: then it ends as asked."""
     submission = submitted.event
     assert isinstance(submission, TrialSubmitted)
-    _, entries = store.follow_trial(ref.trial_id, submitted.id, None)
+    _, entries = store.trial_commands(ref.trial_id)
     cancels = [e.event for e in entries if isinstance(e, StoredEvent) and isinstance(e.event, TrialCancelRequested)]
     if cancels:
         status: TrialJobStatus = cancels[0].status
