@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from manager.projector import Projector
 from schemas.events import TrialMetricRejected
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
+from workers import local
 
 
 def script(code_dir: Path, name: str, body: str) -> str:
@@ -225,3 +227,36 @@ def test_rq_default_job_timeout_never_kills_a_trial(make_service, redis_url: str
     )
     subprocess.run([sys.executable, "-c", strict_worker], cwd=REPO, check=True, timeout=60, capture_output=True)
     assert service.get_trial_job(trial_id).status is TrialJobStatus.SUCCEEDED
+
+
+class CountingControl:
+    """Only wake() matters here: the watch loop's wake-ups."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+@pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "no-inotify-instance-left"])
+def test_the_watch_loop_is_woken_by_metric_writes_and_by_the_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inotify: bool
+) -> None:
+    if not inotify:
+
+        def no_instance_left() -> None:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(local, "INotify", no_instance_left)
+    (tmp_path / ".nni").mkdir()
+    trial = subprocess.Popen(["/bin/sh", "-c", "sleep 0.3; echo ME >> .nni/metrics; sleep 0.3"], cwd=tmp_path)
+    control = CountingControl()
+    watcher = threading.Thread(
+        target=local._wake_on_exit_or_write, args=(os.pidfd_open(trial.pid), tmp_path / ".nni", control)
+    )
+    watcher.start()
+    wait_until(lambda: control.wakes >= 1, 5, what="a wake-up for the metric write")
+    assert trial.poll() is None  # woken by the write, not by the exit
+    watcher.join(5)
+    assert not watcher.is_alive() and trial.wait() == 0  # and it returned once the trial had exited

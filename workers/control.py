@@ -135,6 +135,9 @@ class LogTrialControl:
         self._wake.wait(seconds)
         self._wake.clear()
 
+    def wake(self) -> None:
+        self._wake.set()
+
     def close(self) -> None:
         """Stop watching. Not waiting for the watcher (it may be blocked in a read): a renewal that
         still lands after the attempt ended fails harmlessly, as the claim is no longer this worker's."""

@@ -68,7 +68,10 @@ class TrialControl(Protocol):
         """Parameter sets sent by update_trial_job and not handed out yet (multi-phase)."""
 
     def wait(self, seconds: float) -> None:
-        """Sleep up to `seconds`, waking early when a stop or a new form arrives."""
+        """Sleep up to `seconds`, waking early when a stop or a new form arrives, or on wake()."""
+
+    def wake(self) -> None:
+        """End a wait() early (from another thread): the platform has news of its own, e.g. its trial exited."""
 
 
 class Platform(Protocol):
