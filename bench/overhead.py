@@ -1,0 +1,166 @@
+"""Trial overhead: how long the service takes to start a trial, to record its end, and to refill a slot.
+
+Trials are the dependency-free benchmark trial (`trials/trial.py trialstream_sdk`), so almost all of a
+trial's time is the service's own plus the Python start-up that any trial pays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from bench.harness import SDK_TRIAL, TRIALS_DIR, BenchStack, Figure, Section, median_of, percentile, repeat, stream_ms
+from manager.config import load_experiment_config
+from manager.event_store import StoredEvent
+from manager.runner import ExperimentRunner
+from manager.training_service import TrainingService
+from schemas.events import TrialEnded, TrialStarted, TrialSubmitted
+from schemas.trial import HyperParameters, JobApplicationForm
+
+PROBES = 30
+TRIALS = 40
+
+
+def form(sequence_id: int, parameters: dict[str, object]) -> JobApplicationForm:
+    value = json.dumps(
+        {"parameter_id": sequence_id, "parameter_source": "algorithm", "parameters": parameters, "parameter_index": 0}
+    )
+    return JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=value))
+
+
+def idle_service(stack: BenchStack, name: str, **overrides: object) -> TrainingService:
+    """A TrainingService for a new experiment whose trials nobody but the caller submits;
+    `overrides` are NNI config keys."""
+    config = load_experiment_config(stack.experiment_config(name, **overrides))
+    return ExperimentRunner.create(config, stack.client, stack.rq_connection).service
+
+
+def bare_trial_seconds(root: Path, samples: int = 15) -> float:
+    """Median wall time of the trial command run directly, as a local trial but with no service around it."""
+    sys_dir = root / "bare-trial"
+    (sys_dir / ".nni").mkdir(parents=True, exist_ok=True)
+    (sys_dir / "parameter.cfg").write_text(form(0, {"x": 0.5, "y": 1}).hyper_parameters.value)
+    env = {**os.environ, "NNI_PLATFORM": "local", "NNI_SYS_DIR": str(sys_dir), "NNI_OUTPUT_DIR": str(sys_dir)}
+    env.update(NNI_TRIAL_JOB_ID="bare0", NNI_EXP_ID="bare", NNI_TRIAL_SEQ_ID="0")
+    durations = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        subprocess.run(["/bin/sh", "-c", SDK_TRIAL], cwd=TRIALS_DIR, env=env, check=True)
+        durations.append(time.perf_counter() - started)
+    return median_of(durations)
+
+
+def probe_latencies(service: TrainingService, count: int) -> tuple[list[float], list[float]]:
+    """Submit trials one at a time to idle workers; (submit -> RUNNING, trial exit -> terminal) in ms.
+
+    Both are seen the way a client sees them: by blocking on the log, on which get_trial_job reads.
+    """
+    store = service.store
+    to_running, to_terminal = [], []
+    for sequence_id in range(count):
+        cursor = store.head()
+        submitted_at = time.time()
+        trial = service.submit_trial_job(form(sequence_id, {"x": sequence_id / count, "y": 1}))
+        running_at = ended_at = None
+        while ended_at is None:
+            for entry in store.wait(cursor, block_ms=5000):
+                cursor = entry.id
+                if not isinstance(entry, StoredEvent) or getattr(entry.event, "trial_id", None) != trial.id:
+                    continue
+                if isinstance(entry.event, TrialStarted):
+                    running_at = time.time()
+                elif isinstance(entry.event, TrialEnded):
+                    ended_at = time.time()
+        assert running_at is not None
+        exited_at = json.loads((Path(trial.working_directory) / "bench.json").read_text())["exit"]
+        to_running.append((running_at - submitted_at) * 1000)
+        to_terminal.append((ended_at - exited_at) * 1000)
+    return to_running, to_terminal
+
+
+def slot_refills_ms(service: TrainingService, concurrency: int) -> list[float]:
+    """From the log: a trial ends -> the trial submitted to take its slot is RUNNING (stream-id times, 1 ms steps)."""
+    last_ended_ms = 0
+    trigger: dict[str, int] = {}
+    refills = []
+    for entry in service.store.read():
+        if not isinstance(entry, StoredEvent):
+            continue
+        event = entry.event
+        if isinstance(event, TrialEnded):
+            last_ended_ms = stream_ms(entry.id)
+        elif isinstance(event, TrialSubmitted) and event.form.sequence_id >= concurrency:
+            trigger[event.trial_id] = last_ended_ms
+        elif isinstance(event, TrialStarted) and event.trial_id in trigger:
+            refills.append(float(stream_ms(entry.id) - trigger.pop(event.trial_id)))
+    return refills
+
+
+def run(root: Path, runs: int) -> Section:
+    section = Section("Trial overhead", "python -m bench --only overhead")
+    with BenchStack(root / "overhead", workers=4, appendfsync=os.environ.get("FSYNC", "always")) as stack:
+        bare_s = bare_trial_seconds(stack.root)
+        print(f"  the trial command alone: {bare_s * 1000:.1f} ms (median of 15)", flush=True)
+
+        probes = repeat(runs, lambda index: probe_latencies(idle_service(stack, f"probe{index}"), PROBES))
+        for label, samples in (
+            ("submit -> RUNNING", [p[0] for p in probes]),
+            ("trial exit -> terminal", [p[1] for p in probes]),
+        ):
+            section.add(
+                Figure(f"{label} p50", median_of([percentile(s, 50) for s in samples]), "ms", "<= 20"),
+                Figure(f"{label} p99", median_of([percentile(s, 99) for s in samples]), "ms", "<= 100"),
+            )
+
+        for concurrency in (1, 4):
+
+            def experiment(index: int, concurrency: int = concurrency) -> tuple[float, list[float]]:
+                config = stack.experiment_config(
+                    f"c{concurrency}run{index}", trialConcurrency=concurrency, maxTrialNumber=TRIALS
+                )
+                result, wall_s = stack.run_experiment(config)
+                assert all(trial.status == "SUCCEEDED" for trial in result.trials), "a benchmark trial failed"
+                service = TrainingService(stack.client, stack.rq_connection, result.experiment_id)
+                return wall_s, slot_refills_ms(service, concurrency)
+
+            results = repeat(runs, experiment)
+            wall_s = median_of([wall for wall, _ in results])
+            section.add(
+                Figure(f"{TRIALS} trials at concurrency {concurrency}: wall time", wall_s, "s"),
+                Figure(
+                    f"{TRIALS} trials at concurrency {concurrency}: throughput",
+                    TRIALS / wall_s * 60,
+                    "trials/min",
+                    ">= 600" if concurrency == 4 else "",
+                ),
+                Figure(
+                    f"slot refill at concurrency {concurrency} (trial ends -> next RUNNING) p50",
+                    median_of([percentile(samples, 50) for _, samples in results]),
+                    "ms",
+                    "<= 20",
+                ),
+                Figure(
+                    f"slot refill at concurrency {concurrency} p99",
+                    median_of([percentile(samples, 99) for _, samples in results]),
+                    "ms",
+                    "<= 100",
+                ),
+            )
+            if concurrency == 1:
+                section.add(
+                    Figure(
+                        "orchestration overhead per trial at concurrency 1",
+                        (wall_s - TRIALS * bare_s) / TRIALS * 1000,
+                        "ms",
+                        "<= 30",
+                        detail=f"(wall - {TRIALS} x {bare_s * 1000:.0f} ms, the trial command alone) / {TRIALS}",
+                    )
+                )
+    section.notes.append(
+        f"Trials: `{SDK_TRIAL}` (reads its parameters, reports one final metric, exits); alone it takes "
+        f"{bare_s * 1000:.0f} ms, most of it Python's start-up."
+    )
+    return section
