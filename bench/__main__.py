@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.only and name != args.only:
                 continue
             print(f"== {name}", flush=True)
+            group_started = time.perf_counter()
             result = run(root / name, args.nni_runs if name == "nni" else args.runs)
             sections += result if isinstance(result, list) else [result]
+            print(f"== {name}: {time.perf_counter() - group_started:.0f} s", flush=True)
     finally:
         if args.keep:
             print(f"scratch directory kept: {root}")

@@ -101,7 +101,7 @@ def slot_refills_ms(service: TrainingService, concurrency: int) -> list[float]:
 
 def run(root: Path, runs: int) -> Section:
     section = Section("Trial overhead", "python -m bench --only overhead")
-    with BenchStack(root / "overhead", workers=4, appendfsync=os.environ.get("FSYNC", "always")) as stack:
+    with BenchStack(root / "always", workers=4) as stack:
         bare_s = bare_trial_seconds(stack.root)
         print(f"  the trial command alone: {bare_s * 1000:.1f} ms (median of 15)", flush=True)
 
@@ -159,6 +159,21 @@ def run(root: Path, runs: int) -> Section:
                         detail=f"(wall - {TRIALS} x {bare_s * 1000:.0f} ms, the trial command alone) / {TRIALS}",
                     )
                 )
+    with BenchStack(root / "everysec", workers=4, appendfsync="everysec") as stack:
+        probes = repeat(runs, lambda index: probe_latencies(idle_service(stack, f"probe{index}"), PROBES))
+        section.add(
+            Figure(
+                "submit -> RUNNING p50, Redis with appendfsync everysec",
+                median_of([percentile(p[0], 50) for p in probes]),
+                "ms",
+                detail="the durability cost: every write waits for its fsync under `always`",
+            ),
+            Figure(
+                "submit -> RUNNING p99, Redis with appendfsync everysec",
+                median_of([percentile(p[0], 99) for p in probes]),
+                "ms",
+            ),
+        )
     section.notes.append(
         f"Trials: `{SDK_TRIAL}` (reads its parameters, reports one final metric, exits); alone it takes "
         f"{bare_s * 1000:.0f} ms, most of it Python's start-up."

@@ -16,7 +16,7 @@ from manager.event_store import StoredEvent
 from schemas.events import TrialEnded
 
 WORKER_COUNTS = (1, 2, 4)
-TRIALS = 60
+TRIALS = 40
 
 
 def drain(stack: BenchStack, name: str) -> float:

@@ -235,9 +235,12 @@ class TrainingService:
                     trials[entry.event.trial_id] = view
 
     def experiment_view(self) -> ExperimentView:
-        position = self.views.position()
-        view = self.views.experiment()
-        for entry in self.store.read(after=position, where=lambda fields: not fields.get("trial")):
+        with self._client.pipeline(transaction=True) as pipe:  # one round trip, and a consistent pair
+            pipe.hget(self.views.keys.position, "position")
+            pipe.hget(self.views.keys.experiment, "view")
+            position, raw = pipe.execute()
+        view = ExperimentView.model_validate_json(raw) if raw else None
+        for entry in self.store.read(after=position or "0-0", where=lambda fields: not fields.get("trial")):
             if isinstance(entry, StoredEvent) and not isinstance(entry.event, TrialEvent):
                 view = apply_to_experiment(view, entry.event)
         if view is None:
