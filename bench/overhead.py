@@ -21,6 +21,7 @@ from schemas.events import TrialEnded, TrialStarted, TrialSubmitted
 from schemas.trial import HyperParameters, JobApplicationForm
 
 PROBES = 30
+WORKERS = 5  # as `trialstream run` starts for trialConcurrency 4: one per slot and a spare
 TRIALS = 40
 
 
@@ -101,7 +102,7 @@ def slot_refills_ms(service: TrainingService, concurrency: int) -> list[float]:
 
 def run(root: Path, runs: int) -> Section:
     section = Section("Trial overhead", "python -m bench --only overhead")
-    with BenchStack(root / "always", workers=4) as stack:
+    with BenchStack(root / "always", workers=WORKERS) as stack:
         bare_s = bare_trial_seconds(stack.root)
         print(f"  the trial command alone: {bare_s * 1000:.1f} ms (median of 15)", flush=True)
 
@@ -159,7 +160,7 @@ def run(root: Path, runs: int) -> Section:
                         detail=f"(wall - {TRIALS} x {bare_s * 1000:.0f} ms, the trial command alone) / {TRIALS}",
                     )
                 )
-    with BenchStack(root / "everysec", workers=4, appendfsync="everysec") as stack:
+    with BenchStack(root / "everysec", workers=WORKERS, appendfsync="everysec") as stack:
         probes = repeat(runs, lambda index: probe_latencies(idle_service(stack, f"probe{index}"), PROBES))
         section.add(
             Figure(

@@ -248,9 +248,11 @@ def _print_result(result: ExperimentResult, as_json: bool) -> None:
 
 class _Services(ServiceProcesses):
     def serve(self, platform: str, concurrency: int) -> None:
-        """The projector, and one worker per concurrent trial."""
+        """The projector, and one worker per concurrent trial plus a spare: the worker whose trial just
+        ended is still doing RQ's bookkeeping when the next trial is queued (~30 ms here), and the spare
+        takes it at once."""
         self.start("projector", log_name="projector")
-        for index in range(concurrency):
+        for index in range(concurrency + 1):
             self.start("worker", "--platform", platform, log_name=f"worker-{index}")
 
 
