@@ -112,14 +112,18 @@ def timed_ms(action: Callable[[], object]) -> float:
 
 
 def read_figures(service: TrainingService, size: int) -> list[Figure]:
-    """get_trial_job on random trials, and whole lists, of an experiment of `size` trials."""
+    """get_trial_job on random trials, and whole lists, of an experiment of `size` trials, read through
+    a TrainingService that has read nothing yet."""
+    first_list = timed_ms(service.list_trial_jobs)  # parses every view
+    lists = [timed_ms(service.list_trial_jobs) for _ in range(LISTS[size])]  # reuses those still unchanged
     picks = [f"t{random.randrange(size):06d}" for _ in range(GETS)]
     gets = [timed_ms(functools.partial(service.get_trial_job, trial_id)) for trial_id in picks]
-    lists = [timed_ms(service.list_trial_jobs) for _ in range(LISTS[size])]
+    list_target = "<= 100" if size == 10_000 else ""
     return [
         Figure(f"get_trial_job, {size:,} trials: p50", percentile(gets, 50), "ms", "<= 1" if size == 100_000 else ""),
         Figure(f"get_trial_job, {size:,} trials: p99", percentile(gets, 99), "ms"),
-        Figure(f"list_trial_jobs, {size:,} trials", median_of(lists), "ms", "<= 100" if size == 10_000 else ""),
+        Figure(f"list_trial_jobs, {size:,} trials: a process's first", first_list, "ms", list_target),
+        Figure(f"list_trial_jobs, {size:,} trials: later calls", median_of(lists), "ms", list_target),
     ]
 
 
@@ -176,5 +180,9 @@ def run(root: Path, runs: int) -> list[Section]:
         assert int(count) == 100_000
         reads.add(Figure("a manager process listing 100k trials: peak RSS", int(peak_kb) / 1024, "MB"))
     calls = ", ".join(f"{count} ({size:,} trials)" for size, count in LISTS.items())
-    reads.notes.append(f"get_trial_job: {GETS} calls on random trials; list_trial_jobs: the median of {calls} calls.")
+    reads.notes.append(
+        f"get_trial_job: {GETS} calls on random trials. list_trial_jobs: the first call of a TrainingService, "
+        f"then the median of {calls} more; later calls reuse the views parsed before while their JSON is "
+        "unchanged (up to 20k views), as a CLI or UI polling the list does."
+    )
     return [reads, replay]
