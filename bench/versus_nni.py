@@ -356,7 +356,7 @@ def run(root: Path, runs: int) -> Section:
         f"`{NNI_TRIAL}` (the real `nni` package) in bench/trials. Each run starts from scratch in a new experiment "
         "directory, and each system starts its own servers: `nnictl create` starts NNI's manager (Node.js) and "
         f"tuner dispatcher, `trialstream run` (embedded: no {REDIS_URL_ENV}) its private redis-server, projector "
-        f"and {CONCURRENCY} workers."
+        f"and {CONCURRENCY} workers plus a spare."
     )
     section.notes.append(
         "NNI's time runs from launching `nnictl create` to `check-status` saying DONE (or all trials terminal in "
