@@ -23,7 +23,8 @@ from schemas.upcasters import upcast
 
 # KEYS: stream, idempotency hash. ARGV: (idempotency key or '', type, trial, json, commands stream or '')
 # per event. One call appends a whole batch, atomically and in order; a key seen before returns its
-# first id. A command to a trial is also indexed in that trial's commands stream.
+# first id. A command to a trial is also indexed in that trial's commands stream (named in ARGV, not
+# KEYS, as it differs per event: fine on one Redis, which is what trialstream runs on, not a cluster).
 _APPEND = """
 local ids = {}
 for i = 1, #ARGV, 5 do
