@@ -20,6 +20,7 @@ from manager import keys
 from manager.connections import REDIS_URL_ENV, connect
 from manager.experiments import create_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
+from schemas.events import TrialMetricReported
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
 from workers.registry import queue_name
 
@@ -165,3 +166,17 @@ def wait_for_status(service: TrainingService, trial_id: str, *statuses: str, tim
         return trial if trial.status in statuses else None
 
     return wait_until(probe, timeout, what=f"trial {trial_id} to be {'/'.join(statuses)}")
+
+
+def metric(experiment_id: str, trial_id: str, sequence: int, kind: str = "PERIODICAL") -> TrialMetricReported:
+    """A metric as a worker reports it (value: sequence / 10)."""
+    return TrialMetricReported(
+        experiment_id=experiment_id,
+        trial_id=trial_id,
+        attempt=1,
+        source="fake-worker",
+        parameter_id="0",
+        metric_type=kind,  # type: ignore[arg-type]
+        sequence=sequence,
+        data=f'"{sequence / 10}"',
+    )

@@ -8,9 +8,9 @@ import redis
 
 from manager.event_store import EventStore
 from manager.views import ViewStore
-from schemas.events import TrialEnded, TrialMetricReported, TrialStarted
+from schemas.events import TrialEnded, TrialStarted
 from schemas.trial import TrialJobStatus
-from tests.conftest import Processes, ServiceFactory, form, wait_until
+from tests.conftest import Processes, ServiceFactory, form, metric, wait_until
 from tests.test_fault_redis import assert_each_metric_once, assert_views_match_rebuild
 
 TRIALS = 4
@@ -18,19 +18,6 @@ BATCH = 25  # metrics per trial per append_all
 PACE_S = 0.04  # between batches: ~2,000 events/s, as many busy workers would append
 KILLS = 3
 PROGRESS_BEFORE_KILL = 1500  # events a (re)started projector applies before it is killed
-
-
-def metric(experiment_id: str, trial_id: str, sequence: int, kind: str = "PERIODICAL") -> TrialMetricReported:
-    return TrialMetricReported(
-        experiment_id=experiment_id,
-        trial_id=trial_id,
-        attempt=1,
-        source="fake-worker",
-        parameter_id="0",
-        metric_type=kind,  # type: ignore[arg-type]
-        sequence=sequence,
-        data=f'"{sequence}"',
-    )
 
 
 class Producer(threading.Thread):

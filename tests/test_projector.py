@@ -11,21 +11,9 @@ from manager.event_store import EventStore
 from manager.projection import metric_record, metric_record_json
 from manager.projector import Projector
 from manager.views import ViewStore
-from schemas.events import TrialEnded, TrialMetricReported, TrialStarted
+from schemas.events import TrialEnded, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
-from tests.conftest import ServiceFactory, form, wait_until
-
-
-def metric(experiment_id: str, trial_id: str, sequence: int, kind: str = "PERIODICAL") -> TrialMetricReported:
-    return TrialMetricReported(
-        experiment_id=experiment_id,
-        trial_id=trial_id,
-        attempt=1,
-        parameter_id="0",
-        metric_type=kind,  # type: ignore[arg-type]
-        sequence=sequence,
-        data=f'"{sequence / 10}"',
-    )
+from tests.conftest import ServiceFactory, form, metric, wait_until
 
 
 def write_history(make_service: ServiceFactory) -> tuple[str, str]:
