@@ -67,6 +67,8 @@ def test_quickstart_runs_embedded_to_completion(tmp_path: Path) -> None:
     assert all(set(trial["hyperParameters"]) == {"lr", "steps", "batch_size"} for trial in trials)
     experiment_dir = tmp_path / output["experimentId"]
     assert (experiment_dir / "redis" / "appendonlydir").is_dir()  # AOF on, under the experiment
+    workers = sorted(log.name for log in (experiment_dir / "logs").glob("worker-*.log"))
+    assert workers == ["worker-0.log", "worker-1.log", "worker-2.log"]  # trialConcurrency 2, and a spare
     assert "running" in result.stderr and "best" in result.stderr  # the live progress table
 
     listed = trialstream("trials", "list", "--json", env={"TRIALSTREAM_EXPERIMENTS_DIR": str(tmp_path)})
