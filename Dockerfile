@@ -15,6 +15,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY trialstream_sdk.py ./
 COPY schemas/ schemas/
+COPY core/ core/
 COPY manager/ manager/
 COPY workers/ workers/
 RUN /opt/venv/bin/pip install --no-cache-dir .

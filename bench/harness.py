@@ -19,12 +19,12 @@ import redis
 import yaml
 from rq import Queue, Worker
 
-from manager import keys
+from core import keys
+from core.connections import connect
+from core.dispatch import queue_name
 from manager.config import load_experiment_config
-from manager.connections import connect
 from manager.runner import ExperimentResult, ExperimentRunner
 from manager.stack import EmbeddedRedis, ServiceProcesses
-from workers.registry import queue_name
 
 T = TypeVar("T")
 BENCH_DIR = Path(__file__).resolve().parent

@@ -16,7 +16,7 @@ import redis
 
 from bench.harness import BenchStack, Figure, Section, median_of, percentile, repeat, stream_ms
 from bench.overhead import form, idle_service
-from manager.event_store import StoredEvent, encode_event
+from core.event_store import StoredEvent, encode_event
 from manager.training_service import TrainingService
 from schemas.events import TrialMetricReported
 

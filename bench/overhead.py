@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from bench.harness import SDK_TRIAL, TRIALS_DIR, BenchStack, Figure, Section, median_of, percentile, repeat, stream_ms
+from core.event_store import StoredEvent
 from manager.config import load_experiment_config
-from manager.event_store import StoredEvent
 from manager.runner import ExperimentRunner
 from manager.training_service import TrainingService
 from schemas.events import TrialEnded, TrialStarted, TrialSubmitted

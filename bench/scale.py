@@ -21,8 +21,8 @@ from typing import Any
 
 from bench.harness import BenchStack, Figure, Section, median_of, peak_rss_mb, percentile, wait_until
 from bench.overhead import form
-from manager import keys
-from manager.event_store import EventStore, encode_event
+from core import keys
+from core.event_store import EventStore, encode_event
 from manager.experiments import create_experiment
 from manager.projector import Projector
 from manager.training_service import TrainingService
@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from manager.connections import connect
+from core.connections import connect
 from manager.training_service import TrainingService
 url, experiment_id = sys.argv[1:]
 trials = TrainingService(connect(url), connect(url, decode=False), experiment_id).list_trial_jobs()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.harness import BenchStack, Figure, Section, median_of, repeat
 from bench.overhead import form, idle_service
-from manager.event_store import StoredEvent
+from core.event_store import StoredEvent
 from schemas.events import TrialEnded
 
 WORKER_COUNTS = (1, 2, 4)

@@ -21,9 +21,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from manager import keys
+from core import keys
+from core.connections import REDIS_URL_ENV, RedisUnavailable, connect, redact_url, redis_url
+from core.registry import UnknownPlatform
+from core.settings import Settings
 from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
-from manager.connections import REDIS_URL_ENV, RedisUnavailable, connect, redact_url, redis_url
 from manager.experiments import ExperimentNotFound, new_id, resolve_experiment
 from manager.projector import Projector
 from manager.replay import (
@@ -54,8 +56,6 @@ from manager.transfer import ExperimentExists, InvalidLogFile, LogFile, export_l
 from manager.views import ViewStore
 from schemas.config import ConfigError
 from schemas.trial import TrialJobDetail, metric_score
-from workers.leases import LEASE_ENV
-from workers.registry import UnknownPlatform
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -174,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long this worker may be silent before its trials are declared lost "
         "(default: $TRIALSTREAM_TRIAL_LEASE_S, else 10)",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
+        help="trials this worker supervises at once (default 1; platforms whose trials run elsewhere allow many)",
     )
     worker.set_defaults(handler=_worker)
 
@@ -558,11 +565,13 @@ def _worker(args: argparse.Namespace) -> int:
     from workers.worker import serve
 
     url = _required_url(args)
-    if args.lease is not None:
-        if args.lease <= 0:
-            raise RunnerError(f"--lease must be a positive number of seconds, not {args.lease:g}")
-        os.environ[LEASE_ENV] = str(args.lease)  # read by each trial's job in this process
-    serve(connect(url, decode=False), args.platform, burst=args.burst, name=args.name)
+    if args.lease is not None and args.lease <= 0:
+        raise RunnerError(f"--lease must be a positive number of seconds, not {args.lease:g}")
+    settings = Settings.from_environment(redis_url=url, trial_lease_s=args.lease)
+    try:
+        serve(settings, args.platform, concurrency=args.concurrency, burst=args.burst, name=args.name)
+    except ValueError as error:
+        raise RunnerError(str(error)) from None
     return 0
 
 

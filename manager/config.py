@@ -14,17 +14,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from core.registry import UnknownPlatform, platform_class
 from manager.tuners import SearchSpaceError, UnknownTunerError, create_tuner
 from schemas.config import (
     AlgorithmConfig,
     ConfigError,
     ExperimentConfig,
-    LocalConfig,
     NniConfigModel,
     PlatformConfig,
     describe_validation_error,
 )
-from workers.registry import UnknownPlatform, platform_class
 
 
 @dataclass(frozen=True)
@@ -134,25 +133,25 @@ def _platform(config: ExperimentConfig, source: Path) -> PlatformConfig:
     except UnknownPlatform as error:
         raise ConfigError(f"{source}: trainingService.platform: {error}") from None
     except ValidationError as error:
-        raise ConfigError(_explain(error, source, "trainingService")) from None
-    if isinstance(platform, LocalConfig) and (config.trial_gpu_number or 0) > 0 and platform.use_active_gpu is None:
-        raise ConfigError(
-            f"{source}: trainingService.useActiveGpu: required when trialGpuNumber > 0; set true to share GPUs "
-            "with other processes, false to use only idle GPUs"
-        )
+        raise ConfigError(_explain(error, source, "trainingService", model)) from None
+    problems = platform.problems_with(config)
+    if problems:
+        raise ConfigError("\n".join(f"{source}: trainingService.{key}: {what}" for key, what in problems.items()))
     return platform
 
 
-def _explain(error: ValidationError, source: Path, prefix: str = "") -> str:
+def _explain(
+    error: ValidationError, source: Path, prefix: str = "", platform: type[PlatformConfig] | None = None
+) -> str:
     lines = describe_validation_error(error, prefix).splitlines()
     for index, problem in enumerate(error.errors()):
         if problem["type"] == "extra_forbidden":
-            suggestion = difflib.get_close_matches(str(problem["loc"][-1]), _known_keys(), n=1)
+            suggestion = difflib.get_close_matches(str(problem["loc"][-1]), _known_keys(platform), n=1)
             if suggestion:
                 lines[index] += f" (did you mean {suggestion[0]!r}?)"
     return "\n".join(f"{source}: {line}" for line in lines)
 
 
-def _known_keys() -> list[str]:
-    models: list[type[NniConfigModel]] = [ExperimentConfig, AlgorithmConfig, LocalConfig]
+def _known_keys(platform: type[PlatformConfig] | None = None) -> list[str]:
+    models: list[type[NniConfigModel]] = [ExperimentConfig, AlgorithmConfig, *([platform] if platform else [])]
     return sorted({field.alias or name for model in models for name, field in model.model_fields.items()})

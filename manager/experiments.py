@@ -9,8 +9,8 @@ from typing import Any
 
 import redis
 
-from manager import keys
-from manager.event_store import EventStore
+from core import keys
+from core.event_store import EventStore
 from schemas.events import ExperimentCreated, ExperimentFinished
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits

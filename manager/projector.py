@@ -7,7 +7,7 @@ never apply the same event twice.
 Nothing in the log stops it. An entry that cannot be decoded, or whose fold raises, is recorded in
 the `unreadable` view (id -> why) in the same transaction as the position that passes it, and
 skipped; a rebuild after a fix folds it again. Redis going away is waited out: the client retries
-each command for a while (manager.connections), and `run` then backs off and tries again.
+each command for a while (core.connections), and `run` then backs off and tries again.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import redis
 
-from manager import keys
-from manager.connections import same_server
-from manager.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
-from manager.keys import ViewKeys
+from core import keys
+from core.connections import same_server
+from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
+from core.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
 from schemas.events import TrialEvent, TrialMetricReported
 from schemas.trial import TrialJobDetail

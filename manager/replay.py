@@ -22,8 +22,8 @@ import redis
 from pydantic import BaseModel
 from redis.client import Pipeline
 
-from manager import keys
-from manager.event_store import (
+from core import keys
+from core.event_store import (
     STREAM_ID,
     EventStore,
     LogEntry,
@@ -31,7 +31,7 @@ from manager.event_store import (
     stored_payload,
     stream_position,
 )
-from manager.keys import ViewKeys
+from core.keys import ViewKeys
 from manager.projector import Projector
 from schemas.events import Event
 

@@ -20,9 +20,12 @@ from typing import Any
 import redis
 from rq import Queue, Worker
 
-from manager import keys
+from core import keys
+from core.dispatch import queue_name
+from core.event_store import EventStore
+from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
+from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
-from manager.event_store import EventStore
 from manager.experiments import create_experiment, finish_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from manager.tuners import create_tuner
@@ -35,9 +38,6 @@ from schemas.trial import (
     TrialJobStatus,
     metric_score,
 )
-from workers.job import enqueue_trial
-from workers.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
-from workers.registry import queue_name
 
 DEFAULT_EXPERIMENTS_ROOT = Path("~/trialstream-experiments")
 EXPERIMENTS_DIR_ENV = "TRIALSTREAM_EXPERIMENTS_DIR"
@@ -120,7 +120,9 @@ class ExperimentRunner:
         experiment_id: str,
         on_progress: Callable[[Progress], None] = lambda progress: None,
         elapsed_s: float = 0.0,
+        settings: Settings | None = None,
     ) -> None:
+        self.settings = settings or Settings()
         self.spec = spec
         self.config = spec.config
         self.service = TrainingService(client, rq_connection, experiment_id)
@@ -147,11 +149,12 @@ class ExperimentRunner:
         rq_connection: redis.Redis,
         experiment_id: str | None = None,
         on_progress: Callable[[Progress], None] = lambda progress: None,
+        settings: Settings | None = None,
     ) -> ExperimentRunner:
         """A new experiment in the log, with its trial and platform config as cluster metadata."""
         root = experiments_root(spec)
         experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id)
-        runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress)
+        runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
         runner._claim(wait_s=0)
         trial_config = TrialConfig(
             command=spec.config.trial_command,
@@ -171,6 +174,7 @@ class ExperimentRunner:
         rq_connection: redis.Redis,
         experiment_id: str,
         on_progress: Callable[[Progress], None] = lambda progress: None,
+        settings: Settings | None = None,
     ) -> ExperimentRunner:
         """Take an experiment up again from its log: ended trials are not rerun, running ones are
         followed to their end, and maxTrialNumber and maxExperimentDuration count what came before."""
@@ -181,7 +185,14 @@ class ExperimentRunner:
         spec = stored_experiment_spec(experiment.config, experiment.working_directory)
         elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)
         runner = cls(
-            spec, client, rq_connection, Path(experiment.working_directory), experiment_id, on_progress, elapsed_s
+            spec,
+            client,
+            rq_connection,
+            Path(experiment.working_directory),
+            experiment_id,
+            on_progress,
+            elapsed_s,
+            settings,
         )
         runner._claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
         runner._replay_history(service.list_trial_jobs())
@@ -309,12 +320,11 @@ class ExperimentRunner:
         if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
             return
         self._reaped_at = time.monotonic()
-        reap_lost_attempts(self._client, self._rq_connection, self._name)
+        reap_lost_attempts(self._client, self._rq_connection, self._name, self.settings.trial_lease_s)
         unclaimed = unclaimed_attempts(self._client, self._rq_connection, in_flight)
         for trial in unclaimed:
             if trial.id in self._unclaimed:  # seen a second before too: its job is gone
-                args = (self.experiment_id, trial.id, trial.attempt)
-                enqueue_trial(self._rq_connection, trial.platform, args, delivery=f"r{time.time_ns()}")
+                self.service.requeue(trial, "its job was lost with a worker that died before claiming it")
         self._unclaimed = {trial.id for trial in unclaimed}
 
     def _stop_all(self, reason: str) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from manager.connections import REDIS_URL_ENV
+from core.connections import REDIS_URL_ENV
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _START_DEADLINE_S = 15.0

@@ -18,8 +18,9 @@ from typing import Any
 
 import redis
 
-from manager.event_store import EventStore, StoredEvent
-from manager.keys import LOG_PREFIX
+from core.dispatch import TrialJob, dispatch, submission_key
+from core.event_store import EventStore, StoredEvent
+from core.keys import LOG_PREFIX
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
 from schemas.events import (
@@ -30,10 +31,10 @@ from schemas.events import (
     TrialFormUpdated,
     TrialLaunchSpec,
     TrialMetricReported,
+    TrialRequeued,
     TrialSubmitted,
 )
 from schemas.trial import JobApplicationForm, TrialConfig, TrialJobDetail, TrialJobMetric, TrialJobStatus
-from workers.job import enqueue_trial, submission_key
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +126,10 @@ class TrainingService:
                 max_retries=trial_config.max_retries,
             ),
         )
+        job = TrialJob(event.platform, self.experiment_id, trial_id, 1)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            self.store.append(event, idempotency_key=submission_key(trial_id), pipeline=pipe)
-            enqueue_trial(self._rq_connection, event.platform, (self.experiment_id, trial_id, 1), pipeline=pipe)
+            dispatch(pipe, self._rq_connection, self.store, event, [job], idempotency_key=submission_key(trial_id))
             pipe.execute()
         view = apply_to_trial(None, event)
         assert view is not None
@@ -152,6 +153,18 @@ class TrainingService:
         self.store.append(
             TrialCancelRequested(experiment_id=self.experiment_id, trial_id=trial_id, status=status, reason=reason),
         )
+
+    def requeue(self, trial: TrialJobDetail, reason: str) -> None:
+        """Queue the trial's current attempt again (its job was lost); a needless re-queue is harmless,
+        since only one delivery can claim the attempt."""
+        job = TrialJob(trial.platform, self.experiment_id, trial.id, trial.attempt)
+        record = TrialRequeued(
+            experiment_id=self.experiment_id, trial_id=trial.id, attempt=trial.attempt, reason=reason
+        )
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            dispatch(pipe, self._rq_connection, self.store, record, [job])
+            pipe.execute()
 
     # metric listeners and the main loop
 

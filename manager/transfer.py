@@ -19,9 +19,9 @@ from typing import Any, TextIO
 
 import redis
 
-from manager import keys
-from manager.event_store import STREAM_ID, EventStore, stored_payload, stream_position
-from manager.keys import ViewKeys
+from core import keys
+from core.event_store import STREAM_ID, EventStore, stored_payload, stream_position
+from core.keys import ViewKeys
 
 FORMAT = "trialstream-log"
 VERSION = 1

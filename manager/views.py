@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from manager.keys import LOG_PREFIX, ViewKeys
+from core.keys import LOG_PREFIX, ViewKeys
 from manager.projection import ExperimentView
 from schemas.trial import MetricRecord, TrialJobDetail
 

@@ -84,12 +84,24 @@ class PlatformConfig(NniConfigModel):
 
     platform: str
 
+    def problems_with(self, experiment: ExperimentConfig) -> dict[str, str]:
+        """What is wrong with this section given the rest of the config: key -> what to change."""
+        return {}
+
 
 class LocalConfig(PlatformConfig):
     platform: Literal["local"] = "local"
     use_active_gpu: bool | None = None
     max_trial_number_per_gpu: int = Field(1, ge=1)
     gpu_indices: IndexList | None = None
+
+    def problems_with(self, experiment: ExperimentConfig) -> dict[str, str]:
+        if (experiment.trial_gpu_number or 0) > 0 and self.use_active_gpu is None:
+            return {
+                "useActiveGpu": "required when trialGpuNumber > 0; set true to share GPUs with other processes, "
+                "false to use only idle GPUs"
+            }
+        return {}
 
 
 class ExperimentConfig(NniConfigModel):

@@ -84,6 +84,16 @@ class TrialDeferred(TrialEvent):
     reason: str
 
 
+class TrialRequeued(TrialEvent):
+    """The attempt's job was queued again: its delivery was lost with a worker, or it was parked
+    (TrialDeferred) and what it waits for may be free now."""
+
+    type: Literal["TrialRequeued"] = "TrialRequeued"
+    v: Literal[1] = 1
+    attempt: int
+    reason: str
+
+
 class TrialStarted(TrialEvent):
     type: Literal["TrialStarted"] = "TrialStarted"
     v: Literal[2] = 2
@@ -181,6 +191,7 @@ Event = Annotated[
     | ClusterMetadataSet
     | TrialSubmitted
     | TrialDeferred
+    | TrialRequeued
     | TrialStarted
     | TrialMetricReported
     | TrialMetricRejected

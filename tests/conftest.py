@@ -16,13 +16,13 @@ import pytest
 import redis
 from rq import Queue, Worker
 
-from manager import keys
-from manager.connections import REDIS_URL_ENV, connect
+from core import keys
+from core.connections import REDIS_URL_ENV, connect
+from core.dispatch import queue_name
 from manager.experiments import create_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from schemas.events import TrialMetricReported
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
-from workers.registry import queue_name
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent

@@ -128,7 +128,7 @@ def test_external_redis_mode_and_trial_commands(tmp_path: Path, processes: Proce
 
 
 def test_cancel_from_the_command_line(tmp_path: Path, processes: Processes) -> None:
-    from manager.connections import connect
+    from core.connections import connect
     from manager.training_service import TrainingService
     from tests.conftest import wait_for_status
 
@@ -162,8 +162,8 @@ def test_cancel_from_the_command_line(tmp_path: Path, processes: Processes) -> N
 
 
 def test_trial_concurrency_holds(tmp_path: Path, processes: Processes) -> None:
-    from manager.connections import connect
-    from manager.event_store import EventStore, StoredEvent
+    from core.connections import connect
+    from core.event_store import EventStore, StoredEvent
 
     config = write_config(tmp_path, "import time\ntime.sleep(0.3)\n", maxTrialNumber=6, trialConcurrency=2)
     processes.projector()

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from core.registry import available_platforms
 from manager.config import ExperimentSpec, load_experiment_config
 from schemas.config import ConfigError, ExperimentConfig, LocalConfig, parse_duration
-from workers.registry import available_platforms
 
 SEARCH_SPACE: dict[str, Any] = {
     "lr": {"_type": "loguniform", "_value": [0.0001, 0.1]},

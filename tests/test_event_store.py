@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from manager import keys
-from manager.event_store import EventStore, StoredEvent, UnreadableEvent, stream_position
+from core import keys
+from core.event_store import EventStore, StoredEvent, UnreadableEvent, stream_position
 from schemas.events import ClusterMetadataSet, TrialCancelRequested, TrialEnded, TrialMetricReported
 from schemas.trial import TrialJobStatus
 

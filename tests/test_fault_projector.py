@@ -6,7 +6,7 @@ import threading
 
 import redis
 
-from manager.event_store import EventStore
+from core.event_store import EventStore
 from manager.views import ViewStore
 from schemas.events import TrialEnded, TrialStarted
 from schemas.trial import TrialJobStatus

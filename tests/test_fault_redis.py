@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import redis
 
-from manager import keys
-from manager.connections import OUTAGE_BUDGET_ENV, RedisUnavailable, connect, retry_policy
-from manager.event_store import EventStore, StoredEvent
+from core import keys
+from core.connections import OUTAGE_BUDGET_ENV, RedisUnavailable, connect, retry_policy
+from core.event_store import EventStore, StoredEvent
 from manager.experiments import create_experiment
 from manager.projector import Projector, _connection_lost
 from manager.replay import check

@@ -12,16 +12,15 @@ from pathlib import Path
 
 import redis
 
-from manager import keys
-from manager.event_store import StoredEvent
-from schemas.events import TrialAttemptLost, TrialEnded, TrialStarted
+from core import keys
+from core.dispatch import TrialJob, dispatch, queue_name
+from core.event_store import StoredEvent
+from core.leases import AttemptRef, Lease
+from core.reaper import reap_lost_attempts
+from schemas.events import TrialAttemptLost, TrialEnded, TrialRequeued, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.test_local_platform import pid_alive, script
-from workers.job import enqueue_trial
-from workers.leases import AttemptRef, Lease
-from workers.reaper import reap_lost_attempts
-from workers.registry import queue_name
 
 LEASE_S = 1.0
 FAST_LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": str(LEASE_S)}
@@ -132,13 +131,15 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     held = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "ghost:1", seconds=30)
     assert held.acquire() and held.acquire()  # again by its holder (a resent script): still its own
     assert not Lease(client, held.ref, "other:2", seconds=30).acquire()
-    assert reap_lost_attempts(client, rq_connection, "reaper", restart_grace=0) == []  # alive: nothing to reap
+    assert reap_lost_attempts(client, rq_connection, "reaper", LEASE_S, restart_grace=0) == []  # alive: nothing to reap
 
     client.zadd(keys.LEASES, {held.ref.member: 0})  # as if it expired long ago
     verdicts: list[list[TrialAttemptLost]] = []
     threads = [
         threading.Thread(
-            target=lambda name: verdicts.append(reap_lost_attempts(client, rq_connection, name, restart_grace=0)),
+            target=lambda name: verdicts.append(
+                reap_lost_attempts(client, rq_connection, name, LEASE_S, restart_grace=0)
+            ),
             args=(name,),
         )
         for name in ("reaper-1", "reaper-2", "reaper-3", "reaper-4")
@@ -153,7 +154,7 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
     assert service.get_trial_job(trial_id).attempt == 2
     jobs = [job_id.decode() for job_id in rq_connection.lrange(f"rq:queue:{queue_name('local')}", 0, -1)]
-    assert f"{service.experiment_id}-{trial_id}-2-0" in jobs
+    assert any(job.startswith(f"{service.experiment_id}-{trial_id}-2-run-") for job in jobs)
     assert client.zcard(keys.LEASES) == 0
 
 
@@ -178,7 +179,11 @@ def test_a_retry_of_a_trial_canceled_meanwhile_ends_it_as_canceled(
         )
     )
     assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
-    enqueue_trial(rq_connection, "local", (experiment_id, trial_id, 2))
+    with client.pipeline(transaction=True) as pipe:
+        pipe.multi()
+        record = TrialRequeued(experiment_id=experiment_id, trial_id=trial_id, attempt=2, reason="a test")
+        dispatch(pipe, rq_connection, service.store, record, [TrialJob("local", experiment_id, trial_id, 2)])
+        pipe.execute()
 
     processes.worker()
     trial = wait_for_status(service, trial_id, "USER_CANCELED", "SUCCEEDED", "FAILED", timeout=15)

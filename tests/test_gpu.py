@@ -240,23 +240,12 @@ def test_nvml_source_reads_devices(monkeypatch: pytest.MonkeyPatch) -> None:
         NvmlGpuSource().gpus()
 
 
-def test_detect_prefers_fake_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "gpus.json"
-    write_fake(path, [{"index": 0, "active_processes": 0}])
-    monkeypatch.setenv(gpu.FAKE_GPUS_ENV, str(path))
-    source = detect_gpu_source()
-    assert isinstance(source, FakeGpuSource)
-    assert source.gpus() == free(0)
-
-
 def test_detect_uses_nvml_when_it_initialises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(gpu.FAKE_GPUS_ENV, raising=False)
     monkeypatch.setattr(gpu.pynvml, "nvmlInit", lambda: None)
     assert isinstance(detect_gpu_source(), NvmlGpuSource)
 
 
 def test_detect_falls_back_to_nvidia_smi(fake_smi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(gpu.FAKE_GPUS_ENV, raising=False)
     no_nvml(monkeypatch)
     (fake_smi / "gpus.csv").write_text("0, GPU-aaaa, 0, 100\n")
     source = detect_gpu_source()
@@ -265,7 +254,6 @@ def test_detect_falls_back_to_nvidia_smi(fake_smi: Path, monkeypatch: pytest.Mon
 
 
 def test_detect_without_driver_or_tools_means_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(gpu.FAKE_GPUS_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     no_nvml(monkeypatch)
     source = detect_gpu_source()
@@ -275,7 +263,6 @@ def test_detect_without_driver_or_tools_means_no_gpus(tmp_path: Path, monkeypatc
 
 def test_detect_never_raises_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unpatched: on a machine without a driver NVML raises LibraryNotFound, which must be caught."""
-    monkeypatch.delenv(gpu.FAKE_GPUS_ENV, raising=False)
     assert isinstance(detect_gpu_source().gpus(), list)
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from manager import keys
-from manager.connections import connect
-from manager.event_store import EventStore, StoredEvent
+from core import keys
+from core.connections import connect
+from core.event_store import EventStore, StoredEvent
 from manager.replay import SCRATCH_PREFIX, diff_views, event_types, replayed, snapshot_views
 from manager.views import ViewStore
 from tests.conftest import REPO, Processes, ServiceFactory, wait_until

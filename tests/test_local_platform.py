@@ -220,9 +220,9 @@ def test_rq_default_job_timeout_never_kills_a_trial(make_service, redis_url: str
         import rq.defaults, rq.queue
         rq.defaults.DEFAULT_JOB_TIMEOUT = 1
         rq.queue.Queue.DEFAULT_TIMEOUT = 1
-        from manager.connections import connect
+        from core.settings import Settings
         from workers.worker import serve
-        serve(connect({redis_url!r}, decode=False), "local", burst=True)
+        serve(Settings(redis_url={redis_url!r}), "local", burst=True)
         """
     )
     subprocess.run([sys.executable, "-c", strict_worker], cwd=REPO, check=True, timeout=60, capture_output=True)

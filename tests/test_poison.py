@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from manager import keys
-from manager.connections import REDIS_URL_ENV
-from manager.event_store import EventStore, UnreadableEvent, encode_event
+from core import keys
+from core.connections import REDIS_URL_ENV
+from core.event_store import EventStore, UnreadableEvent, encode_event
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.projector import Projector
 from manager.replay import read_log

@@ -6,8 +6,8 @@ import threading
 
 import redis
 
-from manager import keys
-from manager.event_store import EventStore
+from core import keys
+from core.event_store import EventStore
 from manager.projection import metric_record, metric_record_json
 from manager.projector import Projector
 from manager.views import ViewStore

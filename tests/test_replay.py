@@ -12,8 +12,9 @@ import pytest
 import redis
 from rq import Queue
 
-from manager import keys
-from manager.event_store import EventStore, StoredEvent
+from core import keys
+from core.dispatch import queue_name
+from core.event_store import EventStore, StoredEvent
 from manager.experiments import finish_experiment
 from manager.projector import Projector
 from manager.replay import (
@@ -33,7 +34,6 @@ from manager.training_service import TrainingService
 from manager.views import ViewStore
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
-from workers.registry import queue_name
 
 MIXED_TRIAL = """
 import sys, time, trialstream_sdk as nni

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import redis
 
-from manager import keys
-from manager.event_store import EventStore, StoredEvent
+from core import keys
+from core.event_store import EventStore, StoredEvent
 from manager.views import ViewStore
 from schemas.events import ExperimentResumed, TrialStarted
 from tests.conftest import REPO, Processes, wait_until

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from manager.event_store import EventStore, StoredEvent
+from core.event_store import EventStore, StoredEvent
 from manager.replay import check
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost, TrialMetricReported

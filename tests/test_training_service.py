@@ -8,13 +8,13 @@ import pytest
 import redis
 from rq import Queue
 
-from manager import training_service
+from core import dispatch
+from core.dispatch import queue_name
 from manager.projector import Projector
 from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.events import TrialMetricReported, TrialStarted
 from schemas.trial import TrialJobMetric, TrialJobStatus
 from tests.conftest import ServiceFactory, form, wait_until
-from workers.registry import queue_name
 
 
 def test_get_straight_after_submit_reads_the_write(make_service: ServiceFactory) -> None:
@@ -56,7 +56,7 @@ def test_a_crash_before_commit_leaves_neither_event_nor_job(
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("process died between append and enqueue")
 
-    monkeypatch.setattr(training_service, "enqueue_trial", crash)
+    monkeypatch.setattr(dispatch.Queue, "enqueue_call", crash)
     with pytest.raises(RuntimeError):
         service.submit_trial_job(form(0))
     assert service.store.length() == length_before

@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from manager import keys
-from manager.event_store import EventStore, StoredEvent, UnreadableEvent, decode_entry
+from core import keys
+from core.event_store import EventStore, StoredEvent, UnreadableEvent, decode_entry
 from manager.projector import Projector
 from manager.views import ViewStore
 from schemas.events import TrialEnded, TrialMetricReported, TrialStarted

@@ -13,8 +13,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from manager.connections import until_redis_answers
-from manager.event_store import EventStore, StoredEvent
+from core.connections import until_redis_answers
+from core.event_store import EventStore, StoredEvent
+from core.leases import Lease
+from core.platform import ParsedMetric, StopRequest
 from schemas.events import (
     Event,
     TrialCancelRequested,
@@ -25,9 +27,6 @@ from schemas.events import (
     TrialSubmitted,
 )
 from schemas.trial import JobApplicationForm, TrialJobStatus
-from workers.leases import Lease
-from workers.metrics import ParsedMetric
-from workers.platform import StopRequest
 
 log = logging.getLogger(__name__)
 

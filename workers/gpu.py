@@ -9,7 +9,6 @@ training service: a GPU is usable when we do not occupy it and it runs no comput
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -20,9 +19,8 @@ from typing import Protocol
 import pynvml
 from redis import Redis
 
-from manager import keys
+from core import keys
 
-FAKE_GPUS_ENV = "TRIALSTREAM_FAKE_GPUS"
 NVIDIA_SMI_TIMEOUT_S = 15.0
 # The critical section is a few Redis round trips (GPUs are queried before taking the lock), so
 # the TTL only matters when a worker dies holding the lock: it must not block the host for long.
@@ -153,9 +151,6 @@ class NvidiaSmiGpuSource:
 
 def detect_gpu_source() -> GpuSource:
     """Pick the best available source; a machine without driver or tools simply has no GPU."""
-    fake = os.environ.get(FAKE_GPUS_ENV)
-    if fake:
-        return FakeGpuSource(fake)
     try:
         return NvmlGpuSource()
     except pynvml.NVMLError:
@@ -282,3 +277,9 @@ class GpuLedger:
     def release(self, trial_key: str) -> None:
         """Idempotent; a single HDEL is atomic, so no lock is needed."""
         self._redis.hdel(self.holders_key, trial_key)
+
+    def release_everywhere(self, trial_key: str) -> None:
+        """Release `trial_key` on every machine's ledger: whoever frees a lost attempt's GPUs may not
+        know on which machine it ran."""
+        for holders in self._redis.scan_iter(match=keys.gpu_holders("*"), count=1000):
+            self._redis.hdel(holders, trial_key)

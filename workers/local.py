@@ -7,7 +7,6 @@ import logging
 import os
 import select
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -16,16 +15,24 @@ from typing import BinaryIO, ClassVar
 import redis
 from inotify_simple import INotify, flags
 
-from manager.connections import until_redis_answers
-from schemas.config import LocalConfig
+from core.connections import until_redis_answers
+from core.leases import AttemptRef
+from core.platform import Deferred, StopRequest, TrialAssignment, TrialControl, TrialOutcome
+from core.settings import Settings, trial_environment
+from schemas.config import LocalConfig, PlatformConfig
+from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers.gpu import GpuLedger, GpuPolicy, GpuRequestImpossible, cuda_visible_devices, detect_gpu_source
+from workers.gpu import (
+    FakeGpuSource,
+    GpuLedger,
+    GpuPolicy,
+    GpuRequestImpossible,
+    cuda_visible_devices,
+    detect_gpu_source,
+)
 from workers.metrics import MAX_RECORD_BYTES, MetricFileReader, MetricRejected, parse_stdout_line
-from workers.platform import Deferred, StopRequest, TrialAssignment, TrialControl, TrialOutcome
 
 log = logging.getLogger(__name__)
-
-KILL_GRACE_ENV = "TRIALSTREAM_KILL_GRACE_S"
 
 # The trial's shell forks a keeper into the trial's process group, then execs the trial command.
 # The keeper blocks reading a pipe whose other end only the worker holds: if the worker dies, even
@@ -45,12 +52,30 @@ STDERR_TAIL_BYTES = 2000
 
 
 class LocalPlatform:
+    """Trials are processes of the worker's own machine, and die with their worker (so a lost attempt
+    is never re-attached: it is retried or failed)."""
+
     name: ClassVar[str] = "local"
     config_model: ClassVar[type[LocalConfig]] = LocalConfig
+    trials_per_process: ClassVar[int] = 64
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.ledger = GpuLedger(client, socket.gethostname(), detect_gpu_source())
-        self.kill_grace_s = float(os.environ.get(KILL_GRACE_ENV, "5"))
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        source = FakeGpuSource(settings.fake_gpus) if settings.fake_gpus else detect_gpu_source()
+        self.ledger = GpuLedger(client, settings.machine_id, source)
+        self.kill_grace_s = settings.kill_grace_s
+
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+        """Nothing to copy: trials run in the code directory itself, on the machine that has it."""
+
+    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | None:
+        return None  # the trial's processes died with the worker that launched them
+
+    def release(self, trial: TrialAssignment) -> None:
+        """The GPUs the lost attempt held, on whichever machine's ledger holds them."""
+        self.ledger.release_everywhere(attempt_member(trial))
+
+    def close(self) -> None:
+        pass
 
     def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
         config = trial.platform_config
@@ -61,7 +86,7 @@ class LocalPlatform:
             max_trials_per_gpu=config.max_trial_number_per_gpu,
             use_active_gpu=bool(config.use_active_gpu),
         )
-        ledger_key = f"{trial.experiment_id}/{trial.trial_id}/{trial.attempt}"  # as the attempt's lease
+        ledger_key = attempt_member(trial)
         try:
             gpus = self.ledger.reserve(ledger_key, policy)
         except GpuRequestImpossible as error:
@@ -135,7 +160,7 @@ class _TrialProcess:
                 (self.sys_dir / name).replace(archive / Path(name).name)
 
     def _environment(self, code_dir: Path) -> dict[str, str]:
-        env = dict(os.environ)
+        env = trial_environment(os.environ)
         env.update(
             NNI_PLATFORM="local",
             NNI_EXP_ID=self.trial.experiment_id,
@@ -226,6 +251,11 @@ class _TrialProcess:
             summary = f"exit code {returncode}"
         tail = _tail(self.sys_dir / "stderr", STDERR_TAIL_BYTES)
         return f"{summary}; stderr: {tail}" if tail else summary
+
+
+def attempt_member(trial: TrialAssignment) -> str:
+    """The attempt's name in the GPU ledger: as in the lease set."""
+    return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
 
 
 def _wake_on_exit_or_write(exited: int, metrics_dir: Path, control: TrialControl) -> None:

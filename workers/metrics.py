@@ -11,9 +11,10 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from core.platform import ParsedMetric
 
 MAX_RECORD_BYTES = 1_000_000
 STDOUT_PREFIX = b"NNISDK_ME"
@@ -25,14 +26,6 @@ _METRIC_TYPES = {"PERIODICAL", "FINAL", "REQUEST_PARAMETER"}
 
 class MetricRejected(ValueError):
     """A record that is malformed or too large; the message says which and why."""
-
-
-@dataclass(frozen=True)
-class ParsedMetric:
-    parameter_id: str
-    metric_type: str
-    sequence: int
-    data: str  # NNI's `data`: the JSON encoding of the (already JSON-encoded) value string
 
 
 def _check_value(value: Any) -> None:

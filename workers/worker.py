@@ -2,69 +2,155 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import sys
 import threading
 from typing import Any
 
 import redis
-from rq import Queue, SimpleWorker
+from rq import SimpleWorker
 from rq.job import Job
+from rq.queue import Queue
+from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
-from manager.connections import same_server
-from workers.job import worker_name
-from workers.reaper import reap_forever
-from workers.registry import platform_class, queue_name
+from core.connections import connect, same_server
+from core.dispatch import SERIALIZER, trial_queue, wake_parked
+from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
+from core.registry import platform_class
+from core.settings import Settings
+from workers.job import WorkerRuntime, install
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 15
+_PR_SET_DUMPABLE = 4
+
+
+class _NoDeathPenalty(BaseDeathPenalty):
+    """Trials end on their own terms (their jobs have no RQ timeout), and may run off the main thread,
+    where RQ's SIGALRM-based penalty cannot be set up."""
+
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
 
 
 class TrialWorker(SimpleWorker):
-    """Runs trials in-process (no fork per job: ~3x the throughput) and keeps heartbeating meanwhile.
+    """Runs jobs in-process (no fork per job: ~3x the throughput), up to `concurrency` at once, and
+    keeps heartbeating meanwhile.
 
     RQ's SimpleWorker sends no heartbeat while a job runs, so a trial longer than the worker TTL
-    would look abandoned; a background thread keeps the worker, execution and job alive. Another
-    reaps the attempts of workers that died (see workers/reaper.py).
+    would look abandoned: a background thread keeps the worker, executions and jobs alive. With
+    `concurrency` > 1 each job runs in a thread of its own, and the worker takes the next job while
+    a slot is free (for platforms whose trials run elsewhere: a worker only follows them).
     """
+
+    death_penalty_class = _NoDeathPenalty
+
+    def __init__(self, *args: Any, concurrency: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.concurrency = concurrency
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._running: dict[str, tuple[Job, Any]] = {}
+        self._running_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         stop = threading.Event()
-        reaper = threading.Thread(
-            target=reap_forever,
-            args=(same_server(self.connection, decode=True), self.connection, worker_name(), stop),
-            name="reaper",
-            daemon=True,
-        )
-        reaper.start()
+        threading.Thread(target=self._beat, args=(stop,), name="heartbeat", daemon=True).start()
         try:
             return bool(super().work(*args, **kwargs))
         finally:
+            for thread in self._threads:  # a warm shutdown lets every trial in flight end
+                thread.join()
             stop.set()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        execution = self.prepare_execution(job)
-        done = threading.Event()
+        self._slots.acquire()  # blocks taking the next job while every slot is busy
+        if self.concurrency == 1:
+            self._perform(job, queue)
+            return
+        self._threads = [thread for thread in self._threads if thread.is_alive()]
+        thread = threading.Thread(target=self._perform, args=(job, queue), name=f"job-{job.id}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
-        def beat() -> None:
-            while not done.wait(HEARTBEAT_INTERVAL_S):
+    def _perform(self, job: Job, queue: Queue) -> None:
+        try:
+            execution = self.prepare_execution(job)
+            with self._running_lock:
+                self._running[job.id] = (job, execution)
+            self.perform_job(job, queue, execution)
+        finally:
+            with self._running_lock:
+                self._running.pop(job.id, None)
+                idle = not self._running
+            self._slots.release()
+            if idle:
+                self.set_state(WorkerStatus.IDLE)
+
+    def _beat(self, stop: threading.Event) -> None:
+        while not stop.wait(HEARTBEAT_INTERVAL_S):
+            with self._running_lock:
+                running = list(self._running.values())
+            for job, execution in running:
                 try:
                     self.maintain_heartbeats(job, execution)
                 except redis.RedisError as error:
                     self.log.warning("heartbeat failed: %s", error)
 
-        beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
-        beater.start()
+
+def _housekeeping(runtime: WorkerRuntime, stop: threading.Event) -> None:
+    """Every REAP_INTERVAL_S: declare lost the attempts of dead workers, and queue again the parked
+    trials of this platform whose re-check time has come. Redis outages are waited out."""
+    while not stop.wait(REAP_INTERVAL_S):
         try:
-            self.perform_job(job, queue, execution)
-        finally:
-            done.set()
-            beater.join()
-        self.set_state(WorkerStatus.IDLE)
+            reap_lost_attempts(runtime.client, runtime.rq_connection, runtime.name, runtime.settings.trial_lease_s)
+            wake_parked(runtime.client, runtime.rq_connection, runtime.platform.name, "re-check", True)
+        except redis.RedisError as error:
+            log.warning("housekeeping: %s; retrying", error)
 
 
-def serve(rq_connection: redis.Redis, platform: str, *, burst: bool = False, name: str | None = None) -> None:
+def _not_dumpable() -> None:
+    """Make this process's /proc entries (its environment: the Redis URL and password) unreadable to
+    the trials it starts, which run as the same user (Linux only)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def serve(
+    settings: Settings, platform: str, *, concurrency: int = 1, burst: bool = False, name: str | None = None
+) -> None:
     """Serve `platform`'s queue until stopped (SIGTERM/SIGINT), or until it is empty with `burst`."""
-    platform_class(platform)  # an unknown platform fails here, before listening
+    adapter = platform_class(platform)  # an unknown platform fails here, before listening
+    if not 1 <= concurrency <= adapter.trials_per_process:
+        raise ValueError(
+            f"--concurrency {concurrency}: platform {platform} supervises 1 to {adapter.trials_per_process} "
+            "trials per worker process; run more workers to run more trials"
+        )
+    assert settings.redis_url is not None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    queue = Queue(queue_name(platform), connection=rq_connection)
-    TrialWorker([queue], connection=rq_connection, name=name).work(burst=burst, with_scheduler=False)
+    _not_dumpable()
+    rq_connection = connect(settings.redis_url, decode=False)
+    client = same_server(rq_connection, decode=True)
+    runtime = WorkerRuntime(settings, client, rq_connection, adapter(settings, client))
+    install(runtime)
+    stop = threading.Event()
+    threading.Thread(target=_housekeeping, args=(runtime, stop), name="housekeeping", daemon=True).start()
+    try:
+        worker = TrialWorker(
+            [trial_queue(platform, rq_connection)],
+            connection=rq_connection,
+            name=name,
+            serializer=SERIALIZER,
+            concurrency=concurrency,
+        )
+        worker.work(burst=burst, with_scheduler=False)
+    finally:
+        stop.set()
+        runtime.platform.close()
+        install(None)

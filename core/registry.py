@@ -11,11 +11,10 @@ import importlib
 from importlib.metadata import entry_points
 from typing import cast
 
-from workers.platform import Platform
+from core.platform import Platform
 
 ENTRY_POINT_GROUP = "trialstream.platforms"
 BUILTIN_PLATFORMS = {"local": "workers.local:LocalPlatform"}
-RUN_TRIAL = "workers.job.run_trial"
 
 
 class UnknownPlatform(LookupError):
@@ -41,7 +40,3 @@ def platform_class(name: str) -> type[Platform]:
         raise UnknownPlatform(name)
     module, _, attribute = target.partition(":")
     return cast(type[Platform], getattr(importlib.import_module(module), attribute))
-
-
-def queue_name(platform: str) -> str:
-    return f"trialstream.{platform}"

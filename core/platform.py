@@ -12,10 +12,18 @@ from typing import ClassVar, Protocol
 
 import redis
 
+from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import JobApplicationForm, TrialJobStatus
-from workers.metrics import ParsedMetric
+
+
+@dataclass(frozen=True)
+class ParsedMetric:
+    parameter_id: str
+    metric_type: str
+    sequence: int
+    data: str  # NNI's `data`: the JSON encoding of the (already JSON-encoded) value string
 
 
 @dataclass(frozen=True)
@@ -75,11 +83,37 @@ class TrialControl(Protocol):
 
 
 class Platform(Protocol):
+    """A platform adapter: one module in `workers/`, found by name (core.registry).
+
+    One instance per worker process, made with that process's settings: long-lived clients (an SSH
+    connection, a Kubernetes API client) belong to it. Its methods may be called from several
+    threads at once when `trials_per_process` > 1.
+    """
+
     name: ClassVar[str]
     config_model: ClassVar[type[PlatformConfig]]
+    trials_per_process: ClassVar[int]
+    """How many trials one worker process may supervise at once: 1 where a trial runs on the worker
+    itself (local), many where it runs elsewhere and the worker only follows it (remote, Kubernetes)."""
 
-    def __init__(self, client: redis.Redis) -> None: ...
+    def __init__(self, settings: Settings, client: redis.Redis) -> None: ...
+
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+        """Make the experiment's code available where its trials run. Called before every trial (and
+        before every re-attachment): cheap when the code is staged already."""
 
     def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
         """Run the trial to its end (blocking); a stop request must end it promptly."""
         ...
+
+    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | None:
+        """Follow to its end an attempt that a worker, since lost, launched; None when nothing of it
+        runs any more (its worker took it along: the attempt is lost)."""
+        ...
+
+    def release(self, trial: TrialAssignment) -> None:
+        """Free what a lost attempt still holds (GPUs, a process on a host, a pod). Runs as a job of
+        this platform's queue, so on a worker that has the platform's settings and clients."""
+
+    def close(self) -> None:
+        """The worker stops: close what __init__ opened."""

@@ -2,7 +2,7 @@
 
 A worker claims an attempt (so a duplicate delivery of its job does nothing) and holds a lease on
 it, renewed while the trial runs. Leases expire by Redis server time, so workers' clocks never
-matter. A lease that expired means the worker stopped: `workers.reaper` declares the attempt lost.
+matter. A lease that expired means the worker stopped: `core.reaper` declares the attempt lost.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis
 from redis.client import Pipeline
 
-from manager import keys
+from core import keys
 
 LEASE_ENV = "TRIALSTREAM_TRIAL_LEASE_S"
 DEFAULT_LEASE_S = 10.0

@@ -10,20 +10,25 @@ claim, so an attempt that is alive after all is never declared lost, and two rea
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import redis
-from rq import Queue
 
-from manager import keys
-from manager.connections import RETRY_CAP_S
-from manager.event_store import EventStore, StoredEvent
+from core import keys
+from core.connections import RETRY_CAP_S
+from core.dispatch import (
+    RELEASE_ATTEMPT,
+    TrialJob,
+    attempt_job_prefix,
+    dispatch,
+    load_submission,
+    parked_attempts,
+    queued_attempts,
+)
+from core.event_store import EventStore, StoredEvent
+from core.leases import LOST, AttemptRef
 from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialSubmitted
 from schemas.trial import TrialJobDetail, TrialJobStatus
-from workers.job import attempt_job_prefix, enqueue_trial, load_submission
-from workers.leases import LOST, AttemptRef, lease_seconds
-from workers.registry import queue_name
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +36,20 @@ REAP_INTERVAL_S = 1.0
 _BATCH = 100
 
 
-def restart_grace_s() -> float:
+def restart_grace_s(lease_s: float) -> float:
     """After Redis restarts, how long leases are not reaped: no worker could renew while it was down,
     so each gets two lease lengths, plus the client's longest back-off, to reconnect and renew."""
-    return 2 * lease_seconds() + RETRY_CAP_S
+    return 2 * lease_s + RETRY_CAP_S
 
 
 def reap_lost_attempts(
-    client: redis.Redis, rq_connection: redis.Redis, reaper: str, restart_grace: float | None = None
+    client: redis.Redis, rq_connection: redis.Redis, reaper: str, lease_s: float, restart_grace: float | None = None
 ) -> list[TrialAttemptLost]:
     """Declare every attempt whose lease has expired lost; returns the verdicts this call appended."""
     seconds, microseconds = client.time()
     now_ms = seconds * 1000 + microseconds // 1000
     members: Any = client.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=_BATCH)
-    grace = restart_grace_s() if restart_grace is None else restart_grace
+    grace = restart_grace_s(lease_s) if restart_grace is None else restart_grace
     if not members or int(client.info("server")["uptime_in_seconds"]) < grace:
         return []
     verdicts = []
@@ -63,15 +68,6 @@ def reap_lost_attempts(
     return verdicts
 
 
-def reap_forever(client: redis.Redis, rq_connection: redis.Redis, reaper: str, stop: threading.Event) -> None:
-    """Reap every REAP_INTERVAL_S until `stop` is set; Redis outages are waited out."""
-    while not stop.wait(REAP_INTERVAL_S):
-        try:
-            reap_lost_attempts(client, rq_connection, reaper)
-        except redis.RedisError as error:
-            log.warning("reaper: %s; retrying", error)
-
-
 def unclaimed_attempts(
     client: redis.Redis, rq_connection: redis.Redis, trials: list[TrialJobDetail]
 ) -> list[TrialJobDetail]:
@@ -84,16 +80,13 @@ def unclaimed_attempts(
     waiting = [trial for trial in trials if trial.status is TrialJobStatus.WAITING]
     if not waiting:
         return []
-    queued = {
-        job_id.rsplit("-", 1)[0]
-        for platform in {trial.platform for trial in waiting}
-        for job_id in Queue(queue_name(platform), connection=rq_connection).get_job_ids()
-    }
+    platforms = {trial.platform for trial in waiting}
+    present = queued_attempts(rq_connection, platforms) | parked_attempts(client, platforms)
     claims: Any = client.mget([keys.trial_claim(t.experiment_id, t.id, t.attempt) for t in waiting])
     return [
         trial
         for trial, claim in zip(waiting, claims, strict=True)
-        if claim is None and attempt_job_prefix(trial.experiment_id, trial.id, trial.attempt) not in queued
+        if claim is None and attempt_job_prefix(trial.experiment_id, trial.id, trial.attempt) not in present
     ]
 
 
@@ -113,16 +106,15 @@ def _declare_lost(
                 holder: Any = pipe.get(ref.claim_key)
                 submitted = load_submission(store, ref.trial_id)
                 verdict = _verdict(store, submitted, ref, holder, reaper)
-                pipe.multi()
-                store.append(verdict, idempotency_key=ref.ended_key, pipeline=pipe)
+                assert isinstance(submitted.event, TrialSubmitted)
+                platform = submitted.event.platform
+                jobs = [TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, function=RELEASE_ATTEMPT)]
                 if verdict.status is TrialJobStatus.WAITING:
-                    assert isinstance(submitted.event, TrialSubmitted)
-                    args = (ref.experiment_id, ref.trial_id, ref.attempt + 1)
-                    enqueue_trial(rq_connection, submitted.event.platform, args, pipeline=pipe)
+                    jobs.append(TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
+                pipe.multi()
+                dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
                 pipe.zrem(keys.LEASES, ref.member)
                 pipe.set(ref.claim_key, LOST, keepttl=True)
-                if holder:  # GPUs the dead worker held for the attempt are free again
-                    pipe.hdel(keys.gpu_holders(holder.rsplit(":", 1)[0]), ref.member)
                 pipe.execute()
                 return verdict
             except redis.WatchError:

@@ -16,8 +16,8 @@ import redis
 from pydantic import ValidationError
 from redis.client import Pipeline
 
-from manager import keys
-from manager.connections import same_server
+from core import keys
+from core.connections import same_server
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand
 from schemas.upcasters import upcast
 

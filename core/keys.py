@@ -40,6 +40,11 @@ def runner(experiment_id: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:runner"
 
 
+def parked(platform: str) -> str:
+    """Zset: attempts of `platform` that could not start yet (JSON member) -> when to check again (ms)."""
+    return f"{LOG_PREFIX}:parked:{platform}"
+
+
 def gpu_holders(host: str) -> str:
     """Hash: `<exp>/<trial>` -> the GPU indices it holds on `host` (the local platform's ledger)."""
     return f"{LOG_PREFIX}:gpu:{host}:holders"

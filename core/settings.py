@@ -1,0 +1,69 @@
+"""trialstream's own settings, in one object.
+
+They are read once, where a process starts (`Settings.from_environment`, from `TRIALSTREAM_*`
+variables and the CLI's flags), and passed down explicitly: no module reads the environment for a
+setting of its own, and none of them reaches a trial (`trial_environment` strips them).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PREFIX = "TRIALSTREAM_"
+REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
+_MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+
+
+def default_machine_id() -> str:
+    """The machine, not the process or the container: GPU workers in several containers on one
+    machine must share one ledger. /etc/machine-id where it is set, else the host name."""
+    for path in _MACHINE_ID_FILES:
+        try:
+            machine_id = path.read_text().strip()
+        except OSError:
+            continue
+        if machine_id:
+            return machine_id
+    return socket.gethostname()
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    redis_url: str | None = None
+    trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
+    redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
+    kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
+    machine_id: str = Field(default_factory=default_machine_id, min_length=1, description="the GPU ledger's host")
+    fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")
+    experiments_dir: Path = Path("~/trialstream-experiments")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """`TRIALSTREAM_<NAME>` for each field (TRIALSTREAM_LEASE_S, ...), then `overrides` (CLI flags)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            raw = environ.get(PREFIX + name.upper())
+            if raw:
+                values[name] = raw
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls.model_validate(values)
+
+    def as_environment(self) -> dict[str, str]:
+        """The variables that give a child process these settings (the processes of the embedded stack)."""
+        return {
+            PREFIX + name.upper(): str(value)
+            for name, value in self.model_dump(exclude_defaults=True).items()
+            if value is not None
+        }
+
+
+def trial_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The user's environment as a trial gets it: without any of trialstream's settings or secrets."""
+    return {name: value for name, value in environ.items() if not name.startswith(PREFIX)}
