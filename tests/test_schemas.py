@@ -25,6 +25,7 @@ from schemas.events import (
     TrialLaunchSpec,
     TrialMetricRejected,
     TrialMetricReported,
+    TrialRequeued,
     TrialStarted,
     TrialSubmitted,
 )
@@ -307,6 +308,7 @@ EVENTS: list[Any] = [
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e/trials/jl7ty", launch=launch()),
     TrialDeferred(**TRIAL, reason="GPUs busy"),
+    TrialRequeued(**TRIAL, attempt=1, reason="its job was lost"),
     TrialStarted(**TRIAL, attempt=1, working_directory="/e/trials/jl7ty", url="file:///e", gpu_indices=[0, 1]),
     TrialMetricReported(**TRIAL, attempt=1, parameter_id="5", metric_type="PERIODICAL", sequence=2, data='"0.5"'),
     TrialMetricRejected(**TRIAL, reason="metric record is not JSON"),

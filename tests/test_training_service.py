@@ -9,7 +9,7 @@ import redis
 from rq import Queue
 
 from core import dispatch
-from core.dispatch import queue_name
+from core.dispatch import queue_name, trial_queue
 from manager.projector import Projector
 from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.events import TrialMetricReported, TrialStarted
@@ -42,8 +42,8 @@ def test_reads_combine_projected_views_with_events_not_yet_projected(client: red
 def test_submission_event_and_job_are_written_together(make_service, rq_connection: redis.Redis) -> None:
     service = make_service()
     trial = service.submit_trial_job(form(0))
-    jobs = Queue(queue_name("local"), connection=rq_connection).get_jobs()
-    assert [job.args for job in jobs] == [(service.experiment_id, trial.id, 1)]
+    jobs = trial_queue("local", rq_connection).get_jobs()
+    assert [job.args for job in jobs] == [[service.experiment_id, trial.id, 1]]  # JSON, never a pickle
     assert jobs[0].timeout == -1  # RQ's 180 s default must never kill a trial
 
 
