@@ -95,6 +95,9 @@ class Platform(Protocol):
     trials_per_process: ClassVar[int]
     """How many trials one worker process may supervise at once: 1 where a trial runs on the worker
     itself (local), many where it runs elsewhere and the worker only follows it (remote, Kubernetes)."""
+    trials_outlive_worker: ClassVar[bool]
+    """Whether a trial keeps running when its worker dies (on a remote host, in a pod): its attempt is
+    then re-attached by another worker, not declared lost."""
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None: ...
 

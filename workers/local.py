@@ -58,6 +58,7 @@ class LocalPlatform:
     name: ClassVar[str] = "local"
     config_model: ClassVar[type[LocalConfig]] = LocalConfig
     trials_per_process: ClassVar[int] = 64
+    trials_outlive_worker: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         source = FakeGpuSource(settings.fake_gpus) if settings.fake_gpus else detect_gpu_source()

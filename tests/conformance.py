@@ -1,0 +1,237 @@
+"""The platform conformance suite: what every platform must do, the same tests for each.
+
+A platform's test module subclasses `PlatformConformance` and gives a `harness` fixture: its
+trainingService section, how to start a real worker for it, and what it promises (whether its
+trials outlive their worker, how many trials one worker may follow). The trial is one script,
+`conformance_trial.py`, that speaks NNI's trial-side contract directly (parameter.cfg, `ME` records
+in the metrics file, `NNISDK_MEb` lines on stdout), so the suite checks the platform, not an SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.registry import platform_class
+from manager.projector import Projector
+from manager.training_service import TrainingService
+from schemas.trial import HyperParameters, JobApplicationForm, TrialJobDetail, TrialJobStatus
+from tests.conftest import ServiceFactory, wait_for_status, wait_until
+
+TRIAL = """
+import json, os, sys, time
+
+sys_dir = os.environ["NNI_SYS_DIR"]
+form = json.load(open(os.path.join(sys_dir, "parameter.cfg")))
+params = form["parameters"]
+mode = params["mode"]
+
+
+def record(kind, sequence, value):
+    return json.dumps({"parameter_id": form["parameter_id"], "type": kind, "sequence": sequence,
+                       "value": json.dumps(value)})
+
+
+def to_file(kind, sequence, value):
+    os.makedirs(os.path.join(sys_dir, ".nni"), exist_ok=True)
+    data = record(kind, sequence, value).encode() + b"\\n"
+    with open(os.path.join(sys_dir, ".nni", "metrics"), "ab") as metrics:
+        metrics.write(b"ME%06d" % len(data) + data)
+
+
+def to_stdout(kind, sequence, value):
+    print("NNISDK_ME" + repr(record(kind, sequence, value).encode()), flush=True)  # b'...', as NNI prints it
+
+
+if mode == "environment":
+    names = ["NNI_PLATFORM", "NNI_EXP_ID", "NNI_TRIAL_JOB_ID", "NNI_SYS_DIR", "NNI_OUTPUT_DIR",
+             "NNI_TRIAL_SEQ_ID", "MULTI_PHASE"]
+    seen = {name: os.environ.get(name) for name in names}
+    leaked = sorted(name for name in os.environ if name.startswith("TRIALSTREAM_"))
+    to_stdout("FINAL", 0, {"default": 1, "environment": seen, "leaked": leaked, "parameters": params})
+elif mode == "metrics":
+    to_file("PERIODICAL", 0, 0.25)
+    to_stdout("PERIODICAL", 1, 0.5)
+    to_file("FINAL", 0, {"default": 0.75, "loss": 0.1})
+elif mode == "exit":
+    sys.stderr.write("the trial's last words\\n")
+    sys.exit(params["code"])
+elif mode == "sleep":
+    open(os.path.join(sys_dir, "started"), "w").close()
+    time.sleep(params.get("seconds", 300))
+elif mode == "slow-once":  # long the first time (to be interrupted), short the next
+    marker = params["marker"]
+    first = not os.path.exists(marker)
+    open(marker, "a").close()
+    time.sleep(300 if first else 0)
+    to_stdout("FINAL", 0, 1.0)
+"""
+
+
+@dataclass
+class PlatformHarness:
+    """What a platform's test module tells the suite."""
+
+    platform_config: dict[str, Any]
+    start_worker: Callable[..., subprocess.Popen[bytes]]  # (args=(...), env={...}): a worker serving the queue
+    python: str = sys.executable  # the interpreter trials run with, where they run
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.platform_config["platform"])
+
+    @property
+    def outlives_worker(self) -> bool:
+        return platform_class(self.name).trials_outlive_worker
+
+    @property
+    def trials_per_process(self) -> int:
+        return platform_class(self.name).trials_per_process
+
+
+def trial_form(sequence_id: int = 0, **parameters: Any) -> JobApplicationForm:
+    value = json.dumps(
+        {"parameter_id": sequence_id, "parameter_source": "algorithm", "parameters": parameters, "parameter_index": 0}
+    )
+    return JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=value))
+
+
+class PlatformConformance:
+    """The behaviour every platform shows. Not collected by itself (its name does not start with Test)."""
+
+    @pytest.fixture
+    def harness(self) -> PlatformHarness:
+        raise NotImplementedError("a platform's test module provides the harness")
+
+    @pytest.fixture
+    def service_for(self, harness: PlatformHarness, make_service: ServiceFactory, code_dir: Path):
+        (code_dir / "conformance_trial.py").write_text(textwrap.dedent(TRIAL))
+
+        def make(**options: Any) -> TrainingService:
+            command = f"{harness.python} conformance_trial.py"
+            return make_service(command, platform_config=harness.platform_config, **options)
+
+        return make
+
+    def finished(self, service: TrainingService, trial_id: str, timeout: float = 60) -> TrialJobDetail:
+        terminal = [str(status) for status in TrialJobStatus if status.is_terminal]
+        return wait_for_status(service, trial_id, *terminal, timeout=timeout)
+
+    def test_trial_gets_nni_environment_and_its_parameters(self, harness: PlatformHarness, service_for) -> None:
+        service = service_for()
+        harness.start_worker()
+        trial_id = service.submit_trial_job(trial_form(4, mode="environment", lr=0.5)).id
+        trial = self.finished(service, trial_id)
+        assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+        seen = trial.final_metric
+        assert isinstance(seen, dict)
+        assert seen["parameters"] == {"mode": "environment", "lr": 0.5}
+        environment = seen["environment"]
+        assert environment["NNI_PLATFORM"] == harness.name
+        assert environment["NNI_EXP_ID"] == service.experiment_id
+        assert environment["NNI_TRIAL_JOB_ID"] == trial_id
+        assert environment["NNI_TRIAL_SEQ_ID"] == "4"
+        assert environment["NNI_SYS_DIR"] and environment["NNI_OUTPUT_DIR"]
+        assert environment["MULTI_PHASE"] == "false"
+        assert seen["leaked"] == []  # none of trialstream's settings (the Redis URL among them)
+
+    def test_metrics_arrive_from_both_wire_formats_once_each(self, harness: PlatformHarness, service_for) -> None:
+        service = service_for()
+        harness.start_worker()
+        trial_id = service.submit_trial_job(trial_form(0, mode="metrics")).id
+        trial = self.finished(service, trial_id)
+        assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+        assert trial.final_metric == {"default": 0.75, "loss": 0.1}
+        Projector(service.store.client).catch_up(service.experiment_id)
+        metrics = service.views.metrics(trial_id)
+        assert sorted((m.type, m.sequence, json.dumps(m.value)) for m in metrics) == [
+            ("FINAL", 0, json.dumps({"default": 0.75, "loss": 0.1})),
+            ("PERIODICAL", 0, "0.25"),
+            ("PERIODICAL", 1, "0.5"),
+        ]
+
+    @pytest.mark.parametrize(("code", "status"), [(0, TrialJobStatus.SUCCEEDED), (3, TrialJobStatus.FAILED)])
+    def test_exit_code_decides_the_status(
+        self, harness: PlatformHarness, service_for, code: int, status: TrialJobStatus
+    ) -> None:
+        service = service_for()
+        harness.start_worker()
+        trial = self.finished(service, service.submit_trial_job(trial_form(0, mode="exit", code=code)).id)
+        assert trial.status is status and trial.exit_code == code
+        if code:
+            assert "exit code 3" in (trial.message or "") and "the trial's last words" in (trial.message or "")
+
+    @pytest.mark.parametrize(
+        ("early", "status"), [(False, TrialJobStatus.USER_CANCELED), (True, TrialJobStatus.EARLY_STOPPED)]
+    )
+    def test_cancel_stops_a_running_trial(
+        self, harness: PlatformHarness, service_for, early: bool, status: TrialJobStatus
+    ) -> None:
+        service = service_for()
+        harness.start_worker()
+        trial_id = service.submit_trial_job(trial_form(0, mode="sleep")).id
+        wait_for_status(service, trial_id, "RUNNING")
+        service.cancel_trial_job(trial_id, is_early_stopped=early)
+        assert self.finished(service, trial_id).status is status
+
+    def test_max_trial_duration_stops_it_early(self, harness: PlatformHarness, service_for) -> None:
+        service = service_for(max_trial_duration=1.0)
+        harness.start_worker()
+        trial = self.finished(service, service.submit_trial_job(trial_form(0, mode="sleep")).id)
+        assert trial.status is TrialJobStatus.EARLY_STOPPED
+        assert "maxTrialDuration" in (trial.message or "")
+
+    def test_clean_up_stops_every_trial_still_running(self, harness: PlatformHarness, service_for) -> None:
+        service = service_for()
+        harness.start_worker()
+        trial_id = service.submit_trial_job(trial_form(0, mode="sleep")).id
+        wait_for_status(service, trial_id, "RUNNING")
+        service.clean_up()
+        assert self.finished(service, trial_id).status is TrialJobStatus.SYS_CANCELED
+
+    @pytest.mark.parametrize("retries", [0, 1])
+    def test_a_killed_worker_s_attempt_is_lost_retried_or_reattached(
+        self, harness: PlatformHarness, service_for, tmp_path: Path, retries: int
+    ) -> None:
+        service = service_for(max_retries=retries)
+        fast = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
+        victim = harness.start_worker(env=fast)
+        trial_id = service.submit_trial_job(trial_form(0, mode="slow-once", marker=str(tmp_path / "marker"))).id
+        wait_for_status(service, trial_id, "RUNNING")
+        harness.start_worker(env=fast)  # the survivor that notices, and takes the trial up
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        trial = self.finished(service, trial_id)
+        if harness.outlives_worker:  # the same attempt, followed again by the survivor
+            assert trial.attempt == 1
+        elif retries:
+            assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 2
+        else:
+            assert trial.status is TrialJobStatus.FAILED and trial.attempt == 1
+            assert "lost" in (trial.message or "")
+
+    def test_one_worker_follows_several_trials_at_once(self, harness: PlatformHarness, service_for) -> None:
+        concurrency = min(3, harness.trials_per_process)
+        if concurrency < 2:
+            pytest.skip(f"platform {harness.name} runs one trial per worker process")
+        service = service_for()
+        harness.start_worker(args=("--concurrency", str(concurrency)))
+        trial_ids = [service.submit_trial_job(trial_form(i, mode="sleep")).id for i in range(concurrency)]
+
+        def all_running() -> bool:
+            return all(trial.status is TrialJobStatus.RUNNING for trial in service.get_trial_jobs(trial_ids))
+
+        wait_until(all_running, 60, what=f"{concurrency} trials running on one worker")
+        service.clean_up()
+        for trial_id in trial_ids:
+            assert self.finished(service, trial_id).status is TrialJobStatus.SYS_CANCELED
