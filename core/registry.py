@@ -1,13 +1,15 @@
-"""Which platforms exist, and the RQ queue each one is served on.
+"""Which platforms exist: a name -> the adapter class, imported only when asked for by name.
 
 Built-in platforms are listed here; others plug in through the `trialstream.platforms` entry-point
-group, so adding a platform never touches the manager.
+group of an installed package, or the `platforms` setting (`TRIALSTREAM_PLATFORMS=name=module:Class`)
+for a module on the path: adding a platform never touches the manager.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import cast
 
@@ -28,6 +30,11 @@ def _targets() -> dict[str, str]:
     targets = dict(BUILTIN_PLATFORMS)
     targets.update({point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)})
     return targets
+
+
+def add_platforms(targets: Mapping[str, str]) -> None:
+    """Make the platforms of the `platforms` setting known to this process (where it starts)."""
+    _targets().update(targets)
 
 
 def available_platforms() -> list[str]:

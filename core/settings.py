@@ -11,8 +11,9 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 PREFIX = "TRIALSTREAM_"
 REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
@@ -32,16 +33,32 @@ def default_machine_id() -> str:
     return socket.gethostname()
 
 
+def _platform_targets(value: object) -> object:
+    """`TRIALSTREAM_PLATFORMS` reads `name=module:Class,other=module:Class`."""
+    if not isinstance(value, str):
+        return value
+    targets = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, equals, target = item.partition("=")
+        if not equals or ":" not in target:
+            raise ValueError(f"{item!r}: write each platform as name=module:Class")
+        targets[name.strip()] = target.strip()
+    return targets
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    redis_url: str | None = None
+    redis_url: str | None = Field(default=None, repr=False)  # may hold a password
     trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
     redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
     machine_id: str = Field(default_factory=default_machine_id, min_length=1, description="the GPU ledger's host")
     fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")
     experiments_dir: Path = Path("~/trialstream-experiments")
+    platforms: Annotated[dict[str, str], BeforeValidator(_platform_targets)] = Field(
+        default_factory=dict, description="extra platform adapters: name=module:Class, comma-separated"
+    )
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -57,11 +74,10 @@ class Settings(BaseModel):
 
     def as_environment(self) -> dict[str, str]:
         """The variables that give a child process these settings (the processes of the embedded stack)."""
-        return {
-            PREFIX + name.upper(): str(value)
-            for name, value in self.model_dump(exclude_defaults=True).items()
-            if value is not None
-        }
+        values = self.model_dump(exclude_defaults=True)
+        if "platforms" in values:
+            values["platforms"] = ",".join(f"{name}={target}" for name, target in self.platforms.items())
+        return {PREFIX + name.upper(): str(value) for name, value in values.items() if value is not None}
 
 
 def trial_environment(environ: Mapping[str, str]) -> dict[str, str]:

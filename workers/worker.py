@@ -18,7 +18,7 @@ from rq.worker import WorkerStatus
 from core.connections import connect, same_server
 from core.dispatch import SERIALIZER, trial_queue, wake_parked
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
-from core.registry import platform_class
+from core.registry import add_platforms, platform_class
 from core.settings import Settings
 from workers.job import WorkerRuntime, install
 
@@ -126,6 +126,7 @@ def serve(
     settings: Settings, platform: str, *, concurrency: int = 1, burst: bool = False, name: str | None = None
 ) -> None:
     """Serve `platform`'s queue until stopped (SIGTERM/SIGINT), or until it is empty with `burst`."""
+    add_platforms(settings.platforms)
     adapter = platform_class(platform)  # an unknown platform fails here, before listening
     if not 1 <= concurrency <= adapter.trials_per_process:
         raise ValueError(
