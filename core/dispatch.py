@@ -55,6 +55,7 @@ class TrialJob:
     function: str = RUN_TRIAL
     deferrals: int = 0
     last_deferral: str = ""
+    reattach: bool = False  # take up an attempt whose trial outlived its lost worker
 
     @property
     def prefix(self) -> str:
@@ -76,7 +77,9 @@ def dispatch(
         trial_queue(job.platform, rq_connection).enqueue_call(
             job.function,
             args=(job.experiment_id, job.trial_id, job.attempt),
-            kwargs={"deferrals": job.deferrals, "last_deferral": job.last_deferral} if run else {},
+            kwargs={"deferrals": job.deferrals, "last_deferral": job.last_deferral, "reattach": job.reattach}
+            if run
+            else {},
             # unique per delivery; a queued attempt is recognised by its prefix
             job_id=f"{job.prefix}-{'run' if run else 'release'}-{time.time_ns()}",
             timeout=-1,  # trials end on their own terms

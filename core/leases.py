@@ -21,14 +21,17 @@ DEFAULT_LEASE_S = 10.0
 CLAIM_TTL_S = 7 * 24 * 3600
 ENDED = "ended"
 LOST = "lost"
+ORPHANED = "orphaned"  # its worker was lost, its trial runs on: another worker may take the attempt up
 
-# KEYS: claim, leases. ARGV: worker, claim ttl (s), lease member, lease length (ms)
+# KEYS: claim, leases. ARGV: worker, claim ttl (s), lease member, lease length (ms), take over ('' or a claim)
 # Acquiring again as the same holder succeeds: a client that resends the script after a lost reply
-# must not lock itself out of its own attempt.
+# must not lock itself out of its own attempt. A claim equal to ARGV[5] (an orphaned attempt) is taken over.
 _ACQUIRE = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) and redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] and (ARGV[5] == '' or held ~= ARGV[5]) then
   return 0
 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local now = redis.call('TIME')
 redis.call('ZADD', KEYS[2], now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
 return 1
@@ -90,9 +93,11 @@ class Lease:
     def _args(self) -> list[str | int]:
         return [self.worker, CLAIM_TTL_S, self.ref.member, int(self.seconds * 1000)]
 
-    def acquire(self) -> bool:
-        """Claim the attempt and start the lease; False if another delivery already claimed it."""
-        return bool(self._acquire(keys=[self.ref.claim_key, keys.LEASES], args=self._args))
+    def acquire(self, take_over: bool = False) -> bool:
+        """Claim the attempt and start the lease; False if another delivery already claimed it. With
+        `take_over`, an orphaned attempt (its worker lost, its trial running on) is claimed too."""
+        args = [*self._args, ORPHANED if take_over else ""]
+        return bool(self._acquire(keys=[self.ref.claim_key, keys.LEASES], args=args))
 
     def renew(self) -> bool:
         """Extend the lease; False once the attempt has been declared lost (or has ended)."""

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from core import keys
 from core.connections import RETRY_CAP_S
@@ -26,8 +27,9 @@ from core.dispatch import (
     queued_attempts,
 )
 from core.event_store import EventStore, StoredEvent
-from core.leases import LOST, AttemptRef
-from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialSubmitted
+from core.leases import LOST, ORPHANED, AttemptRef
+from core.registry import platform_class
+from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialRequeued, TrialSubmitted
 from schemas.trial import TrialJobDetail, TrialJobStatus
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,9 @@ def restart_grace_s(lease_s: float) -> float:
 
 def reap_lost_attempts(
     client: redis.Redis, rq_connection: redis.Redis, reaper: str, lease_s: float, restart_grace: float | None = None
-) -> list[TrialAttemptLost]:
-    """Declare every attempt whose lease has expired lost; returns the verdicts this call appended."""
+) -> list[TrialAttemptLost | TrialRequeued]:
+    """Declare every attempt whose lease has expired lost (or, where trials outlive their worker, hand
+    it to another worker); returns the verdicts this call appended."""
     seconds, microseconds = client.time()
     now_ms = seconds * 1000 + microseconds // 1000
     members: Any = client.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=_BATCH)
@@ -63,7 +66,7 @@ def reap_lost_attempts(
             client.zrem(keys.LEASES, member)
             continue
         if verdict is not None:
-            log.warning("trial %s attempt %d lost: %s", verdict.trial_id, verdict.attempt, verdict.reason)
+            log.warning("trial %s attempt %d: %s", verdict.trial_id, verdict.attempt, verdict.reason)
             verdicts.append(verdict)
     return verdicts
 
@@ -92,7 +95,7 @@ def unclaimed_attempts(
 
 def _declare_lost(
     client: redis.Redis, rq_connection: redis.Redis, ref: AttemptRef, reaper: str
-) -> TrialAttemptLost | None:
+) -> TrialAttemptLost | TrialRequeued | None:
     store = EventStore(client, ref.experiment_id)
     with client.pipeline(transaction=True) as pipe:
         while True:
@@ -105,24 +108,71 @@ def _declare_lost(
                     return None  # renewed, ended, or declared by another reaper meanwhile
                 holder: Any = pipe.get(ref.claim_key)
                 submitted = load_submission(store, ref.trial_id)
-                verdict = _verdict(store, submitted, ref, holder, reaper)
                 assert isinstance(submitted.event, TrialSubmitted)
-                platform = submitted.event.platform
-                jobs = [TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, function=RELEASE_ATTEMPT)]
-                if verdict.status is TrialJobStatus.WAITING:
-                    jobs.append(TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
                 pipe.multi()
-                dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
-                pipe.zrem(keys.LEASES, ref.member)
-                pipe.set(ref.claim_key, LOST, keepttl=True)
+                if platform_class(submitted.event.platform).trials_outlive_worker:
+                    verdict: TrialAttemptLost | TrialRequeued = _orphan(
+                        pipe, rq_connection, store, submitted, ref, holder
+                    )
+                else:
+                    verdict = lose_attempt(pipe, rq_connection, store, submitted, ref, holder, reaper)
                 pipe.execute()
                 return verdict
             except redis.WatchError:
                 continue
 
 
+def lose_attempt(
+    pipe: Pipeline,
+    rq_connection: redis.Redis,
+    store: EventStore,
+    submitted: StoredEvent,
+    ref: AttemptRef,
+    holder: str | None,
+    reaper: str,
+    reason: str | None = None,
+) -> TrialAttemptLost:
+    """Queue on `pipe` (in MULTI) the end of a lost attempt: TrialAttemptLost, the release of what it
+    held, its retry when maxTrialRetries allows one, and the end of its lease."""
+    assert isinstance(submitted.event, TrialSubmitted)
+    verdict = _verdict(store, submitted, ref, holder, reaper, reason)
+    platform = submitted.event.platform
+    jobs = [TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, function=RELEASE_ATTEMPT)]
+    if verdict.status is TrialJobStatus.WAITING:
+        jobs.append(TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
+    dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
+    pipe.zrem(keys.LEASES, ref.member)
+    pipe.set(ref.claim_key, LOST, keepttl=True)
+    return verdict
+
+
+def _orphan(
+    pipe: Pipeline,
+    rq_connection: redis.Redis,
+    store: EventStore,
+    submitted: StoredEvent,
+    ref: AttemptRef,
+    holder: str | None,
+) -> TrialRequeued:
+    """The trial runs on without its worker (on a remote host, in a pod): hand the attempt to another
+    worker of its platform, which re-attaches to it (or, finding nothing of it, declares it lost)."""
+    assert isinstance(submitted.event, TrialSubmitted)
+    who = f"worker {holder}" if holder else "its worker"
+    record = TrialRequeued(
+        experiment_id=ref.experiment_id,
+        trial_id=ref.trial_id,
+        attempt=ref.attempt,
+        reason=f"{who} stopped renewing the lease of attempt {ref.attempt}; another worker takes it up",
+    )
+    job = TrialJob(submitted.event.platform, ref.experiment_id, ref.trial_id, ref.attempt, reattach=True)
+    dispatch(pipe, rq_connection, store, record, [job])
+    pipe.zrem(keys.LEASES, ref.member)
+    pipe.set(ref.claim_key, ORPHANED, keepttl=True)
+    return record
+
+
 def _verdict(
-    store: EventStore, submitted: StoredEvent, ref: AttemptRef, holder: str | None, reaper: str
+    store: EventStore, submitted: StoredEvent, ref: AttemptRef, holder: str | None, reaper: str, reason: str | None
 ) -> TrialAttemptLost:
     """Retry while maxTrialRetries allows, unless someone asked the trial to stop: then it ends as asked."""
     submission = submitted.event
@@ -142,6 +192,6 @@ def _verdict(
         source=reaper,
         attempt=ref.attempt,
         worker=holder,
-        reason=f"{who} stopped renewing the lease of attempt {ref.attempt}",
+        reason=reason or f"{who} stopped renewing the lease of attempt {ref.attempt}",
         status=status,
     )

@@ -21,6 +21,7 @@ from schemas.events import (
     TrialEnded,
     TrialFormUpdated,
     TrialMetricReported,
+    TrialReattached,
     TrialStarted,
     TrialSubmitted,
 )
@@ -125,6 +126,8 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
                     "message": None,
                 }
             )
+        case TrialReattached() if event.attempt == view.attempt and not status.is_terminal:
+            return view.model_copy(update={"worker": event.source})
         case TrialMetricReported(metric_type="FINAL") if event.attempt == view.attempt:
             record = metric_record(event)
             if any(known.dedup_key == record.dedup_key for known in view.final_metric_data):

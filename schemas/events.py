@@ -94,6 +94,15 @@ class TrialRequeued(TrialEvent):
     reason: str
 
 
+class TrialReattached(TrialEvent):
+    """A worker took up an attempt whose worker was lost while its trial ran on (on a remote host, in a
+    pod): the attempt goes on, followed by this worker (`source`)."""
+
+    type: Literal["TrialReattached"] = "TrialReattached"
+    v: Literal[1] = 1
+    attempt: int
+
+
 class TrialStarted(TrialEvent):
     type: Literal["TrialStarted"] = "TrialStarted"
     v: Literal[2] = 2
@@ -192,6 +201,7 @@ Event = Annotated[
     | TrialSubmitted
     | TrialDeferred
     | TrialRequeued
+    | TrialReattached
     | TrialStarted
     | TrialMetricReported
     | TrialMetricRejected

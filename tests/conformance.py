@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
+from core.event_store import StoredEvent
 from core.registry import platform_class
 from manager.projector import Projector
 from manager.training_service import TrainingService
+from schemas.events import TrialAttemptLost, TrialReattached
 from schemas.trial import HyperParameters, JobApplicationForm, TrialJobDetail, TrialJobStatus
 from tests.conftest import ServiceFactory, wait_for_status, wait_until
 
@@ -68,11 +70,12 @@ elif mode == "exit":
 elif mode == "sleep":
     open(os.path.join(sys_dir, "started"), "w").close()
     time.sleep(params.get("seconds", 300))
-elif mode == "slow-once":  # long the first time (to be interrupted), short the next
-    marker = params["marker"]
-    first = not os.path.exists(marker)
-    open(marker, "a").close()
-    time.sleep(300 if first else 0)
+elif mode == "hold-once":  # the first run holds until released (or interrupted); a second run does not
+    first = not os.path.exists(params["marker"])
+    open(params["marker"], "a").close()
+    deadline = time.time() + 300
+    while first and not os.path.exists(params["release"]) and time.time() < deadline:
+        time.sleep(0.05)
     to_stdout("FINAL", 0, 1.0)
 """
 
@@ -97,6 +100,14 @@ class PlatformHarness:
     @property
     def trials_per_process(self) -> int:
         return platform_class(self.name).trials_per_process
+
+
+def history(service: TrainingService, trial_id: str) -> list[Any]:
+    return [
+        e.event
+        for e in service.store.read()
+        if isinstance(e, StoredEvent) and getattr(e.event, "trial_id", None) == trial_id
+    ]
 
 
 def trial_form(sequence_id: int = 0, **parameters: Any) -> JobApplicationForm:
@@ -206,15 +217,22 @@ class PlatformConformance:
         service = service_for(max_retries=retries)
         fast = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
         victim = harness.start_worker(env=fast)
-        trial_id = service.submit_trial_job(trial_form(0, mode="slow-once", marker=str(tmp_path / "marker"))).id
+        release = tmp_path / "release"
+        held = trial_form(0, mode="hold-once", marker=str(tmp_path / "marker"), release=str(release))
+        trial_id = service.submit_trial_job(held).id
         wait_for_status(service, trial_id, "RUNNING")
         harness.start_worker(env=fast)  # the survivor that notices, and takes the trial up
         victim.send_signal(signal.SIGKILL)
         victim.wait()
+        if harness.outlives_worker:  # the same attempt runs on, followed again by the survivor
+            wait_until(lambda: any(isinstance(e, TrialReattached) for e in history(service, trial_id)), 30)
+            release.touch()
+            trial = self.finished(service, trial_id)
+            assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1
+            assert not any(isinstance(e, TrialAttemptLost) for e in history(service, trial_id))
+            return
         trial = self.finished(service, trial_id)
-        if harness.outlives_worker:  # the same attempt, followed again by the survivor
-            assert trial.attempt == 1
-        elif retries:
+        if retries:
             assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 2
         else:
             assert trial.status is TrialJobStatus.FAILED and trial.attempt == 1

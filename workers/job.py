@@ -13,10 +13,11 @@ from core.connections import until_redis_answers
 from core.dispatch import TrialJob, load_submission, park, wake_parked, worker_name
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
-from core.platform import Deferred, Platform, TrialAssignment
+from core.platform import Deferred, Platform, TrialAssignment, TrialOutcome
+from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
-from schemas.events import TrialDeferred, TrialEnded, TrialLaunchSpec, TrialSubmitted
+from schemas.events import TrialDeferred, TrialEnded, TrialLaunchSpec, TrialReattached, TrialSubmitted
 from schemas.trial import TrialJobStatus
 from workers.control import LogTrialControl
 
@@ -58,8 +59,16 @@ def current_runtime() -> WorkerRuntime:
     return _runtime
 
 
-def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: int = 0, last_deferral: str = "") -> str:
-    """Run one attempt of a trial on this worker's platform and append how it ended."""
+def run_trial(
+    experiment_id: str,
+    trial_id: str,
+    attempt: int = 1,
+    deferrals: int = 0,
+    last_deferral: str = "",
+    reattach: bool = False,
+) -> str:
+    """Run one attempt of a trial on this worker's platform and append how it ended; with `reattach`,
+    follow an attempt that a lost worker launched and whose trial ran on."""
     runtime = current_runtime()
     store = EventStore(runtime.client, experiment_id)
     submitted = load_submission(store, trial_id)
@@ -70,20 +79,26 @@ def run_trial(experiment_id: str, trial_id: str, attempt: int = 1, deferrals: in
 
     ref = AttemptRef(experiment_id, trial_id, attempt)
     lease = Lease(runtime.client, ref, runtime.name, runtime.settings.trial_lease_s)
-    if not lease.acquire():
+    if not lease.acquire(take_over=reattach):
         return "already claimed by another delivery"
 
     control = LogTrialControl(store, submitted, lease)
     try:
         stop = control.stop_request()
-        if stop is not None:  # ends the trial even if the cancel came while an earlier attempt ran
+        if stop is not None and not reattach:  # ends it even if the cancel came while an earlier attempt ran
             control.close()
             _end_attempt(runtime, store, lease, _ended(lease, stop.status, None, stop.reason))
             return "canceled before it started"
         assignment = _assignment(runtime.platform, submitted, attempt)
         try:
             runtime.stage(experiment_id, submission.launch, assignment.platform_config)
-            outcome = runtime.platform.run_trial(assignment, control)
+            if reattach:
+                found = _reattach(runtime, store, submitted, lease, assignment, control)
+                if found is None:
+                    return "nothing left to re-attach to: declared lost"
+                outcome: TrialOutcome | Deferred = found
+            else:
+                outcome = runtime.platform.run_trial(assignment, control)
         except Exception as error:
             log.exception("trial %s: platform %s failed", trial_id, submission.platform)
             control.close()
@@ -106,6 +121,36 @@ def release_attempt(experiment_id: str, trial_id: str, attempt: int) -> str:
     runtime.platform.release(_assignment(runtime.platform, submitted, attempt))
     wake_parked(runtime.client, runtime.rq_connection, runtime.platform.name, "an attempt was released", False)
     return "released"
+
+
+def _reattach(
+    runtime: WorkerRuntime,
+    store: EventStore,
+    submitted: StoredEvent,
+    lease: Lease,
+    assignment: TrialAssignment,
+    control: LogTrialControl,
+) -> TrialOutcome | None:
+    """Take the attempt up where its lost worker left it; if nothing of it runs any more, it is lost."""
+    ref = lease.ref
+    record = TrialReattached(
+        experiment_id=ref.experiment_id, trial_id=ref.trial_id, attempt=ref.attempt, source=runtime.name
+    )
+    store.append(record, idempotency_key=f"reattached:{ref.trial_id}:{ref.attempt}:{runtime.name}")
+    outcome = runtime.platform.reattach(assignment, control)
+    if outcome is not None:
+        return outcome
+    control.close()
+
+    def commit() -> None:
+        with store.client.pipeline(transaction=True) as pipe:
+            pipe.multi()
+            reason = f"attempt {ref.attempt} was not running any more when worker {runtime.name} took it up"
+            lose_attempt(pipe, runtime.rq_connection, store, submitted, ref, lease.worker, runtime.name, reason)
+            pipe.execute()
+
+    until_redis_answers(commit, f"trial {ref.trial_id}")  # safe to repeat: keyed append, absolute writes
+    return None
 
 
 def _assignment(platform: Platform, submitted: StoredEvent, attempt: int) -> TrialAssignment:
