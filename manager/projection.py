@@ -14,6 +14,7 @@ from schemas.events import (
     Event,
     ExperimentCreated,
     ExperimentFinished,
+    ExperimentImported,
     ExperimentResumed,
     TrialAttemptLost,
     TrialCancelRequested,
@@ -37,6 +38,7 @@ class ExperimentView(CamelModel):
     end_time: int | None = None
     message: str | None = None
     metadata: dict[str, str] = {}
+    imported: bool = False  # its log came from another Redis, and no runner here has taken it up yet
 
 
 def metric_record(event: TrialMetricReported) -> MetricRecord:
@@ -81,7 +83,9 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
         case ExperimentFinished() if view is not None:
             return view.model_copy(update={"status": event.status, "end_time": event.time, "message": event.message})
         case ExperimentResumed() if view is not None:
-            return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None})
+            return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None, "imported": False})
+        case ExperimentImported() if view is not None:
+            return view.model_copy(update={"imported": True})
         case ClusterMetadataSet():
             base = view or ExperimentView(id=event.experiment_id)
             return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})
