@@ -163,7 +163,10 @@ class Projector:
         for entry in stored:
             event = entry.event
             try:
-                record = metric_record_json(event) if isinstance(event, TrialMetricReported) else None
+                record = None
+                if isinstance(event, TrialMetricReported):
+                    before = trials.get(event.trial_id)
+                    record = metric_record_json(event, late=before is not None and before.status.is_terminal)
                 if isinstance(event, TrialEvent):
                     trial = apply_to_trial(trials.get(event.trial_id), event)
                 else:

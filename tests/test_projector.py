@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import redis
 
 from core import keys
 from core.event_store import EventStore
+from core.keys import ViewKeys
 from manager.projection import metric_record, metric_record_json
 from manager.projector import Projector
 from manager.views import ViewStore
-from schemas.events import TrialEnded, TrialStarted
+from schemas.events import TrialAttemptLost, TrialEnded, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
 from tests.conftest import ServiceFactory, form, metric, wait_until
 
@@ -62,6 +64,26 @@ def test_fold_keeps_terminal_status_and_counts_each_metric_once(client: redis.Re
     ]
     assert len(trial.final_metric_data) == 1 and trial.final_metric == 0.0
     assert views.position() == EventStore(client, exp).head()
+
+
+def test_a_metric_after_the_end_is_listed_late_and_never_the_result(client: redis.Redis, make_service) -> None:
+    """A13: submitted, started, attempt lost (FAILED), then FINAL 0.9: the trial stays FAILED, no result."""
+    service = make_service()
+    exp, trial_id = service.experiment_id, service.submit_trial_job(form(0)).id
+    store = service.store
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/w"))
+    store.append(metric(exp, trial_id, 0))
+    lost = TrialAttemptLost(
+        experiment_id=exp, trial_id=trial_id, attempt=1, reason="lease expired", status=TrialJobStatus.FAILED
+    )
+    store.append(lost)
+    store.append(metric(exp, trial_id, 0))  # a redelivery of a metric listed before the end: not late
+    store.append(metric(exp, trial_id, 9, "FINAL"))
+    Projector(client).catch_up(exp)
+    trial = ViewStore(client, exp).trial(trial_id)
+    assert trial is not None and trial.status is TrialJobStatus.FAILED and trial.final_metric is None
+    listed = [json.loads(raw) for raw in client.lrange(ViewKeys(exp).metrics(trial_id), 0, -1)]
+    assert [(m["type"], m.get("late", False)) for m in listed] == [("PERIODICAL", False), ("FINAL", True)]
 
 
 def test_a_restarted_projector_resumes_where_it_stopped(client: redis.Redis, make_service) -> None:
