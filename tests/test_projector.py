@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
+from typing import Any
 
 import redis
 
 from core import keys
 from core.event_store import EventStore
 from core.keys import ViewKeys
+from manager.experiments import create_experiment, finish_experiment
 from manager.projection import metric_record, metric_record_json
 from manager.projector import Projector
 from manager.views import ViewStore
-from schemas.events import TrialAttemptLost, TrialEnded, TrialStarted
+from schemas.events import ExperimentResumed, TrialAttemptLost, TrialEnded, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
 from tests.conftest import ServiceFactory, form, metric, wait_until
 
@@ -159,3 +162,33 @@ def test_metric_records_are_written_as_the_model_writes_them() -> None:
         event = metric("exp1", "tr1", 7, "FINAL").model_copy(update={"data": data, "attempt": 2})
         assert metric_record_json(event) == metric_record(event).to_json()
         assert MetricRecord.model_validate_json(metric_record_json(event)) == metric_record(event)
+
+
+def commands_served(client: redis.Redis) -> int:
+    """Commands the server has run so far (INFO commandstats), less the INFO that asks."""
+    stats: Any = client.info("commandstats")
+    return sum(int(entry["calls"]) for entry in stats.values()) + 1
+
+
+def test_finished_experiments_leave_the_round_until_their_log_grows(client: redis.Redis, tmp_path: Path) -> None:
+    finished = []
+    for n in range(60):
+        experiment_id = create_experiment(client, {"n": n}, tmp_path)
+        finish_experiment(client, experiment_id, ("DONE", "STOPPED", "ERROR")[n % 3])
+        finished.append(experiment_id)
+    active = [create_experiment(client, {"n": "live"}, tmp_path) for _ in range(2)]
+    projector = Projector(client)
+    projector.serve_round(block_ms=1)  # the first round folds and sees every experiment
+    projector.serve_round(block_ms=1)
+
+    before = commands_served(client)
+    projector.serve_round(block_ms=1)
+    issued = commands_served(client) - before - 1
+    assert issued <= 5 * len(active) + 5, f"an idle round issued {issued} commands for {len(active)} live experiments"
+
+    resumed = finished[7]
+    EventStore(client, resumed).append(ExperimentResumed(experiment_id=resumed))
+    projector.serve_round(block_ms=1)
+    view = ViewStore(client, resumed).experiment()
+    assert view is not None and view.status == "RUNNING"
+    assert ViewStore(client, resumed).position() == EventStore(client, resumed).head()
