@@ -192,3 +192,29 @@ def test_finished_experiments_leave_the_round_until_their_log_grows(client: redi
     view = ViewStore(client, resumed).experiment()
     assert view is not None and view.status == "RUNNING"
     assert ViewStore(client, resumed).position() == EventStore(client, resumed).head()
+
+
+def bytes_sent(client: redis.Redis) -> int:
+    stats: Any = client.info("stats")
+    return int(stats["total_net_output_bytes"])
+
+
+def test_with_the_projector_down_repeated_reads_fetch_only_what_is_new(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    exp, trial_id = service.experiment_id, service.submit_trial_job(form(0)).id
+    service.store.append_all([metric(exp, trial_id, n) for n in range(2000)])  # no projector: all of it is tail
+    tail_bytes = sum(len(fields["json"]) for _, fields in client.xrange(keys.events(exp)))
+    assert service.list_trial_jobs()[0].status is TrialJobStatus.WAITING
+
+    before = bytes_sent(client)
+    assert service.list_trial_jobs()[0].status is TrialJobStatus.WAITING
+    assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
+    assert service.experiment_view().id == exp
+    sent = bytes_sent(client) - before
+    assert sent < tail_bytes / 10, f"three reads fetched {sent} bytes again of a {tail_bytes}-byte tail"
+
+    service.store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/w"))
+    assert service.get_trial_job(trial_id).status is TrialJobStatus.RUNNING  # what is new is still read
+    Projector(client).catch_up(exp)
+    service.store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, attempt=1, status=TrialJobStatus.FAILED))
+    assert [trial.status for trial in service.list_trial_jobs()] == [TrialJobStatus.FAILED]
