@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import redis
 from pydantic import ValidationError
@@ -21,22 +21,32 @@ from core.connections import same_server
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand
 from schemas.upcasters import upcast
 
-# KEYS: stream, idempotency hash. ARGV: (idempotency key or '', type, trial, json, commands stream or '')
-# per event. One call appends a whole batch, atomically and in order; a key seen before returns its
-# first id. A command to a trial is also indexed in that trial's commands stream (named in ARGV, not
+ACTIVITY = f"{keys.LOG_PREFIX}:log-activity"  # zset: experiment id -> clock tick of its latest append
+ACTIVITY_CLOCK = f"{keys.LOG_PREFIX}:log-activity:clock"  # counter ticked once per appending script call
+COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
+
+# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: the experiment id, then per entry:
+# idempotency key or '', stream id ('*' for a new one), commands stream or '', field count n, then n
+# field/value pairs. One call appends a whole batch, atomically and in order; a key seen before returns
+# its first id. A command to a trial is also indexed in that trial's commands stream (named in ARGV, not
 # KEYS, as it differs per event: fine on one Redis, which is what trialstream runs on, not a cluster).
+# A call that appends anything ticks the clock and files the experiment under that tick in the activity
+# zset: a projector asks it which experiments grew since its last look, instead of polling every one.
 _APPEND = """
-local ids = {}
-for i = 1, #ARGV, 5 do
-  local key, id = ARGV[i], false
+local ids, grew, i = {}, false, 2
+while i <= #ARGV do
+  local key, id, commands, n = ARGV[i], false, ARGV[i + 2], tonumber(ARGV[i + 3])
   if key ~= '' then id = redis.call('HGET', KEYS[2], key) end
   if not id then
-    id = redis.call('XADD', KEYS[1], '*', 'type', ARGV[i + 1], 'trial', ARGV[i + 2], 'json', ARGV[i + 3])
+    id = redis.call('XADD', KEYS[1], ARGV[i + 1], unpack(ARGV, i + 4, i + 3 + 2 * n))
     if key ~= '' then redis.call('HSET', KEYS[2], key, id) end
-    if ARGV[i + 4] ~= '' then redis.call('XADD', ARGV[i + 4], '*', 'id', id) end
+    if commands ~= '' then redis.call('XADD', commands, '*', 'id', id) end
+    grew = true
   end
   ids[#ids + 1] = id
+  i = i + 4 + 2 * n
 end
+if grew then redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1]) end
 return ids
 """
 _APPEND_BATCH = 1000  # events per script call: Redis serves nobody else while a script runs
@@ -61,6 +71,30 @@ LogEntry = StoredEvent | UnreadableEvent
 
 
 STREAM_ID = re.compile(r"\d+-\d+")
+_U64 = 2**64
+EXPERIMENT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
+
+
+class InvalidExperimentId(ValueError):
+    pass
+
+
+def check_experiment_id(experiment_id: str) -> str:
+    """The one check of an experiment id from outside: it names Redis keys and a directory, so letters,
+    digits, '_' and '-' only (never `.`, `..` or a `/` that would leave the experiments root)."""
+    if not isinstance(experiment_id, str) or not EXPERIMENT_ID.fullmatch(experiment_id):
+        raise InvalidExperimentId(
+            f"invalid experiment id {experiment_id!r}: use 1 to 64 letters, digits, '_' or '-', not starting with '-'"
+        )
+    return experiment_id
+
+
+def is_stream_id(text: str) -> bool:
+    """`ms-seq` with both parts unsigned 64-bit integers, as XADD accepts them."""
+    if not STREAM_ID.fullmatch(text):
+        return False
+    ms, seq = stream_position(text)
+    return ms < _U64 and seq < _U64
 
 
 def stored_payload(fields: dict[str, str]) -> dict[str, Any]:
@@ -128,16 +162,19 @@ def _from_bytes(entry_id: bytes, fields: dict[bytes, bytes]) -> RawEntry:
 
 
 def encode_event(event: Event) -> dict[str, str]:
-    """Stream fields: `type` and `trial` let readers filter without decoding the JSON."""
+    """Stream fields: `type` and `trial` let readers filter without decoding the JSON.
+
+    Not validated again: pydantic checked the event when it was built (so never build one with
+    `model_construct`), and tests check that every event type reads back as it was written.
+    """
     payload = event.model_dump_json(by_alias=True, exclude_none=True)
-    EVENT_ADAPTER.validate_json(payload)  # what is stored must read back; model_construct skips checks
     return {"type": event.type, "trial": getattr(event, "trial_id", ""), "json": payload}
 
 
 class EventStore:
     def __init__(self, client: redis.Redis, experiment_id: str) -> None:
         self.client = client
-        self.experiment_id = experiment_id
+        self.experiment_id = check_experiment_id(experiment_id)
         self.stream = keys.events(experiment_id)
         self._idempotency = keys.idempotency(experiment_id)
         self._append_script = client.register_script(_APPEND)
@@ -173,9 +210,7 @@ class EventStore:
         With `pipeline`, the append is queued there (to commit atomically with other writes) and
         the return value is empty: the id arrives with the pipeline's results (as a one-item list).
         """
-        result = self._append_script(
-            keys=[self.stream, self._idempotency], args=self._arguments([event], [idempotency_key]), client=pipeline
-        )
+        result = self._run_script(self._arguments([event], [idempotency_key]), pipeline)
         return "" if pipeline is not None else str(result[0])
 
     def append_all(self, events: list[Event], idempotency_keys: list[str | None] | None = None) -> list[str]:
@@ -186,21 +221,39 @@ class EventStore:
         with self.client.pipeline(transaction=False) as pipe:
             for start in range(0, len(events), _APPEND_BATCH):
                 batch = slice(start, start + _APPEND_BATCH)
-                arguments = self._arguments(events[batch], keys_[batch])
-                self._append_script(keys=[self.stream, self._idempotency], args=arguments, client=pipe)
+                self._run_script(self._arguments(events[batch], keys_[batch]), pipe)
             return [str(entry_id) for ids in pipe.execute() for entry_id in ids]
+
+    def append_entries(self, entries: list[tuple[str, dict[str, str]]], pipeline: Pipeline) -> None:
+        """Queue entries as stored elsewhere (an imported log), under their own ids and fields, on the
+        same path as any append: commands are indexed for the trials' workers, the projector is told.
+
+        The ids must be valid and increasing (`is_stream_id`): a script that fails half-way keeps what
+        it wrote, so the caller checks first and cleans up if the pipeline still fails.
+        """
+        for start in range(0, len(entries), _APPEND_BATCH):
+            arguments = []
+            for entry_id, fields in entries[start : start + _APPEND_BATCH]:
+                arguments += self._entry_arguments("", entry_id, fields)
+            self._run_script(arguments, pipeline)
+
+    def _run_script(self, arguments: list[str], pipeline: Pipeline | None) -> Any:
+        script_keys = [self.stream, self._idempotency, ACTIVITY, ACTIVITY_CLOCK]
+        return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
 
     def _arguments(self, events: list[Event], idempotency_keys: list[str | None]) -> list[str]:
         arguments = []
         for event, key in zip(events, idempotency_keys, strict=True):
             if event.experiment_id != self.experiment_id:
                 raise ValueError(f"event of experiment {event.experiment_id} appended to {self.experiment_id}")
-            fields = encode_event(event)
-            commands = (
-                keys.trial_commands(self.experiment_id, fields["trial"]) if isinstance(event, TrialCommand) else ""
-            )
-            arguments += [key or "", fields["type"], fields["trial"], fields["json"], commands]
+            arguments += self._entry_arguments(key or "", "*", encode_event(event))
         return arguments
+
+    def _entry_arguments(self, key: str, entry_id: str, fields: dict[str, str]) -> list[str]:
+        is_command = fields.get("type") in COMMAND_TYPES and fields.get("trial")
+        commands = keys.trial_commands(self.experiment_id, fields["trial"]) if is_command else ""
+        pairs = [part for field in fields.items() for part in field]
+        return [key, entry_id, commands, str(len(fields)), *pairs]
 
     def has_key(self, idempotency_key: str) -> bool:
         return bool(self.client.hexists(self._idempotency, idempotency_key))

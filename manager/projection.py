@@ -14,6 +14,7 @@ from schemas.events import (
     Event,
     ExperimentCreated,
     ExperimentFinished,
+    ExperimentImported,
     ExperimentResumed,
     TrialAttemptLost,
     TrialCancelRequested,
@@ -37,6 +38,7 @@ class ExperimentView(CamelModel):
     end_time: int | None = None
     message: str | None = None
     metadata: dict[str, str] = {}
+    imported: bool = False  # its log came from another Redis, and no runner here has taken it up yet
 
 
 def metric_record(event: TrialMetricReported) -> MetricRecord:
@@ -54,10 +56,11 @@ def metric_record(event: TrialMetricReported) -> MetricRecord:
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # as pydantic writes JSON
 
 
-def metric_record_json(event: TrialMetricReported) -> str:
+def metric_record_json(event: TrialMetricReported, late: bool = False) -> str:
     """`metric_record(event).to_json()`, without building the model: the projector writes one per metric
-    event, most of a log's events (a test checks the two agree)."""
-    record = {
+    event, most of a log's events (a test checks the two agree). A metric folded after its trial ended
+    is listed with `"late": true`: it is shown, never taken as the trial's result."""
+    record: dict[str, Any] = {
         "timestamp": event.time,
         "trialJobId": event.trial_id,
         "parameterId": event.parameter_id,
@@ -66,6 +69,8 @@ def metric_record_json(event: TrialMetricReported) -> str:
         "data": event.data,
         "attempt": event.attempt,
     }
+    if late:
+        record["late"] = True
     return _COMPACT_JSON.encode(record)
 
 
@@ -81,7 +86,9 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
         case ExperimentFinished() if view is not None:
             return view.model_copy(update={"status": event.status, "end_time": event.time, "message": event.message})
         case ExperimentResumed() if view is not None:
-            return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None})
+            return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None, "imported": False})
+        case ExperimentImported() if view is not None:
+            return view.model_copy(update={"imported": True})
         case ClusterMetadataSet():
             base = view or ExperimentView(id=event.experiment_id)
             return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})
@@ -93,6 +100,9 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
 
     Reports of an attempt other than the current one (a lost attempt whose worker was only
     stalled) never move the trial; their metrics are still listed, tagged with their attempt.
+    Once a trial has ended its view never changes: a late final metric, form or attempt report
+    arriving after the end (out of order, or from a worker that outlived its lease) is not the
+    result the trial ended with; the metrics view lists it, marked late.
     """
     if isinstance(event, TrialMetricReported) and event.metric_type != "FINAL":
         return view  # intermediate metrics live in their own view: most events of a log, so checked first
@@ -109,8 +119,8 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
             experiment_id=event.experiment_id,
             platform=event.platform,
         )
-    if view is None:
-        return None
+    if view is None or view.status.is_terminal:
+        return view
     status = view.status
     match event:
         case TrialDeferred() if status is TrialJobStatus.WAITING:
@@ -126,7 +136,7 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
                     "message": None,
                 }
             )
-        case TrialReattached() if event.attempt == view.attempt and not status.is_terminal:
+        case TrialReattached() if event.attempt == view.attempt:
             return view.model_copy(update={"worker": event.source})
         case TrialMetricReported(metric_type="FINAL") if event.attempt == view.attempt:
             record = metric_record(event)
@@ -144,9 +154,9 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
                     "message": event.reason or "canceled before it started",
                 }
             )
-        case TrialCancelRequested() if not status.is_terminal:
+        case TrialCancelRequested():
             return view.model_copy(update={"is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED})
-        case TrialAttemptLost() if event.attempt == view.attempt and not status.is_terminal:
+        case TrialAttemptLost() if event.attempt == view.attempt:
             if event.status is TrialJobStatus.WAITING:
                 return view.model_copy(
                     update={

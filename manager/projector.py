@@ -20,9 +20,10 @@ import redis
 
 from core import keys
 from core.connections import same_server
-from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
+from core.event_store import ACTIVITY, ACTIVITY_CLOCK, EventStore, LogEntry, StoredEvent, UnreadableEvent
 from core.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
+from manager.views import ViewStore
 from schemas.events import TrialEvent, TrialMetricReported
 from schemas.trial import TrialJobDetail
 
@@ -52,6 +53,12 @@ class Projector:
         self.namespace = namespace
         self.batch_size = batch_size
         self._raw_client: redis.Redis | None = None
+        # what serve_round keeps between rounds
+        self._clock: int | None = None  # the activity tick read last
+        self._active: set[str] = set()  # experiments polled each round
+        self._positions: dict[str, str] = {}  # active ones' positions, to wake on their growth
+        self._failing: dict[str, str] = {}  # experiment -> the error last logged for it
+        self._finished: dict[str, bool] = {}  # experiment -> its view has ended, as last written or read
 
     def catch_up(self, experiment_id: str, until: str = "+") -> str:
         """Apply every event up to `until`; returns the position reached."""
@@ -76,8 +83,6 @@ class Projector:
         cannot be updated (other than by a Redis error) is logged and retried each round, without
         holding up the others.
         """
-        positions: dict[str, str] = {}
-        failing: dict[str, str] = {}  # experiment -> the error last logged for it
         outage = 0  # consecutive rounds that ended in a Redis error
         while not stop.is_set():
             try:
@@ -85,7 +90,7 @@ class Projector:
                 if outage:
                     log.warning("serving again after %d failed round%s", outage, "s" if outage > 1 else "")
                     outage = 0
-                self._serve_round(positions, failing, block_ms, stop)
+                self.serve_round(block_ms, stop)
             except Exception as error:
                 outage += 1
                 if outage == 1 and isinstance(error, redis.RedisError):
@@ -94,29 +99,60 @@ class Projector:
                     log.exception("unexpected error; retrying with backoff (up to %gs)", BACKOFF_CAP_S)
                 stop.wait(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (outage - 1)))
 
-    def _serve_round(
-        self, positions: dict[str, str], failing: dict[str, str], block_ms: int, stop: threading.Event
-    ) -> None:
-        experiment_ids: Any = self.client.zrange(keys.EXPERIMENTS, 0, -1)
-        for experiment_id in experiment_ids:
+    def serve_round(self, block_ms: int, stop: threading.Event | None = None) -> None:
+        """Catch every active experiment up, then wait up to `block_ms` for one of their logs to grow.
+
+        A finished experiment (DONE/STOPPED/ERROR) whose views have caught up with its log rests: it
+        costs nothing per round, so thousands of old experiments do not slow the live ones. The append
+        path files each experiment under a clock tick when its log grows (event_store.ACTIVITY); one
+        read of the ticks since the last round wakes those that grew (a resume, an import, a new one).
+        """
+        for experiment_id in self._grown_experiments():
+            self._finished.pop(experiment_id, None)  # another projector may have folded its resume
+        for experiment_id in sorted(self._active):
             try:
-                positions[experiment_id] = self.catch_up(experiment_id)
+                position = self.catch_up(experiment_id)
             except redis.RedisError:
                 raise
             except Exception as error:  # not one event (those are skipped): the views themselves
-                positions.pop(experiment_id, None)  # no wake-up from a log it cannot follow: retried next round
-                if failing.get(experiment_id) != _why(error):
+                self._positions.pop(experiment_id, None)  # no wake-up from a log it cannot follow: retried
+                if self._failing.get(experiment_id) != _why(error):
                     log.exception("experiment %s: cannot update its views; retrying each round", experiment_id)
-                    failing[experiment_id] = _why(error)
+                    self._failing[experiment_id] = _why(error)
+                continue
+            if self._failing.pop(experiment_id, None) is not None:
+                log.warning("experiment %s: views updated again", experiment_id)
+            if self._has_finished(experiment_id):
+                self._active.discard(experiment_id)
+                self._positions.pop(experiment_id, None)
             else:
-                if failing.pop(experiment_id, None) is not None:
-                    log.warning("experiment %s: views updated again", experiment_id)
-        if not positions:
-            stop.wait(block_ms / 1000)
+                self._positions[experiment_id] = position
+        if not self._positions:
+            if stop is not None:
+                stop.wait(block_ms / 1000)
             return
-        streams: Any = {keys.events(experiment_id): position for experiment_id, position in positions.items()}
+        streams: Any = {keys.events(experiment_id): position for experiment_id, position in self._positions.items()}
         # A wake-up only (catch_up reads), so undecoded: an entry that is not UTF-8 is catch_up's to record.
         self._raw().xread(streams, count=1, block=block_ms)
+
+    def _grown_experiments(self) -> list[str]:
+        """Experiments whose logs grew since the last look (every one, the first time), now active."""
+        if self._clock is None:
+            self._clock = int(self.client.get(ACTIVITY_CLOCK) or 0)  # read first: later growth is seen next
+            grown: list[str] = list(self.client.zrange(keys.EXPERIMENTS, 0, -1))  # type: ignore[arg-type]
+        else:
+            ticks: Any = self.client.zrangebyscore(ACTIVITY, f"({self._clock}", "+inf", withscores=True)
+            grown = [experiment_id for experiment_id, _ in ticks]
+            self._clock = max([self._clock, *(int(tick) for _, tick in ticks)])
+        self._active.update(grown)
+        return grown
+
+    def _has_finished(self, experiment_id: str) -> bool:
+        """Whether the experiment's view is DONE/STOPPED/ERROR: read once, then kept by the batches written."""
+        if experiment_id not in self._finished:
+            view = ViewStore(self.client, experiment_id, self.namespace).experiment()
+            self._finished[experiment_id] = view is not None and view.status != "RUNNING"
+        return self._finished[experiment_id]
 
     def _apply_batch(self, experiment_id: str, until: str) -> tuple[str, int]:
         view_keys = ViewKeys(experiment_id, self.namespace)
@@ -163,7 +199,10 @@ class Projector:
         for entry in stored:
             event = entry.event
             try:
-                record = metric_record_json(event) if isinstance(event, TrialMetricReported) else None
+                record = None
+                if isinstance(event, TrialMetricReported):
+                    before = trials.get(event.trial_id)
+                    record = metric_record_json(event, late=before is not None and before.status.is_terminal)
                 if isinstance(event, TrialEvent):
                     trial = apply_to_trial(trials.get(event.trial_id), event)
                 else:
@@ -190,6 +229,7 @@ class Projector:
             pipe.hset(view_keys.trials, mapping=changed)
         if experiment is not None and experiment_changed:
             pipe.hset(view_keys.experiment, "view", experiment.to_json())
+            self._finished[view_keys.experiment_id] = experiment.status != "RUNNING"
         if new_metrics:
             pipe.sadd(view_keys.metric_keys, *new_metrics)
             by_trial: dict[str, list[str]] = {}

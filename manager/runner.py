@@ -28,6 +28,7 @@ from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.experiments import create_experiment, finish_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
+from manager.transfer import end_imported_trials
 from manager.tuners import create_tuner
 from schemas.events import ExperimentResumed
 from schemas.trial import (
@@ -175,11 +176,20 @@ class ExperimentRunner:
         experiment_id: str,
         on_progress: Callable[[Progress], None] = lambda progress: None,
         settings: Settings | None = None,
+        allow_imported: bool = False,
     ) -> ExperimentRunner:
         """Take an experiment up again from its log: ended trials are not rerun, running ones are
-        followed to their end, and maxTrialNumber and maxExperimentDuration count what came before."""
+        followed to their end, and maxTrialNumber and maxExperimentDuration count what came before.
+
+        An imported log's run is not here: only with `allow_imported` is it taken up, its unfinished
+        trials first ended as SYS_CANCELED."""
         service = TrainingService(client, rq_connection, experiment_id)
         experiment = service.experiment_view()
+        if experiment.imported and not allow_imported:
+            raise RunnerError(
+                f"experiment {experiment_id} was imported and the run that wrote it is not here; "
+                "resume it with --imported to cancel its unfinished trials and go on"
+            )
         if experiment.status == "DONE":
             raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
         spec = stored_experiment_spec(experiment.config, experiment.working_directory)
@@ -195,6 +205,8 @@ class ExperimentRunner:
             settings,
         )
         runner._claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
+        if experiment.imported:
+            end_imported_trials(service)
         runner._replay_history(service.list_trial_jobs())
         EventStore(client, experiment_id).append(ExperimentResumed(experiment_id=experiment_id))
         return runner

@@ -13,6 +13,7 @@ import secrets
 import string
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from manager.projection import ExperimentView, apply_to_experiment, apply_to_tri
 from manager.views import ViewStore
 from schemas.events import (
     ClusterMetadataSet,
+    Event,
     StopStatus,
     TrialCancelRequested,
     TrialEvent,
@@ -44,6 +46,19 @@ _TRIAL_ID_ALPHABET = string.ascii_letters + string.digits
 
 PARSED_VIEWS_KEPT = 20_000
 MetricListener = Callable[[TrialJobMetric], None]
+
+
+@dataclass
+class _Tail:
+    """The log after the projection's position `base`, read up to `upto`, by trial: kept between reads."""
+
+    base: str
+    upto: str = ""
+    trial_events: dict[str, list[Event]] = field(default_factory=dict)
+    experiment_events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.upto = self.upto or self.base
 
 
 class TrialNotFound(LookupError):
@@ -72,12 +87,14 @@ class TrainingService:
         self._stopped = threading.Event()
         self._change_cursor = self.store.head()
         self._parsed: dict[str, TrialJobDetail] = {}  # view JSON -> the view (frozen, so safe to hand out again)
+        self._tail = _Tail("0-0")
+        self._tail_lock = threading.Lock()
 
     # queries
 
     def list_trial_jobs(self) -> list[TrialJobDetail]:
         position, trials = self._snapshot(None)
-        self._fold_tail(trials, position, lambda fields: bool(fields.get("trial")))
+        self._fold_tail(trials, position, None)
         return sorted(trials.values(), key=lambda trial: trial.sequence_id)
 
     def get_trial_job(self, trial_id: str) -> TrialJobDetail:
@@ -87,7 +104,7 @@ class TrainingService:
         """Several trials, in one read of the views and one of the log (the runner follows all it started)."""
         position, trials = self._snapshot(trial_ids)
         wanted = set(trial_ids)
-        self._fold_tail(trials, position, lambda fields: fields.get("trial") in wanted)
+        self._fold_tail(trials, position, wanted)
         missing = wanted.difference(trials)
         if missing:
             raise TrialNotFound(self.experiment_id, sorted(missing)[0])
@@ -237,15 +254,31 @@ class TrainingService:
             self._parsed = fresh
         return trials
 
-    def _fold_tail(
-        self, trials: dict[str, TrialJobDetail], position: str, where: Callable[[dict[str, str]], bool]
-    ) -> None:
-        """Fold into `trials` the trial events after `position` (those the projector has not applied yet)."""
-        for entry in self.store.read(after=position, where=where):
-            if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
-                view = apply_to_trial(trials.get(entry.event.trial_id), entry.event)
+    def _fold_tail(self, trials: dict[str, TrialJobDetail], position: str, wanted: set[str] | None) -> None:
+        """Fold into `trials` the events of the trials `wanted` (all, for None) after `position`."""
+        tail = self._tail_after(position)
+        for trial_id, events in tail.trial_events.items():
+            if wanted is None or trial_id in wanted:
+                view: TrialJobDetail | None = trials.get(trial_id)
+                for event in events:
+                    view = apply_to_trial(view, event)
                 if view is not None:
-                    trials[entry.event.trial_id] = view
+                    trials[trial_id] = view
+
+    def _tail_after(self, position: str) -> _Tail:
+        """The events after the projection's `position`, read from the log once: while the projector lags or
+        is down, each read fetches and decodes only what was appended since the last one."""
+        with self._tail_lock:
+            if self._tail.base != position:
+                self._tail = _Tail(position)
+            tail = self._tail
+            for entry in self.store.read(after=tail.upto):
+                tail.upto = entry.id
+                if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
+                    tail.trial_events.setdefault(entry.event.trial_id, []).append(entry.event)
+                elif isinstance(entry, StoredEvent):
+                    tail.experiment_events.append(entry.event)
+            return tail
 
     def experiment_view(self) -> ExperimentView:
         with self._client.pipeline(transaction=True) as pipe:  # one round trip, and a consistent pair
@@ -253,9 +286,8 @@ class TrainingService:
             pipe.hget(self.views.keys.experiment, "view")
             position, raw = pipe.execute()
         view = ExperimentView.model_validate_json(raw) if raw else None
-        for entry in self.store.read(after=position or "0-0", where=lambda fields: not fields.get("trial")):
-            if isinstance(entry, StoredEvent) and not isinstance(entry.event, TrialEvent):
-                view = apply_to_experiment(view, entry.event)
+        for event in self._tail_after(position or "0-0").experiment_events:
+            view = apply_to_experiment(view, event)
         if view is None:
             raise LookupError(f"experiment {self.experiment_id} has no ExperimentCreated event")
         return view

@@ -12,7 +12,6 @@ they follow from the log.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
@@ -20,13 +19,23 @@ from typing import Any, TextIO
 import redis
 
 from core import keys
-from core.event_store import STREAM_ID, EventStore, stored_payload, stream_position
+from core.event_store import (
+    ACTIVITY,
+    EventStore,
+    InvalidExperimentId,
+    check_experiment_id,
+    is_stream_id,
+    stored_payload,
+    stream_position,
+)
 from core.keys import ViewKeys
+from manager.training_service import TrainingService
+from schemas.events import Event, ExperimentImported, TrialEnded
+from schemas.trial import TrialJobStatus
 
 FORMAT = "trialstream-log"
 VERSION = 1
 _BATCH = 1000
-_EXPERIMENT_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class InvalidLogFile(ValueError):
@@ -123,8 +132,10 @@ def _check_header(record: dict[str, Any], where: str) -> dict[str, Any]:
         raise InvalidLogFile(f"{where}: not a trialstream log (format {record.get('format')!r}, want {FORMAT!r})")
     if record.get("version") != VERSION:
         raise InvalidLogFile(f"{where}: log format version {record.get('version')!r}; this version reads {VERSION}")
-    if not isinstance(record.get("experimentId"), str) or not _EXPERIMENT_ID.fullmatch(record["experimentId"]):
-        raise InvalidLogFile(f"{where}: invalid experimentId {record.get('experimentId')!r}")
+    try:
+        check_experiment_id(record.get("experimentId"))  # type: ignore[arg-type]
+    except InvalidExperimentId as error:
+        raise InvalidLogFile(f"{where}: {error}") from None
     return record
 
 
@@ -132,8 +143,8 @@ def _check_entry(
     record: dict[str, Any], experiment_id: str, previous: tuple[int, int], where: str
 ) -> tuple[str, dict[str, str]]:
     entry_id, fields = record.get("id"), record.get("fields")
-    if not isinstance(entry_id, str) or not STREAM_ID.fullmatch(entry_id):
-        raise InvalidLogFile(f"{where}: invalid stream id {entry_id!r}")
+    if not isinstance(entry_id, str) or not is_stream_id(entry_id):
+        raise InvalidLogFile(f"{where}: invalid stream id {entry_id!r}: want MS-SEQ, each an unsigned 64-bit integer")
     if stream_position(entry_id) <= previous:
         raise InvalidLogFile(f"{where}: stream id {entry_id} does not come after the one before it")
     if not isinstance(fields, dict) or not fields or not all(isinstance(v, str) for v in fields.values()):
@@ -158,8 +169,10 @@ def renamed(log: LogFile, experiment_id: str) -> LogFile:
 
     Paths (working directories) keep the old id: they name where the files are.
     """
-    if not _EXPERIMENT_ID.fullmatch(experiment_id):
-        raise InvalidLogFile(f"invalid experiment id {experiment_id!r}: use letters, digits, '_', '.', '-'")
+    try:
+        check_experiment_id(experiment_id)
+    except InvalidExperimentId as error:
+        raise InvalidLogFile(str(error)) from None
     entries = []
     for entry_id, fields in log.entries:
         payload = stored_payload(fields)
@@ -171,11 +184,16 @@ def renamed(log: LogFile, experiment_id: str) -> LogFile:
 
 
 def import_log(client: redis.Redis, log: LogFile) -> None:
-    """Store the log with its original ids, its idempotency keys, and register the experiment, atomically.
+    """Store the log with its original ids and idempotency keys, mark it imported, and register the
+    experiment, all in one MULTI/EXEC, through the event store's append path (so commands are indexed
+    for the trials' workers and the projector hears of it).
 
     Refuses an experiment id that has a log or an index entry already. Stale views of that id are
     dropped in the same transaction: views follow from the log, and this log starts them afresh.
+    A write Redis still refuses (the file's checks passed) is undone: nothing is left behind, and
+    the import can be tried again.
     """
+    store = EventStore(client, log.experiment_id)
     stream, idempotency = keys.events(log.experiment_id), keys.idempotency(log.experiment_id)
     view_pattern = ViewKeys(log.experiment_id).pattern
     with client.pipeline(transaction=True) as pipe:
@@ -191,12 +209,50 @@ def import_log(client: redis.Redis, log: LogFile) -> None:
                 pipe.multi()
                 if stale:
                     pipe.delete(*stale)
-                for entry_id, fields in log.entries:
-                    pipe.xadd(stream, fields, id=entry_id)  # type: ignore[arg-type]
+                store.append_entries(log.entries, pipe)
+                store.append(ExperimentImported(experiment_id=log.experiment_id), pipeline=pipe)
                 if log.idempotency:
                     pipe.hset(idempotency, mapping=log.idempotency)  # type: ignore[arg-type]
                 pipe.zadd(keys.EXPERIMENTS, {log.experiment_id: log.created_ms})
-                pipe.execute()
+                try:
+                    pipe.execute()
+                except redis.ResponseError:
+                    _undo_import(client, log)
+                    raise
                 return
             except redis.WatchError:
                 continue
+
+
+def _undo_import(client: redis.Redis, log: LogFile) -> None:
+    """Remove what a failed import wrote: every key was new (the import checked), so all of it goes."""
+    trials = {fields["trial"] for _, fields in log.entries if fields.get("trial")}
+    written = [keys.events(log.experiment_id), keys.idempotency(log.experiment_id)]
+    written += [keys.trial_commands(log.experiment_id, trial) for trial in sorted(trials)]
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(*written)
+        pipe.zrem(keys.EXPERIMENTS, log.experiment_id)
+        pipe.zrem(ACTIVITY, log.experiment_id)
+        pipe.execute()
+
+
+IMPORTED_RUN_GONE = "the run that wrote this log is not here"
+
+
+def end_imported_trials(service: TrainingService) -> int:
+    """End as SYS_CANCELED every trial an imported log left unfinished: no worker here runs it and no
+    lease covers it, so it would be waited on forever. Returns how many were ended."""
+    unfinished = [trial for trial in service.list_trial_jobs() if not trial.status.is_terminal]
+    endings: list[Event] = [
+        TrialEnded(
+            experiment_id=service.experiment_id,
+            trial_id=trial.id,
+            attempt=trial.attempt,
+            status=TrialJobStatus.SYS_CANCELED,
+            message=IMPORTED_RUN_GONE,
+        )
+        for trial in unfinished
+    ]
+    if endings:
+        service.store.append_all(endings)
+    return len(endings)

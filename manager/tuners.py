@@ -42,17 +42,18 @@ _TYPES = (
     "qlognormal",
 )
 
-# What each numeric `_value` must look like, quoted in errors so the user sees the fix.
+# What each numeric `_value` must look like, quoted in errors so the user sees the fix. No `[name, ...]`:
+# a terminal that reads markup takes that for a tag and drops it ("uniform needs  with low < high").
 _EXPECTED = {
-    "randint": "[lower, upper] integers with lower < upper",
-    "uniform": "[low, high] with low < high",
-    "quniform": "[low, high, q] with low < high and q > 0",
-    "loguniform": "[low, high] with 0 < low < high",
-    "qloguniform": "[low, high, q] with 0 < low < high and q > 0",
-    "normal": "[mu, sigma] with sigma > 0",
-    "qnormal": "[mu, sigma, q] with sigma > 0 and q > 0",
-    "lognormal": "[mu, sigma] with sigma > 0",
-    "qlognormal": "[mu, sigma, q] with sigma > 0 and q > 0",
+    "randint": "two integers lower, upper with lower < upper",
+    "uniform": "two numbers low, high with low < high",
+    "quniform": "three numbers low, high, q with low < high and q > 0",
+    "loguniform": "two numbers low, high with 0 < low < high",
+    "qloguniform": "three numbers low, high, q with 0 < low < high and q > 0",
+    "normal": "two numbers mu, sigma with sigma > 0",
+    "qnormal": "three numbers mu, sigma, q with sigma > 0 and q > 0",
+    "lognormal": "two numbers mu, sigma with sigma > 0",
+    "qlognormal": "three numbers mu, sigma, q with sigma > 0 and q > 0",
 }
 
 _CLASS_ARGS = {"Random": ("seed", "optimize_mode"), "GridSearch": ("optimize_mode",)}

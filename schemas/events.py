@@ -49,6 +49,14 @@ class ExperimentResumed(BaseEvent):
     v: Literal[1] = 1
 
 
+class ExperimentImported(BaseEvent):
+    """The log above was imported from another Redis (`trialstream import`): the run that wrote it is not
+    here, so its trials have no worker and no lease; resuming it needs `resume --imported`."""
+
+    type: Literal["ExperimentImported"] = "ExperimentImported"
+    v: Literal[1] = 1
+
+
 class ClusterMetadataSet(BaseEvent):
     type: Literal["ClusterMetadataSet"] = "ClusterMetadataSet"
     v: Literal[1] = 1
@@ -197,6 +205,7 @@ Event = Annotated[
     ExperimentCreated
     | ExperimentFinished
     | ExperimentResumed
+    | ExperimentImported
     | ClusterMetadataSet
     | TrialSubmitted
     | TrialDeferred

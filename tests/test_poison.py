@@ -219,13 +219,10 @@ def test_views_that_cannot_be_updated_stall_only_their_experiment(
 
 def test_an_invalid_event_in_a_batch_stores_none_of_the_batch(client: redis.Redis) -> None:
     store = EventStore(client, "exp1")
-    bogus = TrialEnded.model_construct(
-        experiment_id="exp1", trial_id="t1", attempt=1, time=1, source="x", type="TrialEnded", v=2,
-        status=TrialJobStatus.RUNNING,
-    )  # fmt: skip
+    stray = ClusterMetadataSet(experiment_id="other", key="k", value="v")
     good = ClusterMetadataSet(experiment_id="exp1", key="k", value="v")
-    with pytest.raises(ValueError, match="terminal"):
-        store.append_all([good, bogus, good])
+    with pytest.raises(ValueError, match="appended to exp1"):
+        store.append_all([good, stray, good])
     assert store.length() == 0
 
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
+from typing import Any
 
 import redis
 
 from core import keys
 from core.event_store import EventStore
+from core.keys import ViewKeys
+from manager.experiments import create_experiment, finish_experiment
 from manager.projection import metric_record, metric_record_json
 from manager.projector import Projector
 from manager.views import ViewStore
-from schemas.events import TrialEnded, TrialStarted
+from schemas.events import ExperimentResumed, TrialAttemptLost, TrialEnded, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
 from tests.conftest import ServiceFactory, form, metric, wait_until
 
@@ -62,6 +67,26 @@ def test_fold_keeps_terminal_status_and_counts_each_metric_once(client: redis.Re
     ]
     assert len(trial.final_metric_data) == 1 and trial.final_metric == 0.0
     assert views.position() == EventStore(client, exp).head()
+
+
+def test_a_metric_after_the_end_is_listed_late_and_never_the_result(client: redis.Redis, make_service) -> None:
+    """A13: submitted, started, attempt lost (FAILED), then FINAL 0.9: the trial stays FAILED, no result."""
+    service = make_service()
+    exp, trial_id = service.experiment_id, service.submit_trial_job(form(0)).id
+    store = service.store
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/w"))
+    store.append(metric(exp, trial_id, 0))
+    lost = TrialAttemptLost(
+        experiment_id=exp, trial_id=trial_id, attempt=1, reason="lease expired", status=TrialJobStatus.FAILED
+    )
+    store.append(lost)
+    store.append(metric(exp, trial_id, 0))  # a redelivery of a metric listed before the end: not late
+    store.append(metric(exp, trial_id, 9, "FINAL"))
+    Projector(client).catch_up(exp)
+    trial = ViewStore(client, exp).trial(trial_id)
+    assert trial is not None and trial.status is TrialJobStatus.FAILED and trial.final_metric is None
+    listed = [json.loads(raw) for raw in client.lrange(ViewKeys(exp).metrics(trial_id), 0, -1)]
+    assert [(m["type"], m.get("late", False)) for m in listed] == [("PERIODICAL", False), ("FINAL", True)]
 
 
 def test_a_restarted_projector_resumes_where_it_stopped(client: redis.Redis, make_service) -> None:
@@ -137,3 +162,59 @@ def test_metric_records_are_written_as_the_model_writes_them() -> None:
         event = metric("exp1", "tr1", 7, "FINAL").model_copy(update={"data": data, "attempt": 2})
         assert metric_record_json(event) == metric_record(event).to_json()
         assert MetricRecord.model_validate_json(metric_record_json(event)) == metric_record(event)
+
+
+def commands_served(client: redis.Redis) -> int:
+    """Commands the server has run so far (INFO commandstats), less the INFO that asks."""
+    stats: Any = client.info("commandstats")
+    return sum(int(entry["calls"]) for entry in stats.values()) + 1
+
+
+def test_finished_experiments_leave_the_round_until_their_log_grows(client: redis.Redis, tmp_path: Path) -> None:
+    finished = []
+    for n in range(60):
+        experiment_id = create_experiment(client, {"n": n}, tmp_path)
+        finish_experiment(client, experiment_id, ("DONE", "STOPPED", "ERROR")[n % 3])
+        finished.append(experiment_id)
+    active = [create_experiment(client, {"n": "live"}, tmp_path) for _ in range(2)]
+    projector = Projector(client)
+    projector.serve_round(block_ms=1)  # the first round folds and sees every experiment
+    projector.serve_round(block_ms=1)
+
+    before = commands_served(client)
+    projector.serve_round(block_ms=1)
+    issued = commands_served(client) - before - 1
+    assert issued <= 5 * len(active) + 5, f"an idle round issued {issued} commands for {len(active)} live experiments"
+
+    resumed = finished[7]
+    EventStore(client, resumed).append(ExperimentResumed(experiment_id=resumed))
+    projector.serve_round(block_ms=1)
+    view = ViewStore(client, resumed).experiment()
+    assert view is not None and view.status == "RUNNING"
+    assert ViewStore(client, resumed).position() == EventStore(client, resumed).head()
+
+
+def bytes_sent(client: redis.Redis) -> int:
+    stats: Any = client.info("stats")
+    return int(stats["total_net_output_bytes"])
+
+
+def test_with_the_projector_down_repeated_reads_fetch_only_what_is_new(client: redis.Redis, make_service) -> None:
+    service = make_service()
+    exp, trial_id = service.experiment_id, service.submit_trial_job(form(0)).id
+    service.store.append_all([metric(exp, trial_id, n) for n in range(2000)])  # no projector: all of it is tail
+    tail_bytes = sum(len(fields["json"]) for _, fields in client.xrange(keys.events(exp)))
+    assert service.list_trial_jobs()[0].status is TrialJobStatus.WAITING
+
+    before = bytes_sent(client)
+    assert service.list_trial_jobs()[0].status is TrialJobStatus.WAITING
+    assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
+    assert service.experiment_view().id == exp
+    sent = bytes_sent(client) - before
+    assert sent < tail_bytes / 10, f"three reads fetched {sent} bytes again of a {tail_bytes}-byte tail"
+
+    service.store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/w"))
+    assert service.get_trial_job(trial_id).status is TrialJobStatus.RUNNING  # what is new is still read
+    Projector(client).catch_up(exp)
+    service.store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, attempt=1, status=TrialJobStatus.FAILED))
+    assert [trial.status for trial in service.list_trial_jobs()] == [TrialJobStatus.FAILED]

@@ -9,6 +9,7 @@ import statistics
 from typing import Any
 
 import pytest
+from rich.text import Text
 
 from manager.tuners import (
     SUPPORTED_TUNERS,
@@ -361,10 +362,13 @@ def test_grid_ignores_later_changes_to_the_space() -> None:
     [
         ({"lr": {"_type": "gaussian", "_value": [0, 1]}}, ["searchSpace.lr._type", "'gaussian'", "choice, randint"]),
         ({"lr": {"_type": 3, "_value": [0, 1]}}, ["searchSpace.lr._type", "supported types are"]),
-        ({"lr": {"_type": "uniform", "_value": [0]}}, ["searchSpace.lr._value", "uniform needs [low, high]"]),
+        ({"lr": {"_type": "uniform", "_value": [0]}}, ["searchSpace.lr._value", "uniform needs two numbers low, high"]),
         ({"lr": {"_type": "uniform", "_value": [0, 1, 2]}}, ["searchSpace.lr._value", "uniform needs"]),
-        ({"lr": {"_type": "quniform", "_value": [0, 1]}}, ["searchSpace.lr._value", "quniform needs [low, high, q]"]),
-        ({"lr": {"_type": "qnormal", "_value": [0, 1]}}, ["searchSpace.lr._value", "[mu, sigma, q]"]),
+        (
+            {"lr": {"_type": "quniform", "_value": [0, 1]}},
+            ["searchSpace.lr._value", "quniform needs three numbers"],
+        ),
+        ({"lr": {"_type": "qnormal", "_value": [0, 1]}}, ["searchSpace.lr._value", "three numbers mu, sigma, q"]),
         ({"lr": {"_type": "uniform", "_value": [1, 1]}}, ["searchSpace.lr._value", "low < high", "[1, 1]"]),
         ({"lr": {"_type": "uniform", "_value": [2, 1]}}, ["searchSpace.lr._value", "low < high"]),
         ({"lr": {"_type": "quniform", "_value": [0, 1, 0]}}, ["searchSpace.lr._value", "q > 0"]),
@@ -374,7 +378,7 @@ def test_grid_ignores_later_changes_to_the_space() -> None:
         ({"lr": {"_type": "uniform", "_value": "0,1"}}, ["searchSpace.lr._value", "uniform needs"]),
         (
             {"lr": {"_type": "loguniform", "_value": [0, 1]}},
-            ["searchSpace.lr._value: loguniform needs [low, high] with 0 < low < high"],
+            ["searchSpace.lr._value: loguniform needs two numbers low, high with 0 < low < high"],
         ),
         ({"lr": {"_type": "qloguniform", "_value": [-1, 1, 0.1]}}, ["searchSpace.lr._value", "0 < low"]),
         ({"lr": {"_type": "normal", "_value": [0, 0]}}, ["searchSpace.lr._value", "sigma > 0"]),
@@ -474,3 +478,28 @@ def test_optimize_mode_is_kept() -> None:
     random_tuner: Any = create_tuner("Random", None, space)
     grid_tuner: Any = create_tuner("GridSearch", {"optimize_mode": "minimize"}, space)
     assert (random_tuner.optimize_mode, grid_tuner.optimize_mode) == ("maximize", "minimize")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"_type": "uniform", "_value": [2, 1]},
+            "searchSpace.lr._value: uniform needs two numbers low, high with low < high; got [2, 1]",
+        ),
+        (
+            {"_type": "randint", "_value": [3, 3]},
+            "searchSpace.lr._value: randint needs two integers lower, upper with lower < upper; got [3, 3]",
+        ),
+        (
+            {"_type": "qnormal", "_value": [0, 1]},
+            "searchSpace.lr._value: qnormal needs three numbers mu, sigma, q with sigma > 0 and q > 0; got [0, 1]",
+        ),
+    ],
+)
+def test_a_reversed_or_malformed_range_names_what_it_needs_in_full(spec: dict[str, Any], message: str) -> None:
+    """The text is whole, and stays whole on a terminal that reads `[word]` as markup."""
+    with pytest.raises(SearchSpaceError) as error:
+        validate_search_space({"lr": spec})
+    assert str(error.value) == message
+    assert Text.from_markup(str(error.value)).plain == message
