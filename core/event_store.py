@@ -21,8 +21,6 @@ from core.connections import same_server
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand
 from schemas.upcasters import upcast
 
-ACTIVITY = f"{keys.LOG_PREFIX}:log-activity"  # zset: experiment id -> clock tick of its latest append
-ACTIVITY_CLOCK = f"{keys.LOG_PREFIX}:log-activity:clock"  # counter ticked once per appending script call
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
 
 # KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: the experiment id, then per entry:
@@ -238,7 +236,7 @@ class EventStore:
             self._run_script(arguments, pipeline)
 
     def _run_script(self, arguments: list[str], pipeline: Pipeline | None) -> Any:
-        script_keys = [self.stream, self._idempotency, ACTIVITY, ACTIVITY_CLOCK]
+        script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK]
         return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
 
     def _arguments(self, events: list[Event], idempotency_keys: list[str | None]) -> list[str]:

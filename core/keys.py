@@ -11,6 +11,8 @@ from dataclasses import dataclass
 LOG_PREFIX = "ts"
 EXPERIMENTS = f"{LOG_PREFIX}:experiments"  # zset: experiment id -> creation time (ms)
 PROJECTOR_HEARTBEAT = f"{LOG_PREFIX}:projector:heartbeat"
+ACTIVITY = f"{LOG_PREFIX}:log-activity"  # zset: experiment id -> clock tick of its latest append
+ACTIVITY_CLOCK = f"{LOG_PREFIX}:log-activity:clock"  # counter ticked once per appending script call
 LEASES = f"{LOG_PREFIX}:leases"  # zset: `<exp>/<trial>/<attempt>` -> lease expiry (Redis server time, ms)
 
 

@@ -20,7 +20,7 @@ import redis
 
 from core import keys
 from core.connections import same_server
-from core.event_store import ACTIVITY, ACTIVITY_CLOCK, EventStore, LogEntry, StoredEvent, UnreadableEvent
+from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
 from core.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
 from manager.views import ViewStore
@@ -104,7 +104,7 @@ class Projector:
 
         A finished experiment (DONE/STOPPED/ERROR) whose views have caught up with its log rests: it
         costs nothing per round, so thousands of old experiments do not slow the live ones. The append
-        path files each experiment under a clock tick when its log grows (event_store.ACTIVITY); one
+        path files each experiment under a clock tick when its log grows (keys.ACTIVITY); one
         read of the ticks since the last round wakes those that grew (a resume, an import, a new one).
         """
         for experiment_id in self._grown_experiments():
@@ -138,10 +138,10 @@ class Projector:
     def _grown_experiments(self) -> list[str]:
         """Experiments whose logs grew since the last look (every one, the first time), now active."""
         if self._clock is None:
-            self._clock = int(self.client.get(ACTIVITY_CLOCK) or 0)  # read first: later growth is seen next
+            self._clock = int(self.client.get(keys.ACTIVITY_CLOCK) or 0)  # read first: later growth is seen next
             grown: list[str] = list(self.client.zrange(keys.EXPERIMENTS, 0, -1))  # type: ignore[arg-type]
         else:
-            ticks: Any = self.client.zrangebyscore(ACTIVITY, f"({self._clock}", "+inf", withscores=True)
+            ticks: Any = self.client.zrangebyscore(keys.ACTIVITY, f"({self._clock}", "+inf", withscores=True)
             grown = [experiment_id for experiment_id, _ in ticks]
             self._clock = max([self._clock, *(int(tick) for _, tick in ticks)])
         self._active.update(grown)

@@ -20,7 +20,6 @@ import redis
 
 from core import keys
 from core.event_store import (
-    ACTIVITY,
     EventStore,
     InvalidExperimentId,
     check_experiment_id,
@@ -232,7 +231,7 @@ def _undo_import(client: redis.Redis, log: LogFile) -> None:
     with client.pipeline(transaction=True) as pipe:
         pipe.delete(*written)
         pipe.zrem(keys.EXPERIMENTS, log.experiment_id)
-        pipe.zrem(ACTIVITY, log.experiment_id)
+        pipe.zrem(keys.ACTIVITY, log.experiment_id)
         pipe.execute()
 
 

@@ -91,6 +91,7 @@ class MetricRecord(CamelModel):
     sequence: int
     data: str
     attempt: int = 1  # a retried trial reports its metrics again, under its new attempt
+    late: bool | None = None  # True: reported after its trial had ended (listed, never its result)
 
     @property
     def dedup_key(self) -> str:
