@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from schemas.trial import MetricRecord
+from workers import metrics as metrics_module
 from workers.metrics import (
     MAX_RECORD_BYTES,
     MetricFileReader,
@@ -229,6 +230,63 @@ def test_length_prefix_past_the_end_of_the_file_does_not_cost_later_records(tria
 
     assert trial.metrics == EXPECTED[:2]
     assert len(trial.problems) == 1
+
+
+def test_a_bogus_header_does_not_hold_back_the_records_that_follow_it_while_the_trial_runs(trial: Trial) -> None:
+    """Regression (A14): `ME999999` waited for a million more bytes, so every later metric came only at the end."""
+    trial.write(b"ME999999 oops\n" + RECORDS[0])
+
+    assert trial.read() == ([EXPECTED[0]], ["metric record length does not match its content; skipped"])
+    trial.write(RECORDS[1])
+    assert trial.read() == ([EXPECTED[1]], [])
+
+
+def test_a_header_longer_than_the_record_limit_is_rejected_at_once(trial: Trial, monkeypatch) -> None:
+    monkeypatch.setattr(metrics_module, "MAX_RECORD_BYTES", 1000)
+    trial.write(b"ME999999" + b"x" * 100 + RECORDS[0])  # no newline yet: only the length can tell it is bogus
+
+    metrics, problems = trial.read()
+
+    assert problems == ["metric record of 999998 bytes exceeds the 1000-byte limit; skipped"]
+    assert metrics == [EXPECTED[0]]
+
+
+def test_one_read_reads_at_most_its_limit_and_says_more_is_there(trial: Trial) -> None:
+    """Regression (A14): read() had no size cap, so a trial could make the worker read gigabytes at once."""
+    stream = b"".join(periodical(sequence, sequence / 10) for sequence in range(1000))
+    trial.write(stream)
+    reader = MetricFileReader(trial.path, read_limit=10_000)
+
+    metrics, problems = reader.read_new(final=True)
+
+    assert reader.behind and problems == []  # a record torn by the limit is not "truncated" yet
+    assert 0 < len(metrics) < 1000
+    while reader.behind:
+        more, problems = reader.read_new(final=True)
+        assert problems == []
+        metrics += more
+    assert metrics == [expected(sequence, sequence / 10) for sequence in range(1000)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"parameter_id": "\\ud800", "type": "FINAL", "sequence": 0, "value": "0.5"}',
+        b'{"parameter_id": 1, "type": "FINAL", "sequence": 0, "value": "{\\"default\\": 1, \\"x\\": \\"\\\\ud800\\"}"}',
+        b'{"parameter_id": 1, "type": "FINAL", "sequence": 0, "value": 0.5, "note": "\\udfff"}',
+    ],
+    ids=["parameter_id", "inside-the-value", "another-field"],
+)
+def test_a_lone_surrogate_is_rejected_and_later_records_read(trial: Trial, body: bytes) -> None:
+    """Regression (A5): such a record parsed, then failed to encode when stored, killing its trial."""
+    trial.write(record(body) + RECORDS[0])
+
+    metrics, problems = trial.read()
+
+    assert metrics == [EXPECTED[0]]
+    assert len(problems) == 1 and "lone surrogate" in problems[0]
+    with pytest.raises(MetricRejected, match="lone surrogate"):
+        parse_stdout_line(stdout_line(body))
 
 
 @pytest.mark.parametrize(
