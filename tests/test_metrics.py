@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
@@ -21,6 +22,7 @@ from workers.metrics import (
     parse_record,
     parse_stdout_line,
 )
+from workers.trial_contract import StdoutMetricPump
 
 # The verified hexdump of a record written by NNI's SDK (the length counts the closing newline).
 NNI_RECORD = b'ME000091{"parameter_id": 3, "trial_job_id": "abc", "type": "FINAL", "sequence": 0, "value": "0.5"}\n'
@@ -481,3 +483,78 @@ def test_stdout_literal_with_a_bad_record_is_rejected_with_the_record_reason() -
 def test_deeply_nested_stdout_metric_is_rejected() -> None:
     with pytest.raises(MetricRejected):
         parse_stdout_line(stdout_line(b"[" * 100_000))
+
+
+# ---------------------------------------------------------------- the stdout pump
+
+
+class RecordingControl:
+    """What a pump reports (it uses no other TrialControl method)."""
+
+    def __init__(self) -> None:
+        self.reported: list[ParsedMetric] = []
+        self.rejections: list[str] = []
+
+    def metrics(self, metrics: list[ParsedMetric]) -> None:
+        self.reported += metrics
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.append(reason)
+
+
+def pump_output(chunks: Iterable[bytes]) -> tuple[RecordingControl, bytes]:
+    control = RecordingControl()
+    copy = io.BytesIO()
+    pump = StdoutMetricPump(control, copy)  # type: ignore[arg-type]
+    for chunk in chunks:
+        pump.feed(chunk)
+    pump.close()
+    return control, copy.getvalue()
+
+
+GOOD_LINE = stdout_line(payload(type_="PERIODICAL", sequence=5, value="1.25"))
+GOOD_METRIC = ParsedMetric("3", "PERIODICAL", 5, '"1.25"')
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 4096, 10_000_000])
+def test_the_pump_finds_metric_lines_in_chunks_of_any_size_and_copies_every_byte(chunk_size: int) -> None:
+    output = b"epoch 1\n" + GOOD_LINE + b"noise without a newline " + GOOD_LINE + b"last" + GOOD_LINE.rstrip(b"\n")
+    chunks = [output[start : start + chunk_size] for start in range(0, len(output), chunk_size)]
+
+    control, copy = pump_output(chunks)
+
+    assert copy == output
+    assert control.reported == [GOOD_METRIC]  # the other two are not at a line's start
+    assert control.rejections == []
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+@pytest.mark.parametrize("chunk_size", [65536, 1_000_003])
+def test_an_oversized_metric_line_is_rejected_with_its_exact_size(ending: bytes, chunk_size: int) -> None:
+    """Regression: the size reported counted only the line's first and last pieces."""
+    line = b"NNISDK_MEb'" + b"x" * 2_500_000 + b"'"
+    output = line + ending + GOOD_LINE
+    chunks = [output[start : start + chunk_size] for start in range(0, len(output), chunk_size)]
+
+    control, _ = pump_output(chunks)
+
+    expected_reports = [GOOD_METRIC] if ending else []  # without a newline, the good line is part of it
+    size = len(line) if ending else len(output) - 1
+    assert control.rejections == [f"metric line of {size} bytes exceeds the 1000000-byte limit"]
+    assert control.reported == expected_reports
+
+
+def test_an_oversized_line_that_is_no_metric_is_only_copied() -> None:
+    control, copy = pump_output([b"y" * 3_000_000 + b"\n" + GOOD_LINE])
+
+    assert control.rejections == [] and control.reported == [GOOD_METRIC]
+    assert len(copy) == 3_000_001 + len(GOOD_LINE)
+
+
+def test_the_pump_rejects_a_line_with_a_lone_surrogate_and_goes_on() -> None:
+    bad = stdout_line(b'{"parameter_id": "\\ud800", "type": "FINAL", "sequence": 0, "value": "0.5"}')
+
+    control, _ = pump_output([bad + GOOD_LINE])
+
+    assert control.reported == [GOOD_METRIC]
+    assert len(control.rejections) == 1 and "lone surrogate" in control.rejections[0]
