@@ -174,17 +174,16 @@ class LocalPlatform:
             use_active_gpu=bool(config.use_active_gpu),
         )
         ledger_key = attempt_member(trial)
-        try:
+        try:  # from the reservation on: whatever happens, even an error while reserving, frees the GPUs
             gpus = self.ledger.reserve(ledger_key, policy)
+            if gpus is None:
+                count = policy.gpu_number
+                return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
+            return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
         except GpuRequestImpossible as error:
             return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
-        if gpus is None:
-            count = policy.gpu_number
-            return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
-        try:
-            return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
         finally:
-            if gpus:  # an outage now must not turn the trial's outcome into an error
+            if policy.gpu_number:  # an outage now must not turn the trial's outcome into an error
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")
 
 
