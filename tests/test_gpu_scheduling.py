@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from rq import Queue, Worker
+
+from core.connections import REDIS_URL_ENV, connect
+from core.dispatch import queue_name
 from schemas.trial import TrialJobStatus
-from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
+from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until
 
 GPU_TRIAL = """
 import os, sys, time
@@ -102,3 +109,64 @@ def test_asking_for_more_gpus_than_exist_fails_at_once(make_service, processes: 
     trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED", timeout=10)
     assert trial.status is TrialJobStatus.FAILED
     assert "asks for 3 GPUs but this machine has 2" in (trial.message or "")
+
+
+def can_set_host_name() -> bool:
+    """A new UTS namespace per worker is how two containers of one machine differ here (needs root)."""
+    try:
+        return subprocess.run(["unshare", "--uts", "hostname", "probe"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def worker_on_host(processes: Processes, host: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A worker whose host name is `host`, as in a container of its own; returned once it serves."""
+    queue = Queue(queue_name("local"), connection=connect(processes.redis_url, decode=False))
+    before = len(Worker.all(queue=queue))
+    log = (processes.log_dir / f"worker-{host}.log").open("wb")
+    serve = 'hostname "$1" && exec "$0" -m manager.cli worker --platform local'
+    process = subprocess.Popen(
+        ["unshare", "--uts", "sh", "-c", serve, sys.executable, host],
+        env={**os.environ, REDIS_URL_ENV: processes.redis_url, **env},
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    processes.running.append(process)
+    wait_until(lambda: len(Worker.all(queue=queue)) > before, 20, what=f"the worker on {host} to register")
+    return process
+
+
+@pytest.mark.skipif(not can_set_host_name(), reason="needs `unshare --uts` (root) to give workers their own host names")
+def test_workers_with_other_host_names_on_one_machine_share_its_gpu_ledger(
+    make_service, processes: Processes, code_dir, tmp_path
+) -> None:
+    """A7: the ledger was keyed by the host name, which differs per container on one machine."""
+    fake = str(gpu_file(tmp_path, [0]))
+    service = gpu_service(make_service, code_dir, 1, useActiveGpu=False)
+    worker_on_host(processes, "host-a", {"TRIALSTREAM_FAKE_GPUS": fake, "TRIALSTREAM_MACHINE_ID": "machine-1"})
+    second_host = worker_on_host(
+        processes, "host-b", {"TRIALSTREAM_FAKE_GPUS": fake, "TRIALSTREAM_MACHINE_ID": "machine-1"}
+    )
+    holder = service.submit_trial_job(form(0)).id
+    running = wait_for_status(service, holder, "RUNNING")
+    assert (running.worker or "").split(":")[0] in {"host-a", "host-b"}  # the other one, idle, defers the waiter
+    waiter = service.submit_trial_job(form(1)).id
+    waiting = wait_until(lambda: service.get_trial_job(waiter).message, 20, what="a deferral message")
+    assert "waiting for 1 free GPU" in waiting
+    wait_until(lambda: (Path(running.working_directory) / "cuda").exists(), 10)
+    assert cuda_of(running) == "0"
+    assert service.get_trial_job(waiter).status is TrialJobStatus.WAITING
+    second_host.terminate()  # idle: it leaves at once; the waiter's next try finds the other machine
+    second_host.wait(20)
+
+    worker_on_host(processes, "host-a", {"TRIALSTREAM_FAKE_GPUS": fake, "TRIALSTREAM_MACHINE_ID": "machine-2"})
+
+    other = wait_for_status(service, waiter, "RUNNING", timeout=60)  # its own ledger, where GPU 0 is free
+    assert (other.worker or "").startswith("host-a:")  # the same host name as a worker of machine-1
+    wait_until(lambda: (Path(other.working_directory) / "cuda").exists(), 10)
+    assert cuda_of(other) == "0"
+    assert service.get_trial_job(holder).status is TrialJobStatus.RUNNING
+    release(service)
+    for trial_id in (holder, waiter):
+        assert wait_for_status(service, trial_id, "SUCCEEDED", "FAILED").status is TrialJobStatus.SUCCEEDED

@@ -166,7 +166,7 @@ def test_bad_metric_records_are_skipped_and_reported_while_the_trial_goes_on(
         with open(path, "ab") as f:
             f.write(b"XX garbage that is no record\\n")
             f.write(b'ME000020{"not": "a metric"}\\n')
-        os.write(1, b"NNISDK_MEb'" + b"x" * 1_100_000 + b"'\\n")
+        os.write(1, b"NNISDK_MEb'" + b"x" * 2_500_000 + b"'\\n")
         nni.report_intermediate_result(1.5)
         nni.report_final_result(2.5)
         """,
@@ -183,7 +183,117 @@ def test_bad_metric_records_are_skipped_and_reported_while_the_trial_goes_on(
     ]
     assert any("malformed" in reason for reason in reasons)
     assert any("type" in reason for reason in reasons)
-    assert any("exceeds the 1000000-byte limit" in reason for reason in reasons)
+    assert "metric line of 2500012 bytes exceeds the 1000000-byte limit" in reasons  # its exact size
+
+
+SURROGATE_RECORD = b'{"parameter_id": "\\ud800", "type": "PERIODICAL", "sequence": 0, "value": "1.0"}'
+
+
+def rejections(service) -> list[str]:
+    return [
+        entry.event.reason
+        for entry in service.store.read()
+        if isinstance(getattr(entry, "event", None), TrialMetricRejected)
+    ]
+
+
+def test_a_metric_that_cannot_be_encoded_in_the_metrics_file_is_rejected_and_the_trial_goes_on(
+    make_service, processes: Processes, code_dir
+) -> None:
+    """Regression (A5): a lone surrogate failed when the metric was stored, which killed the trial."""
+    command = script(
+        code_dir,
+        "surrogate_file.py",
+        f"""
+        import os, trialstream_sdk as nni
+        nni.get_next_parameter()
+        data = {SURROGATE_RECORD!r} + b"\\n"
+        with open(os.path.join(os.environ["NNI_SYS_DIR"], ".nni", "metrics"), "ab") as f:
+            f.write(b"ME%06d" % len(data) + data)
+        nni.report_final_result(2.5)
+        """,
+    )
+    service = make_service(command)
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED")
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+    assert trial.final_metric == 2.5
+    assert any("lone surrogate" in reason for reason in rejections(service))
+
+
+def test_a_metric_line_that_cannot_be_encoded_is_rejected_and_a_chatty_trial_goes_on(
+    make_service, processes: Processes, code_dir
+) -> None:
+    """Regression (A5): the stdout thread died on such a line, so a trial printing more blocked for ever."""
+    command = script(
+        code_dir,
+        "surrogate_stdout.py",
+        f"""
+        import os
+        os.write(1, b"NNISDK_MEb" + repr({SURROGATE_RECORD!r}).encode()[1:] + b"\\n")
+        for _ in range(2000):  # ~8 MB: far more than a pipe holds
+            os.write(1, b"chatter " * 512 + b"\\n")
+        good = b'{{"parameter_id": 0, "type": "FINAL", "sequence": 0, "value": "3.5"}}'
+        os.write(1, b"NNISDK_MEb'" + good + b"'\\n")
+        """,
+    )
+    service = make_service(command)
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED", timeout=60)
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+    assert trial.final_metric == 3.5
+    assert any("lone surrogate" in reason for reason in rejections(service))
+
+
+def read_pid(path: Path) -> int:
+    return int(wait_until(lambda: path.exists() and path.read_text().strip(), 15, what=f"{path.name}"))
+
+
+ESCAPING_TRIAL = 'setsid sleep 60 & echo $! > "$NNI_SYS_DIR/escaped"; echo hi; '
+
+
+def test_a_trial_ends_when_its_main_process_exits_and_its_setsid_child_is_killed(
+    make_service, processes: Processes
+) -> None:
+    """Regression (A4): a `setsid` child holding stdout hung the worker; the trial stayed RUNNING."""
+    service = make_service(ESCAPING_TRIAL + "exit 0")
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED", timeout=20)
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+    escaped = read_pid(Path(trial.working_directory) / "escaped")
+    wait_until(lambda: not pid_alive(escaped), 10, what="the setsid child gone")
+    assert (Path(trial.working_directory) / "stdout").read_bytes() == b"hi\n"
+
+
+def test_a_double_forked_daemon_of_the_trial_is_killed_at_its_end(make_service, processes: Processes) -> None:
+    """Not in the trial's process group nor a child of anything of the trial's: re-parented, still found."""
+    service = make_service("(setsid sh -c 'sleep 60 & echo $! > \"$NNI_SYS_DIR/daemon\"' &) >/dev/null; sleep 0.5")
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED", timeout=20)
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+    daemon = read_pid(Path(trial.working_directory) / "daemon")
+    wait_until(lambda: not pid_alive(daemon), 10, what="the daemon gone")
+
+
+def test_cancel_kills_a_setsid_child_too(make_service, processes: Processes) -> None:
+    service = make_service(ESCAPING_TRIAL + "sleep 60")
+    processes.worker()
+    trial_id = service.submit_trial_job(form(0)).id
+    running = wait_for_status(service, trial_id, "RUNNING")
+    escaped = read_pid(Path(running.working_directory) / "escaped")
+    service.cancel_trial_job(trial_id)
+    wait_for_status(service, trial_id, "USER_CANCELED", timeout=20)
+    wait_until(lambda: not pid_alive(escaped), 10, what="the setsid child gone")
+
+
+def test_a_setsid_child_dies_with_its_sigkilled_worker(make_service, processes: Processes) -> None:
+    service = make_service(ESCAPING_TRIAL + "sleep 60")
+    worker = processes.worker()
+    running = wait_for_status(service, service.submit_trial_job(form(0)).id, "RUNNING")
+    escaped = read_pid(Path(running.working_directory) / "escaped")
+    worker.kill()
+    worker.wait()
+    wait_until(lambda: not pid_alive(escaped), 10, what="the setsid child gone")
 
 
 def test_update_trial_job_hands_a_new_parameter_set_to_the_running_trial(

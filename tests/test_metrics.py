@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from schemas.trial import MetricRecord
+from workers import metrics as metrics_module
 from workers.metrics import (
     MAX_RECORD_BYTES,
     MetricFileReader,
@@ -20,6 +22,7 @@ from workers.metrics import (
     parse_record,
     parse_stdout_line,
 )
+from workers.trial_contract import StdoutMetricPump
 
 # The verified hexdump of a record written by NNI's SDK (the length counts the closing newline).
 NNI_RECORD = b'ME000091{"parameter_id": 3, "trial_job_id": "abc", "type": "FINAL", "sequence": 0, "value": "0.5"}\n'
@@ -231,6 +234,63 @@ def test_length_prefix_past_the_end_of_the_file_does_not_cost_later_records(tria
     assert len(trial.problems) == 1
 
 
+def test_a_bogus_header_does_not_hold_back_the_records_that_follow_it_while_the_trial_runs(trial: Trial) -> None:
+    """Regression (A14): `ME999999` waited for a million more bytes, so every later metric came only at the end."""
+    trial.write(b"ME999999 oops\n" + RECORDS[0])
+
+    assert trial.read() == ([EXPECTED[0]], ["metric record length does not match its content; skipped"])
+    trial.write(RECORDS[1])
+    assert trial.read() == ([EXPECTED[1]], [])
+
+
+def test_a_header_longer_than_the_record_limit_is_rejected_at_once(trial: Trial, monkeypatch) -> None:
+    monkeypatch.setattr(metrics_module, "MAX_RECORD_BYTES", 1000)
+    trial.write(b"ME999999" + b"x" * 100 + RECORDS[0])  # no newline yet: only the length can tell it is bogus
+
+    metrics, problems = trial.read()
+
+    assert problems == ["metric record of 999998 bytes exceeds the 1000-byte limit; skipped"]
+    assert metrics == [EXPECTED[0]]
+
+
+def test_one_read_reads_at_most_its_limit_and_says_more_is_there(trial: Trial) -> None:
+    """Regression (A14): read() had no size cap, so a trial could make the worker read gigabytes at once."""
+    stream = b"".join(periodical(sequence, sequence / 10) for sequence in range(1000))
+    trial.write(stream)
+    reader = MetricFileReader(trial.path, read_limit=10_000)
+
+    metrics, problems = reader.read_new(final=True)
+
+    assert reader.behind and problems == []  # a record torn by the limit is not "truncated" yet
+    assert 0 < len(metrics) < 1000
+    while reader.behind:
+        more, problems = reader.read_new(final=True)
+        assert problems == []
+        metrics += more
+    assert metrics == [expected(sequence, sequence / 10) for sequence in range(1000)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"parameter_id": "\\ud800", "type": "FINAL", "sequence": 0, "value": "0.5"}',
+        b'{"parameter_id": 1, "type": "FINAL", "sequence": 0, "value": "{\\"default\\": 1, \\"x\\": \\"\\\\ud800\\"}"}',
+        b'{"parameter_id": 1, "type": "FINAL", "sequence": 0, "value": 0.5, "note": "\\udfff"}',
+    ],
+    ids=["parameter_id", "inside-the-value", "another-field"],
+)
+def test_a_lone_surrogate_is_rejected_and_later_records_read(trial: Trial, body: bytes) -> None:
+    """Regression (A5): such a record parsed, then failed to encode when stored, killing its trial."""
+    trial.write(record(body) + RECORDS[0])
+
+    metrics, problems = trial.read()
+
+    assert metrics == [EXPECTED[0]]
+    assert len(problems) == 1 and "lone surrogate" in problems[0]
+    with pytest.raises(MetricRejected, match="lone surrogate"):
+        parse_stdout_line(stdout_line(body))
+
+
 @pytest.mark.parametrize(
     "cut", [3, 8, 50, len(RECORDS[1]) - 1], ids=["in-header", "after-header", "payload", "newline"]
 )
@@ -423,3 +483,78 @@ def test_stdout_literal_with_a_bad_record_is_rejected_with_the_record_reason() -
 def test_deeply_nested_stdout_metric_is_rejected() -> None:
     with pytest.raises(MetricRejected):
         parse_stdout_line(stdout_line(b"[" * 100_000))
+
+
+# ---------------------------------------------------------------- the stdout pump
+
+
+class RecordingControl:
+    """What a pump reports (it uses no other TrialControl method)."""
+
+    def __init__(self) -> None:
+        self.reported: list[ParsedMetric] = []
+        self.rejections: list[str] = []
+
+    def metrics(self, metrics: list[ParsedMetric]) -> None:
+        self.reported += metrics
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.append(reason)
+
+
+def pump_output(chunks: Iterable[bytes]) -> tuple[RecordingControl, bytes]:
+    control = RecordingControl()
+    copy = io.BytesIO()
+    pump = StdoutMetricPump(control, copy)  # type: ignore[arg-type]
+    for chunk in chunks:
+        pump.feed(chunk)
+    pump.close()
+    return control, copy.getvalue()
+
+
+GOOD_LINE = stdout_line(payload(type_="PERIODICAL", sequence=5, value="1.25"))
+GOOD_METRIC = ParsedMetric("3", "PERIODICAL", 5, '"1.25"')
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 4096, 10_000_000])
+def test_the_pump_finds_metric_lines_in_chunks_of_any_size_and_copies_every_byte(chunk_size: int) -> None:
+    output = b"epoch 1\n" + GOOD_LINE + b"noise without a newline " + GOOD_LINE + b"last" + GOOD_LINE.rstrip(b"\n")
+    chunks = [output[start : start + chunk_size] for start in range(0, len(output), chunk_size)]
+
+    control, copy = pump_output(chunks)
+
+    assert copy == output
+    assert control.reported == [GOOD_METRIC]  # the other two are not at a line's start
+    assert control.rejections == []
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+@pytest.mark.parametrize("chunk_size", [65536, 1_000_003])
+def test_an_oversized_metric_line_is_rejected_with_its_exact_size(ending: bytes, chunk_size: int) -> None:
+    """Regression: the size reported counted only the line's first and last pieces."""
+    line = b"NNISDK_MEb'" + b"x" * 2_500_000 + b"'"
+    output = line + ending + GOOD_LINE
+    chunks = [output[start : start + chunk_size] for start in range(0, len(output), chunk_size)]
+
+    control, _ = pump_output(chunks)
+
+    expected_reports = [GOOD_METRIC] if ending else []  # without a newline, the good line is part of it
+    size = len(line) if ending else len(output) - 1
+    assert control.rejections == [f"metric line of {size} bytes exceeds the 1000000-byte limit"]
+    assert control.reported == expected_reports
+
+
+def test_an_oversized_line_that_is_no_metric_is_only_copied() -> None:
+    control, copy = pump_output([b"y" * 3_000_000 + b"\n" + GOOD_LINE])
+
+    assert control.rejections == [] and control.reported == [GOOD_METRIC]
+    assert len(copy) == 3_000_001 + len(GOOD_LINE)
+
+
+def test_the_pump_rejects_a_line_with_a_lone_surrogate_and_goes_on() -> None:
+    bad = stdout_line(b'{"parameter_id": "\\ud800", "type": "FINAL", "sequence": 0, "value": "0.5"}')
+
+    control, _ = pump_output([bad + GOOD_LINE])
+
+    assert control.reported == [GOOD_METRIC]
+    assert len(control.rejections) == 1 and "lone surrogate" in control.rejections[0]

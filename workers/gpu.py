@@ -1,9 +1,11 @@
 """GPU discovery and allocation for trials on one host.
 
-Several RQ worker processes on a host may start trials at the same time, so the choice of GPUs is
-made under a Redis lock against a shared ledger of who holds what.  The rules follow NNI's local
-training service: a GPU is usable when we do not occupy it and it runs no compute process (unless
-``useActiveGpu``), or when we occupy it with fewer than ``maxTrialNumberPerGpu`` trials.
+Several RQ worker processes on a machine may start trials at the same time, so the choice of GPUs
+is one optimistic transaction (WATCH/MULTI) against a shared ledger of who holds what: no lock that
+could expire half-way, and a choice made from a ledger that changed meanwhile is never written.
+The rules follow NNI's local training service: a GPU is usable when we do not occupy it and it runs
+no compute process (unless ``useActiveGpu``), or when we occupy it with fewer than
+``maxTrialNumberPerGpu`` trials.
 """
 
 from __future__ import annotations
@@ -17,15 +19,11 @@ from pathlib import Path
 from typing import Protocol
 
 import pynvml
-from redis import Redis
+from redis import Redis, WatchError
 
 from core import keys
 
 NVIDIA_SMI_TIMEOUT_S = 15.0
-# The critical section is a few Redis round trips (GPUs are queried before taking the lock), so
-# the TTL only matters when a worker dies holding the lock: it must not block the host for long.
-LOCK_TTL_S = 10.0
-LOCK_WAIT_S = 10.0
 _MIB = 1024 * 1024
 
 
@@ -178,6 +176,14 @@ class GpuRequestImpossible(Exception):
     """The request can never be met on this host, so the trial must fail instead of waiting forever."""
 
 
+def _occupancy(holders: Mapping[str | bytes, str | bytes]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for raw in holders.values():
+        for index in json.loads(raw):
+            counts[index] = counts.get(index, 0) + 1
+    return counts
+
+
 def _join(indices: list[int]) -> str:
     return ",".join(str(index) for index in indices)
 
@@ -229,50 +235,48 @@ def cuda_visible_devices(policy: GpuPolicy, indices: list[int]) -> str | None:
 
 
 class GpuLedger:
-    """Shared record, in Redis, of which trials hold which GPUs on one host.
+    """Shared record, in Redis, of which trials hold which GPUs on one machine.
 
     The holders hash is the single source of truth (occupancy is derived from it, so there is no
-    counter to drift); the lock makes read-choose-write atomic across worker processes.
+    counter to drift); a transaction that watches it makes read-choose-write atomic across workers.
     """
 
     def __init__(self, redis: Redis, host: str, source: GpuSource) -> None:
         self._redis = redis
         self._source = source
         self.holders_key = keys.gpu_holders(host)
-        self.lock_key = f"ts:gpu:{host}:lock"
 
     def occupancy(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for raw in self._redis.hgetall(self.holders_key).values():
-            for index in json.loads(raw):
-                counts[index] = counts.get(index, 0) + 1
-        return counts
+        return _occupancy(self._redis.hgetall(self.holders_key))
 
     def reserve(self, trial_key: str, policy: GpuPolicy) -> list[int] | None:
-        """GPUs now held by ``trial_key``, or None when it must wait (busy GPUs, or the lock stayed taken).
+        """GPUs now held by ``trial_key``, or None when it must wait for busy GPUs.
 
-        Idempotent: a trial that already holds GPUs gets the same ones back.  Raises
-        GpuRequestImpossible, and GpuQueryError when the GPU tools fail.
+        Idempotent: a trial that already holds GPUs gets the same ones back. Raises
+        GpuRequestImpossible, and GpuQueryError when the GPU tools fail. When it raises, nothing
+        was recorded (or, after a lost connection, possibly recorded: callers release in any case).
         """
         if not policy.gpu_number:
             return []
-        # Queried outside the lock: nvidia-smi can be slow, and the lock should only cover Redis work.
-        gpus = self._source.gpus()
-        lock = self._redis.lock(self.lock_key, timeout=LOCK_TTL_S, blocking_timeout=LOCK_WAIT_S)
-        if not lock.acquire():
-            return None
-        # Releasing raises LockNotOwnedError if the TTL ran out meanwhile: atomicity is no longer
-        # guaranteed then, so it is surfaced; a retry returns whatever this call recorded.
-        try:
-            held = self._redis.hget(self.holders_key, trial_key)
-            if held is not None:
-                return [int(index) for index in json.loads(held)]
-            chosen = choose_gpus(gpus, self.occupancy(), policy)
-            if chosen is not None:
-                self._redis.hset(self.holders_key, trial_key, json.dumps(chosen))
-            return chosen
-        finally:
-            lock.release()
+        with self._redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(self.holders_key)
+                    # Queried while watching: a slow nvidia-smi blocks no one, and a retry sees fresh activity.
+                    gpus = self._source.gpus()
+                    holders = pipe.hgetall(self.holders_key)
+                    held = holders.get(trial_key) or holders.get(trial_key.encode())
+                    if held is not None:
+                        return [int(index) for index in json.loads(held)]
+                    chosen = choose_gpus(gpus, _occupancy(holders), policy)
+                    if chosen is None:
+                        return None
+                    pipe.multi()
+                    pipe.hset(self.holders_key, trial_key, json.dumps(chosen))
+                    pipe.execute()
+                    return chosen
+                except WatchError:
+                    continue  # another worker reserved meanwhile: choose again from what it left
 
     def release(self, trial_key: str) -> None:
         """Idempotent; a single HDEL is atomic, so no lock is needed."""

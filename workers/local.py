@@ -8,9 +8,10 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
-from typing import BinaryIO, ClassVar
+from typing import IO, ClassVar
 
 import redis
 from inotify_simple import INotify, flags
@@ -18,7 +19,7 @@ from inotify_simple import INotify, flags
 from core.connections import until_redis_answers
 from core.leases import AttemptRef
 from core.platform import Deferred, StopRequest, TrialAssignment, TrialControl, TrialOutcome
-from core.settings import Settings, trial_environment
+from core.settings import Settings
 from schemas.config import LocalConfig, PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
@@ -30,25 +31,110 @@ from workers.gpu import (
     cuda_visible_devices,
     detect_gpu_source,
 )
-from workers.metrics import MAX_RECORD_BYTES, MetricFileReader, MetricRejected, parse_stdout_line
+from workers.trial_contract import (
+    MetricFileReader,
+    StdoutMetricPump,
+    TrialPaths,
+    failure_message,
+    forward_file_metrics,
+    nni_environment,
+    read_tail,
+    write_parameters,
+)
 
 log = logging.getLogger(__name__)
 
-# The trial's shell forks a keeper into the trial's process group, then execs the trial command.
-# The keeper blocks reading a pipe whose other end only the worker holds: if the worker dies, even
-# by SIGKILL, the kernel closes that end, the read returns, and the keeper kills the whole group,
-# so no trial process outlives its worker. It ignores SIGTERM, so a graceful cancel reaches the
-# trial alone. The pipe arrives as stdin; the trial itself gets /dev/null. $1 is the trial command.
-_KEEPER = """
-exec 3<&0 </dev/null
-(trap '' TERM INT HUP; read _ <&3; kill -9 0) >/dev/null 2>&1 &
-exec 3<&-
-exec /bin/sh -c "$1"
+# The keeper: the trial's parent, a small Python process (isolated mode: the trial's PYTHON*
+# variables do not reach it). It makes itself a child subreaper, so every process the trial starts
+# re-parents to it when its own parent exits, even in a new session (`setsid ... &`). When the
+# trial's main process (`/bin/sh -c COMMAND`) exits, the keeper kills every descendant left, reaps
+# them all and exits with the trial's status. SIGTERM (a cancel) is forwarded to every descendant.
+# Its stdin is a pipe whose other end only the worker holds: when it closes (the worker closes it
+# after the grace period of a cancel, or the worker died, even by SIGKILL) it SIGKILLs everything.
+# It never holds the trial's stdout itself, so once its descendants are gone the pipe ends.
+_KEEPER = r"""
+import ctypes, os, resource, select, signal, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+lifeline = os.dup(0)
+devnull = os.open(os.devnull, os.O_RDWR)
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+for number in (signal.SIGTERM, signal.SIGCHLD):
+    signal.signal(number, lambda *_: None)
+for number in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(number, signal.SIG_IGN)
+signal.set_wakeup_fd(wake_w)
+trial = os.fork()
+if trial == 0:
+    signal.set_wakeup_fd(-1)
+    for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+    os.dup2(devnull, 0)
+    os.closerange(3, 1 << 16)
+    os.execv("/bin/sh", ["/bin/sh", "-c", sys.argv[1]])
+os.dup2(devnull, 1)
+status = None
+
+def descendants():
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parents.setdefault(int(stat.read().rpartition(b")")[2].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = [], [os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+def signal_all(number):
+    for pid in descendants():
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass
+
+def reap():
+    global status
+    while True:
+        pid, code = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        if pid == trial:
+            status = code
+
+try:
+    while status is None:
+        ready, _, _ = select.select([lifeline, wake_r], [], [])
+        if lifeline in ready:
+            break
+        if signal.SIGTERM in os.read(wake_r, 1024):
+            signal_all(signal.SIGTERM)
+        reap()
+    while True:
+        signal_all(signal.SIGKILL)
+        reap()
+        time.sleep(0.01)
+except ChildProcessError:
+    pass
+if os.WIFSIGNALED(status):  # die of the same signal, so the worker sees what killed the trial
+    number = os.WTERMSIG(status)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.set_wakeup_fd(-1)
+    if number not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    sys.exit(128 + number)
+sys.exit(os.waitstatus_to_exitcode(status))
 """
 IDLE_WAIT_S = 0.5  # a safety net: the watch loop is woken by the trial's exit, its metric writes and commands
 POLL_S = 0.005  # how often the metrics file is read where inotify is not available
-ORPHAN_GRACE_S = 1.0
-STDERR_TAIL_BYTES = 2000
+DRAIN_S = 1.0  # how long stdout is still read once the trial and its descendants are gone
+READ_BYTES = 65536
 
 
 class LocalPlatform:
@@ -88,22 +174,21 @@ class LocalPlatform:
             use_active_gpu=bool(config.use_active_gpu),
         )
         ledger_key = attempt_member(trial)
-        try:
+        try:  # from the reservation on: whatever happens, even an error while reserving, frees the GPUs
             gpus = self.ledger.reserve(ledger_key, policy)
+            if gpus is None:
+                count = policy.gpu_number
+                return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
+            return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
         except GpuRequestImpossible as error:
             return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
-        if gpus is None:
-            count = policy.gpu_number
-            return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
-        try:
-            return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
         finally:
-            if gpus:  # an outage now must not turn the trial's outcome into an error
+            if policy.gpu_number:  # an outage now must not turn the trial's outcome into an error
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")
 
 
 class _TrialProcess:
-    """One launch of a trial command, watched until it ends."""
+    """One launch of a trial command under its keeper, watched until it ends."""
 
     def __init__(self, trial: TrialAssignment, control: TrialControl, cuda: str | None, grace_s: float) -> None:
         self.trial = trial
@@ -120,36 +205,38 @@ class _TrialProcess:
         if self.trial.attempt > 1:
             self._archive_attempt(self.trial.attempt - 1)
         (self.sys_dir / ".nni").mkdir(parents=True, exist_ok=True)
-        _write_atomically(self.sys_dir / "parameter.cfg", self.trial.form.hyper_parameters.value)
-        keeper_end, worker_end = os.pipe()  # the worker holds `worker_end` open for as long as it lives
+        write_parameters(self.sys_dir, self.trial.form.hyper_parameters.value)
+        paths = TrialPaths(sys_dir=str(self.sys_dir), output_dir=str(self.sys_dir), code_dir=str(code_dir))
+        env = nni_environment(os.environ, LocalPlatform.name, self.trial, paths, self.cuda)
+        keeper_end, lifeline = os.pipe()  # the worker holds `lifeline` open until the trial must be gone
         with (self.sys_dir / "stdout").open("wb") as stdout_file, (self.sys_dir / "stderr").open("wb") as stderr:
             try:
                 process = subprocess.Popen(
-                    ["/bin/sh", "-c", _KEEPER, "trialstream-trial", self.trial.launch.command],
+                    [sys.executable, "-I", "-c", _KEEPER, self.trial.launch.command],
                     cwd=code_dir,
-                    env=self._environment(code_dir),
+                    env=env,
                     stdin=keeper_end,
                     stdout=subprocess.PIPE,
                     stderr=stderr,
-                    start_new_session=True,  # its own process group, so a cancel reaches every child
+                    start_new_session=True,  # no terminal's signals; a process group for the last resort
                 )
             except BaseException:
-                os.close(worker_end)
+                os.close(lifeline)
                 raise
             finally:
                 os.close(keeper_end)
+            assert process.stdout is not None
+            pump = _StdoutReader(process.stdout, StdoutMetricPump(self.control, stdout_file))
             try:
                 self.control.started(str(self.sys_dir), url=str(self.sys_dir), gpu_indices=gpus or None)
-                assert process.stdout is not None
-                pump = threading.Thread(target=self._pump_stdout, args=(process.stdout, stdout_file), daemon=True)
                 pump.start()
                 stop = self._watch(process)
-                pump.join(ORPHAN_GRACE_S)  # children of the trial may still hold its stdout: the trial is over
-                _signal_group(process.pid, signal.SIGKILL)  # leftovers and the keeper
-                pump.join()
             finally:
-                os.close(worker_end)
-        self._forward_file_metrics(final=True)
+                os.close(lifeline)  # the keeper kills whatever is left of the trial, if anything
+                process.wait()
+                _signal_group(process.pid, signal.SIGKILL)  # should the trial have killed its keeper
+                pump.finish(DRAIN_S)
+        forward_file_metrics(self.reader, self.control, final=True)
         return self._outcome(process.returncode, stop)
 
     def _archive_attempt(self, attempt: int) -> None:
@@ -159,26 +246,6 @@ class _TrialProcess:
         for name in ("stdout", "stderr", ".nni/metrics"):
             with contextlib.suppress(FileNotFoundError):
                 (self.sys_dir / name).replace(archive / Path(name).name)
-
-    def _environment(self, code_dir: Path) -> dict[str, str]:
-        env = trial_environment(os.environ)
-        env.update(
-            NNI_PLATFORM="local",
-            NNI_EXP_ID=self.trial.experiment_id,
-            NNI_TRIAL_JOB_ID=self.trial.trial_id,
-            NNI_SYS_DIR=str(self.sys_dir),
-            NNI_OUTPUT_DIR=str(self.sys_dir),
-            NNI_TRIAL_SEQ_ID=str(self.trial.form.sequence_id),
-            NNI_CODE_DIR=str(code_dir),
-            MULTI_PHASE="false",
-            PYTHONUNBUFFERED="1",
-        )
-        env.pop("NNI_TRIAL_COMMAND_CHANNEL", None)
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        if self.cuda is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.cuda
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the indices NVML reported
-        return env
 
     def _watch(self, process: subprocess.Popen[bytes]) -> StopRequest | None:
         """Forward metrics and parameter updates until the process exits or must stop.
@@ -191,10 +258,9 @@ class _TrialProcess:
             target=_wake_on_exit_or_write, args=(exited, self.sys_dir / ".nni", self.control), daemon=True
         ).start()
         while True:
-            self._forward_file_metrics()
+            forward_file_metrics(self.reader, self.control)
             for form in self.control.new_forms():
-                index = form.hyper_parameters.index
-                _write_atomically(self.sys_dir / f"parameter_{index}.cfg", form.hyper_parameters.value)
+                write_parameters(self.sys_dir, form.hyper_parameters.value, form.hyper_parameters.index)
             if process.poll() is not None:
                 return None
             stop = self.control.stop_request()
@@ -204,54 +270,57 @@ class _TrialProcess:
             self.control.wait(IDLE_WAIT_S)
 
     def _terminate(self, process: subprocess.Popen[bytes]) -> None:
-        """SIGTERM to the whole process group, SIGKILL after the grace period."""
-        _signal_group(process.pid, signal.SIGTERM)
+        """SIGTERM to every process of the trial (the keeper forwards it), SIGKILL after the grace
+        period (when the caller closes the keeper's lifeline)."""
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(self.grace_s)
-        _signal_group(process.pid, signal.SIGKILL)  # also reaps children that outlived the leader
-        process.wait()
-
-    def _pump_stdout(self, stream: BinaryIO, copy: BinaryIO) -> None:
-        """Copy stdout to its file; turn `NNISDK_MEb'...'` lines into metrics as they are printed."""
-        while line := stream.readline(MAX_RECORD_BYTES + 64):
-            copy.write(line)
-            copy.flush()
-            if not line.endswith(b"\n") and len(line) > MAX_RECORD_BYTES:
-                while (rest := stream.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
-                    copy.write(rest)
-                copy.write(rest)
-                line += rest  # only its length matters now: parse rejects it as too large
-            try:
-                metric = parse_stdout_line(line)
-            except MetricRejected as error:
-                self.control.rejected(str(error))
-                continue
-            if metric is not None:
-                self.control.metrics([metric])
-
-    def _forward_file_metrics(self, final: bool = False) -> None:
-        metrics, problems = self.reader.read_new(final=final)
-        if metrics:
-            self.control.metrics(metrics)
-        for problem in problems:
-            self.control.rejected(problem)
 
     def _outcome(self, returncode: int, stop: StopRequest | None) -> TrialOutcome:
         if stop is not None:
             return TrialOutcome(stop.status, exit_code=returncode, message=stop.reason)
         if returncode == 0:
             return TrialOutcome(TrialJobStatus.SUCCEEDED, exit_code=0)
-        return TrialOutcome(TrialJobStatus.FAILED, exit_code=returncode, message=self._failure_message(returncode))
+        message = failure_message(returncode, read_tail(self.sys_dir / "stderr"))
+        return TrialOutcome(TrialJobStatus.FAILED, exit_code=returncode, message=message)
 
-    def _failure_message(self, returncode: int) -> str:
-        if returncode < 0:
-            summary = f"killed by signal {signal.Signals(-returncode).name}"
-        elif returncode == 127:
-            summary = "exit code 127: command not found"
-        else:
-            summary = f"exit code {returncode}"
-        tail = _tail(self.sys_dir / "stderr", STDERR_TAIL_BYTES)
-        return f"{summary}; stderr: {tail}" if tail else summary
+
+class _StdoutReader:
+    """Reads a trial's stdout pipe into a pump, on a thread of its own; never blocks the trial's end,
+    even if some process still held the pipe."""
+
+    def __init__(self, stream: IO[bytes], pump: StdoutMetricPump) -> None:
+        self._fd = stream.fileno()
+        self._stream = stream
+        self._pump = pump
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self, drain_s: float) -> None:
+        """Read what is left for up to `drain_s`, then stop reading and close the pipe."""
+        if self._thread.ident is not None:
+            self._thread.join(drain_s)
+            self._stop.set()
+            self._thread.join()
+        self._stream.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._fd], [], [], POLL_S * 20)
+            if not ready:
+                continue
+            data = os.read(self._fd, READ_BYTES)
+            if not data:
+                break
+            try:
+                self._pump.feed(data)
+            except Exception:  # the pipe must keep being drained, or the trial blocks writing to it
+                log.exception("trial stdout: a chunk could not be handled; reading on")
+        self._pump.close()
 
 
 def attempt_member(trial: TrialAssignment) -> str:
@@ -290,19 +359,6 @@ def _wake_on_exit_or_write(exited: int, metrics_dir: Path, control: TrialControl
             inotify.close()
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """The SDK may read the file the moment it appears: it must never see half of it."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def _signal_group(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)
-
-
-def _tail(path: Path, size: int) -> str:
-    with path.open("rb") as file:
-        file.seek(max(0, path.stat().st_size - size))
-        return file.read().decode(errors="replace").strip()
