@@ -21,7 +21,16 @@ from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers.metrics import MetricFileReader, MetricRejected, parse_stdout_line
+from workers.metrics import MetricFileReader
+from workers.trial_contract import (
+    StdoutMetricPump,
+    TrialPaths,
+    failure_message,
+    forward_file_metrics,
+    nni_environment,
+    read_tail,
+    write_parameters,
+)
 
 FOLLOW_S = 0.05
 
@@ -50,19 +59,11 @@ class DetachedPlatform:
     def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
         run_dir = self._run_dir(trial)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (Path(trial.working_directory) / ".nni").mkdir(parents=True, exist_ok=True)
-        (Path(trial.working_directory) / "parameter.cfg").write_text(trial.form.hyper_parameters.value)
-        environment = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TRIALSTREAM_")},
-            "NNI_PLATFORM": self.name,
-            "NNI_EXP_ID": trial.experiment_id,
-            "NNI_TRIAL_JOB_ID": trial.trial_id,
-            "NNI_SYS_DIR": trial.working_directory,
-            "NNI_OUTPUT_DIR": trial.working_directory,
-            "NNI_TRIAL_SEQ_ID": str(trial.form.sequence_id),
-            "NNI_CODE_DIR": trial.launch.code_directory,
-            "MULTI_PHASE": "false",
-        }
+        sys_dir = Path(trial.working_directory)
+        (sys_dir / ".nni").mkdir(parents=True, exist_ok=True)
+        write_parameters(sys_dir, trial.form.hyper_parameters.value)
+        paths = TrialPaths(trial.working_directory, trial.working_directory, trial.launch.code_directory)
+        environment = nni_environment(os.environ, self.name, trial, paths, None)
         session = subprocess.Popen(
             ["/bin/sh", "-c", _WRAPPER, "detached-trial", trial.launch.command, str(run_dir)],
             cwd=trial.launch.code_directory,
@@ -98,23 +99,21 @@ class DetachedPlatform:
         """From the start of its files: a re-sent metric is stored once (its idempotency key)."""
         run_dir = self._run_dir(trial)
         metrics = MetricFileReader(Path(trial.working_directory) / ".nni" / "metrics")
+        stdout = StdoutMetricPump(control)
         offset = 0
         while True:
             if session is not None:
                 session.poll()  # reap it when it exits: this worker is its parent
             exited = (run_dir / ".exit").exists()
-            offset = self._forward(run_dir / "stdout", offset, control)
-            found, problems = metrics.read_new(final=exited)
-            if found:
-                control.metrics(found)
-            for problem in problems:
-                control.rejected(problem)
+            offset = _feed(stdout, run_dir / "stdout", offset)
+            forward_file_metrics(metrics, control, final=exited)
             if exited:
+                stdout.close()
                 code = int((run_dir / ".exit").read_text())
                 if code == 0:
                     return TrialOutcome(TrialJobStatus.SUCCEEDED, exit_code=0)
-                tail = (run_dir / "stderr").read_bytes()[-2000:].decode(errors="replace").strip()
-                return TrialOutcome(TrialJobStatus.FAILED, exit_code=code, message=f"exit code {code}; stderr: {tail}")
+                message = failure_message(code, read_tail(run_dir / "stderr"))
+                return TrialOutcome(TrialJobStatus.FAILED, exit_code=code, message=message)
             stop = control.stop_request()
             if stop is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -122,24 +121,17 @@ class DetachedPlatform:
                 return TrialOutcome(stop.status, message=stop.reason)
             control.wait(FOLLOW_S)
 
-    @staticmethod
-    def _forward(path: Path, offset: int, control: TrialControl) -> int:
-        try:
-            with path.open("rb") as stdout:
-                stdout.seek(offset)
-                chunk = stdout.read()
-        except FileNotFoundError:
-            return offset
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        for line in complete.splitlines(keepends=True):
-            try:
-                metric = parse_stdout_line(line)
-            except MetricRejected as error:
-                control.rejected(str(error))
-                continue
-            if metric is not None:
-                control.metrics([metric])
-        return offset + len(complete)
+
+def _feed(pump: StdoutMetricPump, path: Path, offset: int) -> int:
+    """Feed the pump what the trial printed since `offset`; returns the new offset."""
+    try:
+        with path.open("rb") as stdout:
+            stdout.seek(offset)
+            chunk = stdout.read()
+    except FileNotFoundError:
+        return offset
+    pump.feed(chunk)
+    return offset + len(chunk)
 
 
 def _pid(run_dir: Path) -> int:
