@@ -5,6 +5,11 @@ is sent again with exponential backoff (`retry_policy`), for about `OUTAGE_BUDGE
 ($TRIALSTREAM_REDIS_RETRY_S to change it) before the error reaches the caller. Only the first
 ping of `connect(check=True)` fails at once, so a wrong URL is reported straight away instead of
 after a minute of retries.
+
+No read waits for ever: every connection has a socket timeout longer than the longest blocking read
+issued on it (`SOCKET_TIMEOUT_S`; RQ's blocking dequeue on the bytes client, `RQ_SOCKET_TIMEOUT_S`)
+and TCP keepalive, so a server that accepts but never answers (a silent partition) surfaces as a
+timeout, not as a thread blocked for ever.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
@@ -32,6 +37,12 @@ RETRY_BASE_S = 0.05  # the first retry waits 2 * base, then each wait doubles...
 RETRY_CAP_S = 2.0  # ...up to this
 OUTAGE_BUDGET_S = 60.0  # how long a command keeps retrying before its error reaches the caller (default)
 CHECK_CONNECT_TIMEOUT_S = 5.0
+# Longer than any `block=` trialstream issues (at most 1 s: `events --follow`, the projector, the
+# runner's wait, a trial's watcher), so a timeout means the server did not answer.
+SOCKET_TIMEOUT_S = 30.0
+# RQ's blocking dequeue waits up to its worker TTL (420 s) minus 15 s on the bytes client.
+RQ_SOCKET_TIMEOUT_S = 450.0
+_KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}  # a dead peer is noticed in ~25 s
 _RETRIED_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout)  # BusyLoadingError is a ConnectionError
 
 
@@ -80,10 +91,24 @@ def retry_policy(budget_s: float | None = None) -> Retry:
     return Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries_within(budget), _RETRIED_ERRORS)
 
 
-def connect(url: str, *, check: bool = True, decode: bool = True) -> redis.Redis:
-    """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here.
+def _socket_options(url: str, decode: bool) -> dict[str, Any]:
+    """Socket timeouts for every connection, and TCP keepalive where it is TCP."""
+    timeout = SOCKET_TIMEOUT_S if decode else RQ_SOCKET_TIMEOUT_S
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": CHECK_CONNECT_TIMEOUT_S}
+    if not url.startswith("unix:"):
+        options["socket_keepalive"] = True
+        options["socket_keepalive_options"] = {
+            getattr(socket, name): value for name, value in _KEEPALIVE.items() if hasattr(socket, name)
+        }
+    return options
 
-    The retry policy is in the pool's connection kwargs, so clients made by `same_server` keep it.
+
+def connect(url: str, *, check: bool = True, decode: bool = True, retry_s: float | None = None) -> redis.Redis:
+    """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here.
+    Commands retry for `retry_s` seconds (`Settings.redis_retry_s`; default: `outage_budget_s()`).
+
+    The retry policy and socket options are in the pool's connection kwargs, so clients made by
+    `same_server` keep them.
     """
     if check:
         probe = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=CHECK_CONNECT_TIMEOUT_S)
@@ -93,7 +118,13 @@ def connect(url: str, *, check: bool = True, decode: bool = True) -> redis.Redis
             raise RedisUnavailable(url, error) from error
         finally:
             probe.close()
-    return redis.Redis.from_url(url, decode_responses=decode, health_check_interval=30, retry=retry_policy())
+    return redis.Redis.from_url(
+        url,
+        decode_responses=decode,
+        health_check_interval=30,
+        retry=retry_policy(retry_s),
+        **_socket_options(url, decode),
+    )
 
 
 _siblings: weakref.WeakKeyDictionary[redis.ConnectionPool, dict[bool, redis.Redis]] = weakref.WeakKeyDictionary()
@@ -112,14 +143,36 @@ def same_server(client: redis.Redis, *, decode: bool) -> redis.Redis:
         made = _siblings.setdefault(pool, {})
         if decode not in made:
             kwargs = {**pool.connection_kwargs, "decode_responses": decode}
+            if "socket_timeout" in kwargs:  # only the bytes client issues RQ's long blocking dequeue
+                kwargs["socket_timeout"] = SOCKET_TIMEOUT_S if decode else RQ_SOCKET_TIMEOUT_S
             made[decode] = redis.Redis(
                 connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
             )
         return made[decode]
 
 
-def until_redis_answers(action: Callable[[], T], what: str) -> T:
-    """`action`, retried for as long as Redis cannot be reached (beyond the client's own retries).
+_quick: weakref.WeakKeyDictionary[redis.ConnectionPool, dict[float, redis.Redis]] = weakref.WeakKeyDictionary()
+
+
+def quick_client(client: redis.Redis, timeout_s: float) -> redis.Redis:
+    """A client on `client`'s server whose every command gives up within about `timeout_s` (one
+    resend, no back-off): for a caller that must act on its own deadline, such as a lease renewal.
+    One per pool and timeout, made once."""
+    pool = client.connection_pool
+    with _siblings_lock:
+        made = _quick.setdefault(pool, {})
+        if timeout_s not in made:
+            kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+            kwargs["retry"] = Retry(NoBackoff(), 1, _RETRIED_ERRORS)
+            made[timeout_s] = redis.Redis(
+                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+            )
+        return made[timeout_s]
+
+
+def until_redis_answers(action: Callable[[], T], what: str, give_up: Callable[[], bool] = lambda: False) -> T:
+    """`action`, retried for as long as Redis cannot be reached (beyond the client's own retries),
+    or until `give_up()` says the result no longer matters (then the last error is raised).
 
     For writes that are safe to repeat (an idempotency key, a transaction that sets absolute
     values): a trial must not die because Redis was away longer than a client retries.
@@ -129,6 +182,8 @@ def until_redis_answers(action: Callable[[], T], what: str) -> T:
         try:
             return action()
         except (redis.ConnectionError, redis.TimeoutError) as error:
+            if give_up():
+                raise
             failures += 1
             if failures == 1:
                 log.warning("%s: Redis unreachable (%s); retrying until it answers", what, error)

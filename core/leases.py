@@ -7,7 +7,6 @@ matter. A lease that expired means the worker stopped: `core.reaper` declares th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,8 +15,6 @@ from redis.client import Pipeline
 
 from core import keys
 
-LEASE_ENV = "TRIALSTREAM_TRIAL_LEASE_S"
-DEFAULT_LEASE_S = 10.0
 CLAIM_TTL_S = 7 * 24 * 3600
 ENDED = "ended"
 LOST = "lost"
@@ -46,11 +43,6 @@ local now = redis.call('TIME')
 redis.call('ZADD', KEYS[2], 'XX', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
 return 1
 """
-
-
-def lease_seconds() -> float:
-    """How long a worker's silence is tolerated before its attempts are declared lost."""
-    return float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ is noticed within its lease plus a second even when no worker is left. The verdi
 MULTI/EXEC under a WATCH of the attempt's claim: the TrialAttemptLost event, the retry's job when
 maxTrialRetries allows one, and the release of the lease. A renewal or a normal end touches the
 claim, so an attempt that is alive after all is never declared lost, and two reapers never both act.
+
+A pause of Redis (frozen, restarted) is not a worker's death: every reap round records its Redis
+server time, and a round that finds the previous one longer ago than `quiet_gap_s` holds reaping
+back for `pause_grace_s`, so workers that renew as soon as Redis answers again keep their attempts.
 """
 
 from __future__ import annotations
@@ -36,29 +40,61 @@ log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 1.0
 _BATCH = 100
+REAP_ROUND = f"{keys.LOG_PREFIX}:reaper:round"  # Redis server time (ms) of the last reap round
+REAP_HOLD = f"{keys.LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms)
+
+# KEYS: round, hold. ARGV: the longest quiet gap between rounds (ms), the hold after a longer one (ms).
+# Returns {now, hold}: reaping is allowed when now >= hold.
+_ROUND = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local last = tonumber(redis.call('GET', KEYS[1]))
+redis.call('SET', KEYS[1], now)
+local hold = tonumber(redis.call('GET', KEYS[2])) or 0
+if last and now - last > tonumber(ARGV[1]) and now + tonumber(ARGV[2]) > hold then
+  hold = now + tonumber(ARGV[2])
+  redis.call('SET', KEYS[2], hold)
+end
+return {now, hold}
+"""
 
 
-def restart_grace_s(lease_s: float) -> float:
-    """After Redis restarts, how long leases are not reaped: no worker could renew while it was down,
-    so each gets two lease lengths, plus the client's longest back-off, to reconnect and renew."""
+def quiet_gap_s(lease_s: float) -> float:
+    """Reapers run every REAP_INTERVAL_S; a longer silence between two rounds means Redis (or every
+    reaper) could not act: frozen (SIGSTOP, a VM pause, a slow fsync), restarted, or unreachable."""
+    return max(lease_s / 2, 2 * REAP_INTERVAL_S)
+
+
+def pause_grace_s(lease_s: float) -> float:
+    """After such a silence, how long nothing is reaped: no worker could renew meanwhile, so each
+    gets two lease lengths, plus the client's longest back-off, to renew once Redis answers."""
     return 2 * lease_s + RETRY_CAP_S
 
 
+def reaping_allowed(client: redis.Redis | Pipeline, lease_s: float) -> bool:
+    """Record this reap round (in Redis server time) and say whether reaping is allowed now: not
+    within `pause_grace_s` of a silence longer than `quiet_gap_s`, nor within it of a restart."""
+    arguments = [int(quiet_gap_s(lease_s) * 1000), int(pause_grace_s(lease_s) * 1000)]
+    now, hold = client.eval(_ROUND, 2, REAP_ROUND, REAP_HOLD, *arguments)
+    return int(now) >= int(hold)
+
+
 def reap_lost_attempts(
-    client: redis.Redis, rq_connection: redis.Redis, reaper: str, lease_s: float, restart_grace: float | None = None
+    client: redis.Redis, rq_connection: redis.Redis, reaper: str, lease_s: float
 ) -> list[TrialAttemptLost | TrialRequeued]:
     """Declare every attempt whose lease has expired lost (or, where trials outlive their worker, hand
-    it to another worker); returns the verdicts this call appended."""
+    it to another worker); returns the verdicts this call appended. Every call is a reap round."""
+    if not reaping_allowed(client, lease_s):
+        return []
     seconds, microseconds = client.time()
     now_ms = seconds * 1000 + microseconds // 1000
     members: Any = client.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=_BATCH)
-    grace = restart_grace_s(lease_s) if restart_grace is None else restart_grace
-    if not members or int(client.info("server")["uptime_in_seconds"]) < grace:
-        return []
+    if not members or int(client.info("server")["uptime_in_seconds"]) < pause_grace_s(lease_s):
+        return []  # Redis restarted without its last round (no persistence): the grace from its start
     verdicts = []
     for member in members:
         try:
-            verdict = _declare_lost(client, rq_connection, AttemptRef.parse(member), reaper)
+            verdict = _declare_lost(client, rq_connection, AttemptRef.parse(member), reaper, lease_s)
         except redis.RedisError:
             raise
         except Exception:  # poison: one bad lease must not stop every reaper; the log keeps it
@@ -94,7 +130,7 @@ def unclaimed_attempts(
 
 
 def _declare_lost(
-    client: redis.Redis, rq_connection: redis.Redis, ref: AttemptRef, reaper: str
+    client: redis.Redis, rq_connection: redis.Redis, ref: AttemptRef, reaper: str, lease_s: float
 ) -> TrialAttemptLost | TrialRequeued | None:
     store = EventStore(client, ref.experiment_id)
     with client.pipeline(transaction=True) as pipe:
@@ -103,7 +139,8 @@ def _declare_lost(
                 pipe.watch(ref.claim_key)
                 expiry = pipe.zscore(keys.LEASES, ref.member)
                 seconds, microseconds = pipe.time()
-                if expiry is None or expiry > seconds * 1000 + microseconds // 1000:
+                expired = expiry is not None and expiry <= seconds * 1000 + microseconds // 1000
+                if not expired or not reaping_allowed(pipe, lease_s):  # a pause since this round began
                     pipe.unwatch()
                     return None  # renewed, ended, or declared by another reaper meanwhile
                 holder: Any = pipe.get(ref.claim_key)

@@ -16,7 +16,7 @@ from core import keys
 from core.dispatch import TrialJob, dispatch, queue_name
 from core.event_store import StoredEvent
 from core.leases import AttemptRef, Lease
-from core.reaper import reap_lost_attempts
+from core.reaper import pause_grace_s, reap_lost_attempts
 from schemas.events import TrialAttemptLost, TrialEnded, TrialRequeued, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
@@ -131,15 +131,15 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     held = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "ghost:1", seconds=30)
     assert held.acquire() and held.acquire()  # again by its holder (a resent script): still its own
     assert not Lease(client, held.ref, "other:2", seconds=30).acquire()
-    assert reap_lost_attempts(client, rq_connection, "reaper", LEASE_S, restart_grace=0) == []  # alive: nothing to reap
+    grace = pause_grace_s(LEASE_S)  # a server that just started holds reaping back that long
+    wait_until(lambda: int(client.info("server")["uptime_in_seconds"]) >= grace, 2 * grace, what="redis uptime")
+    assert reap_lost_attempts(client, rq_connection, "reaper", LEASE_S) == []  # alive: nothing to reap
 
     client.zadd(keys.LEASES, {held.ref.member: 0})  # as if it expired long ago
     verdicts: list[list[TrialAttemptLost]] = []
     threads = [
         threading.Thread(
-            target=lambda name: verdicts.append(
-                reap_lost_attempts(client, rq_connection, name, LEASE_S, restart_grace=0)
-            ),
+            target=lambda name: verdicts.append(reap_lost_attempts(client, rq_connection, name, LEASE_S)),
             args=(name,),
         )
         for name in ("reaper-1", "reaper-2", "reaper-3", "reaper-4")

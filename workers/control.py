@@ -2,8 +2,15 @@
 
 A watcher thread follows the trial's commands (the log ids of its cancels and new parameter sets,
 indexed as they are appended), so a cancel or a new parameter set reaches the running trial within
-milliseconds, without reading the other trials' events. The same thread renews the attempt's lease,
-and stops the trial if the attempt was declared lost meanwhile.
+milliseconds, without reading the other trials' events.
+
+A renewer thread keeps the attempt's lease, on a client whose commands give up within a fraction of
+the lease, so no silent server can block it. It stops the trial if the attempt was declared lost,
+and so does a **local deadline**: a worker that could not renew for `LOCAL_DEADLINE_LEASES` leases
+(cut off from Redis by a partition: the reapers may have declared the attempt lost and started its
+retry) stops its trial itself. A Redis that refuses connections is down for every reaper too, and
+reapers wait for workers after it comes back, so refusals do not count. A retry, in turn, starts
+only once the attempt it replaces has surely stopped, so at most one copy of an attempt runs.
 """
 
 from __future__ import annotations
@@ -13,12 +20,15 @@ import threading
 import time
 from collections.abc import Sequence
 
-from core.connections import until_redis_answers
+import redis
+
+from core.connections import quick_client, until_redis_answers
 from core.event_store import EventStore, StoredEvent
-from core.leases import Lease
+from core.leases import AttemptRef, Lease
 from core.platform import ParsedMetric, StopRequest
 from schemas.events import (
     Event,
+    TrialAttemptLost,
     TrialCancelRequested,
     TrialFormUpdated,
     TrialMetricRejected,
@@ -31,6 +41,8 @@ from schemas.trial import JobApplicationForm, TrialJobStatus
 log = logging.getLogger(__name__)
 
 _WATCH_BLOCK_MS = 250
+LOCAL_DEADLINE_LEASES = 2.0  # a Redis pause shorter than this many leases does not stop a trial
+STOP_MARGIN_S = 6.0  # a trial stopped at its local deadline is gone within this (SIGTERM, 5 s, SIGKILL)
 
 
 def _format_seconds(seconds: float) -> str:
@@ -41,9 +53,11 @@ class LogTrialControl:
     def __init__(self, store: EventStore, submitted: StoredEvent, lease: Lease) -> None:
         assert isinstance(submitted.event, TrialSubmitted)
         self._store = store
+        self._quick = quick_client(store.client, max(0.2, lease.seconds / 2))
+        self._appends = EventStore(self._quick, store.experiment_id)  # gives up on a lost lease
         self._submission = submitted.event
         self._trial_id = submitted.event.trial_id
-        self._lease = lease
+        self._lease = Lease(self._quick, lease.ref, lease.worker, lease.seconds)  # never blocks long
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
         self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
@@ -55,6 +69,9 @@ class LogTrialControl:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        self._renewer = threading.Thread(target=self._renew, name=f"lease-{self._trial_id}", daemon=True)
+        self._renewer.start()
+        self._wait_for_predecessor()
         self._poll()  # a cancel that came before the worker did is seen before launching
         self._watcher = threading.Thread(target=self._watch, name=f"watch-{self._trial_id}", daemon=True)
         self._watcher.start()
@@ -97,7 +114,9 @@ class LogTrialControl:
             f"metric:{self._trial_id}:{self._attempt}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}"
             for metric in reported
         ]
-        until_redis_answers(lambda: self._store.append_all(events, idempotency_keys), f"trial {self._trial_id}")
+        until_redis_answers(
+            lambda: self._appends.append_all(events, idempotency_keys), f"trial {self._trial_id}", self._cut_off
+        )
 
     def rejected(self, reason: str) -> None:
         log.warning("trial %s: %s", self._trial_id, reason)
@@ -113,6 +132,12 @@ class LogTrialControl:
     def stop_request(self) -> StopRequest | None:
         if self._lease_lost:
             return StopRequest(TrialJobStatus.FAILED, "this attempt was declared lost: its lease expired")
+        if self._cut_off():
+            return StopRequest(
+                TrialJobStatus.FAILED,
+                f"worker {self._worker} could not renew its lease for {_format_seconds(self._deadline_s)}; "
+                "stopped so that it never runs beside a retry",
+            )
         if self._cancel is not None:
             return StopRequest(self._cancel.status, self._cancel.reason or _default_reason(self._cancel.status))
         limit = self._submission.launch.max_duration_seconds
@@ -145,27 +170,73 @@ class LogTrialControl:
     # plumbing
 
     def _append(self, event: TrialStarted | TrialMetricRejected, key: str | None) -> None:
-        until_redis_answers(lambda: self._store.append(event, idempotency_key=key), f"trial {self._trial_id}")
+        until_redis_answers(
+            lambda: self._appends.append(event, idempotency_key=key), f"trial {self._trial_id}", self._cut_off
+        )
+
+    @property
+    def _deadline_s(self) -> float:
+        return LOCAL_DEADLINE_LEASES * self._lease.seconds
+
+    def _cut_off(self) -> bool:
+        """Past the local deadline: the reapers may have declared this attempt lost meanwhile."""
+        return self._lease_lost or time.monotonic() - self._renewed_at > self._deadline_s
 
     def _watch(self) -> None:
         while not self._closed.is_set():
             try:
-                self._renew_lease()
                 self._poll(block_ms=_WATCH_BLOCK_MS)
-            except Exception as error:  # the watcher must outlive anything: it renews the lease
+            except Exception as error:  # the watcher must outlive anything: a cancel may come later
                 log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
                 self._closed.wait(0.5)
 
-    def _renew_lease(self) -> None:
-        """Renew at a third of the lease, so two missed renewals still leave it held."""
-        if self._lease_lost or time.monotonic() - self._renewed_at < self._lease.seconds / 3:
+    def _renew(self) -> None:
+        """Renew every quarter of the lease. The local deadline counts from when the last successful
+        renewal was sent (the server cannot have run it earlier), or from the last refusal."""
+        while not self._closed.wait(self._lease.seconds / 4):
+            sent = time.monotonic()
+            try:
+                renewed = self._lease.renew()
+            except redis.ConnectionError as error:
+                if _refused(error):
+                    self._renewed_at = sent  # Redis is down: no reaper can act, nor until we renew
+                elif not self._cut_off():
+                    log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
+                continue
+            except redis.RedisError as error:
+                log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
+                continue
+            if self._cut_off() and not self._lease_lost:
+                self._wake.set()  # already stopping: a late renewal does not undo the local deadline
+            if renewed and not self._cut_off():
+                self._renewed_at = sent
+            elif not renewed and not self._closed.is_set():  # after close the attempt has ended: not lost
+                log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
+                self._lease_lost = True
+                self._wake.set()
+                return
+
+    def _wait_for_predecessor(self) -> None:
+        """A retry waits until the attempt it replaces has surely stopped: declared lost when its
+        lease expired, that attempt's worker, if cut off rather than dead, stops it at its local
+        deadline, up to `LOCAL_DEADLINE_LEASES - 1` leases later, then needs STOP_MARGIN_S to kill it."""
+        if self._attempt <= 1:
             return
-        if self._lease.renew():
-            self._renewed_at = time.monotonic()
-        elif not self._closed.is_set():  # after close the attempt has ended: not lost
-            log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
-            self._lease_lost = True
-            self._wake.set()
+        before = AttemptRef(self._store.experiment_id, self._trial_id, self._attempt - 1)
+        ended_id = until_redis_answers(lambda: self._store.id_for_key(before.ended_key), f"trial {self._trial_id}")
+        ended = (
+            until_redis_answers(lambda: self._store.read_one(ended_id), f"trial {self._trial_id}") if ended_id else None
+        )
+        if not (isinstance(ended, StoredEvent) and isinstance(ended.event, TrialAttemptLost)):
+            return  # it ended on its own terms: nothing of it runs
+        assert ended_id is not None
+        not_before_ms = int(ended_id.split("-")[0]) + (self._deadline_s - self._lease.seconds + STOP_MARGIN_S) * 1000
+        while not self._closed.is_set():
+            seconds, microseconds = until_redis_answers(self._store.client.time, f"trial {self._trial_id}")
+            left_s = (not_before_ms - (seconds * 1000 + microseconds // 1000)) / 1000
+            if left_s <= 0:
+                return
+            self._closed.wait(min(left_s, 1.0))
 
     def _poll(self, block_ms: int | None = None) -> None:
         self._cursor, entries = self._store.trial_commands(self._trial_id, self._cursor, block_ms)
@@ -180,6 +251,16 @@ class LogTrialControl:
                 with self._lock:
                     self._forms.append(event.form)
                 self._wake.set()
+
+
+def _refused(error: redis.ConnectionError) -> bool:
+    """Whether the server refused the connection (it is down), rather than not answering."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, (ConnectionRefusedError, FileNotFoundError)):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return "Connection refused" in str(error)
 
 
 def _default_reason(status: TrialJobStatus) -> str:
