@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 1.0
 _BATCH = 100
-REAP_ROUND = f"{keys.LOG_PREFIX}:reaper:round"  # Redis server time (ms) of the last reap round
-REAP_HOLD = f"{keys.LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms)
 
 # KEYS: round, hold. ARGV: the longest quiet gap between rounds (ms), the hold after a longer one (ms).
 # Returns {now, hold}: reaping is allowed when now >= hold.
@@ -75,7 +73,7 @@ def reaping_allowed(client: redis.Redis | Pipeline, lease_s: float) -> bool:
     """Record this reap round (in Redis server time) and say whether reaping is allowed now: not
     within `pause_grace_s` of a silence longer than `quiet_gap_s`, nor within it of a restart."""
     arguments = [int(quiet_gap_s(lease_s) * 1000), int(pause_grace_s(lease_s) * 1000)]
-    now, hold = client.eval(_ROUND, 2, REAP_ROUND, REAP_HOLD, *arguments)
+    now, hold = client.eval(_ROUND, 2, keys.REAP_ROUND, keys.REAP_HOLD, *arguments)
     return int(now) >= int(hold)
 
 

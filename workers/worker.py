@@ -136,7 +136,7 @@ def serve(
     assert settings.redis_url is not None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _not_dumpable()
-    rq_connection = connect(settings.redis_url, decode=False)
+    rq_connection = connect(settings.redis_url, decode=False, retry_s=settings.redis_retry_s)
     client = same_server(rq_connection, decode=True)
     runtime = WorkerRuntime(settings, client, rq_connection, adapter(settings, client))
     install(runtime)
