@@ -13,9 +13,9 @@ EXPERIMENTS = f"{LOG_PREFIX}:experiments"  # zset: experiment id -> creation tim
 PROJECTOR_HEARTBEAT = f"{LOG_PREFIX}:projector:heartbeat"
 ACTIVITY = f"{LOG_PREFIX}:log-activity"  # zset: experiment id -> clock tick of its latest append
 ACTIVITY_CLOCK = f"{LOG_PREFIX}:log-activity:clock"  # counter ticked once per appending script call
-LEASES = f"{LOG_PREFIX}:leases"
+LEASES = f"{LOG_PREFIX}:leases"  # zset: `<exp>/<trial>/<attempt>` -> lease expiry (Redis server time, ms)
 REAP_ROUND = f"{LOG_PREFIX}:reaper:round"  # Redis server time (ms) of the last reap round
-REAP_HOLD = f"{LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms): after a pause or restart  # zset: `<exp>/<trial>/<attempt>` -> lease expiry (Redis server time, ms)
+REAP_HOLD = f"{LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms): after a pause or restart
 
 
 def events(experiment_id: str) -> str:
