@@ -61,6 +61,7 @@ class LogTrialControl:
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
         self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
+        self.metric_keys: list[str] = []  # idempotency keys of the metrics appended: dropped when the attempt ends
         self._cancel: TrialCancelRequested | None = None
         self._lease_lost = False
         self._renewed_at = time.monotonic()
@@ -117,6 +118,7 @@ class LogTrialControl:
         until_redis_answers(
             lambda: self._appends.append_all(events, idempotency_keys), f"trial {self._trial_id}", self._cut_off
         )
+        self.metric_keys.extend(key for key in idempotency_keys if key)
 
     def rejected(self, reason: str) -> None:
         log.warning("trial %s: %s", self._trial_id, reason)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import redis
 from redis.client import Pipeline
 
+from core import keys
 from core.connections import until_redis_answers
 from core.dispatch import TrialJob, load_submission, park, wake_parked, worker_name
 from core.event_store import EventStore, StoredEvent
@@ -87,7 +88,7 @@ def run_trial(
         stop = control.stop_request()
         if stop is not None and not reattach:  # ends it even if the cancel came while an earlier attempt ran
             control.close()
-            _end_attempt(runtime, store, lease, _ended(lease, stop.status, None, stop.reason))
+            _end_attempt(runtime, store, lease, _ended(lease, stop.status, None, stop.reason), control)
             return "canceled before it started"
         assignment = _assignment(runtime.platform, submitted, attempt)
         try:
@@ -102,13 +103,14 @@ def run_trial(
         except Exception as error:
             log.exception("trial %s: platform %s failed", trial_id, submission.platform)
             control.close()
-            _end_attempt(runtime, store, lease, _ended(lease, TrialJobStatus.FAILED, None, f"internal error: {error}"))
+            failed = _ended(lease, TrialJobStatus.FAILED, None, f"internal error: {error}")
+            _end_attempt(runtime, store, lease, failed, control)
             raise
         if isinstance(outcome, Deferred):
             control.close()
             return _park(runtime, store, lease, outcome, deferrals, last_deferral)
         control.close()  # no lease renewal may race the end of the attempt
-        _end_attempt(runtime, store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message))
+        _end_attempt(runtime, store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message), control)
         return str(outcome.status)
     finally:
         control.close()
@@ -193,19 +195,35 @@ def _park(
     return f"deferred: {deferred.reason}" if parked else "deferred, then declared lost meanwhile"
 
 
-def _end_attempt(runtime: WorkerRuntime, store: EventStore, lease: Lease, ended: TrialEnded) -> None:
+def _end_attempt(
+    runtime: WorkerRuntime, store: EventStore, lease: Lease, ended: TrialEnded, control: LogTrialControl
+) -> None:
     """Append how the attempt ended and release its lease, atomically: a reaper never sees one without the other.
-    Then trials parked on this platform may start: what this one held is free.
+    What only served the running attempt goes with it: its metrics' idempotency keys (a retried append
+    can no longer come) and, as the trial has ended, its commands stream. Then trials parked on this
+    platform may start: what this one held is free.
 
-    If the attempt was already declared lost, the shared idempotency key keeps that verdict.
+    If the attempt was already declared lost, the shared idempotency key keeps that verdict, and the
+    commands stream stays for the retry.
     """
 
     def commit() -> None:
         with store.client.pipeline(transaction=True) as pipe:
-            pipe.multi()
-            store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
-            lease.end(pipe)
-            pipe.execute()
+            while True:
+                try:
+                    pipe.watch(lease.ref.claim_key)
+                    still_mine = pipe.get(lease.ref.claim_key) == lease.worker
+                    pipe.multi()
+                    store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
+                    lease.end(pipe)
+                    if control.metric_keys:
+                        pipe.hdel(keys.idempotency(store.experiment_id), *control.metric_keys)
+                    if still_mine:
+                        pipe.delete(keys.trial_commands(store.experiment_id, lease.ref.trial_id))
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
 
     until_redis_answers(commit, f"trial {lease.ref.trial_id}")  # safe to repeat: keyed append, absolute writes
     name = runtime.platform.name
