@@ -273,3 +273,17 @@ def test_trial_text_that_looks_like_markup_is_shown_literally(tmp_path: Path, pr
     missing = trialstream("trials", "show", "[/x][bold]y[/bold]", env=env)  # the error printer quotes it as text
     assert missing.returncode == 1 and "Traceback" not in missing.stderr, missing.stderr
     assert "trial '[/x][bold]y[/bold]' not found" in missing.stderr
+
+
+def test_a_shared_run_waits_for_services_that_are_still_starting(tmp_path: Path, processes: Processes) -> None:
+    """`run` started beside its worker and projector waits a stated time for them instead of failing at once."""
+    from tests.conftest import wait_until
+
+    config = write_config(tmp_path, SDK_TRIAL, maxTrialNumber=2)
+    run = processes.start("run", str(config), "--json")
+    wait_until(lambda: "waiting up to 10 s" in processes.logs(), 30, what="the run to say it waits")
+    processes.start("projector")
+    processes.start("worker", "--platform", "local")
+    assert run.wait(120) == 0, processes.logs()
+    listed = trialstream("trials", "list", "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
+    assert [trial["status"] for trial in json.loads(listed.stdout)] == ["SUCCEEDED", "SUCCEEDED"]
