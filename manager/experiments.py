@@ -1,16 +1,22 @@
-"""Creating experiments and finding them again."""
+"""Creating experiments, finding them again, listing and deleting them."""
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import string
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import redis
+from pydantic import BaseModel, Field
 
 from core import keys
+from core.connections import same_server
 from core.event_store import EventStore
+from manager.training_service import TrainingService
 from schemas.events import ExperimentCreated, ExperimentFinished
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -58,3 +64,115 @@ def resolve_experiment(client: redis.Redis, experiment_id: str | None) -> str:
     if client.zscore(keys.EXPERIMENTS, experiment_id) is None:
         raise ExperimentNotFound(f"experiment {experiment_id!r} not found")
     return experiment_id
+
+
+class ExperimentRunning(RuntimeError):
+    pass
+
+
+class ExperimentSummary(BaseModel):
+    """One line of `trialstream experiments list`."""
+
+    id: str
+    status: str
+    created: int | None = Field(description="epoch ms")
+    ended: int | None = Field(description="epoch ms, None while it runs")
+    trial_counts: dict[str, int] = Field(serialization_alias="trialCounts")
+    directory: str = Field(description="its working directory; an embedded experiment's Redis data is under it")
+
+
+def list_experiments(client: redis.Redis) -> list[ExperimentSummary]:
+    """Every experiment of this Redis, oldest first, read through the views and the log's tail."""
+    rq_connection = same_server(client, decode=False)
+    summaries = []
+    for experiment_id in client.zrange(keys.EXPERIMENTS, 0, -1):
+        service = TrainingService(client, rq_connection, str(experiment_id))
+        view = service.experiment_view()
+        counts = Counter(str(trial.status) for trial in service.list_trial_jobs())
+        summaries.append(
+            ExperimentSummary(
+                id=view.id,
+                status=view.status,
+                created=view.start_time,
+                ended=None if view.status == "RUNNING" else view.end_time,
+                trial_counts=dict(counts),
+                directory=view.working_directory,
+            )
+        )
+    return summaries
+
+
+def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
+    """Delete everything Redis holds of a stopped experiment: its log and what serves it, its views
+    in every namespace, its queued and finished jobs, and its entries in shared sets. Returns how many
+    keys went. Refused while a runner holds the experiment's claim."""
+    resolve_experiment(client, experiment_id)  # an unknown id is a clear not-found
+    runner_key = keys.runner(experiment_id)
+    pattern_id = _glob_escaped(experiment_id)
+    owned = set(client.scan_iter(match=f"{keys.LOG_PREFIX}:exp:{pattern_id}:*", count=1000))
+    owned |= set(client.scan_iter(match=f"*:view:{pattern_id}:*", count=1000))
+    job_keys = _job_keys(client, experiment_id)
+    job_ids = {match.group("job") for match in job_keys.values()}
+    with client.pipeline(transaction=True) as pipe:
+        pipe.watch(runner_key)  # a runner that claims it from now on makes the deletion fail
+        if pipe.exists(runner_key):
+            holder: Any = pipe.get(runner_key)
+            raise ExperimentRunning(f"experiment {experiment_id} is running ({holder}): stop it first")
+        shared_entries = _shared_entries(pipe, experiment_id, job_ids)
+        pipe.multi()
+        for key in sorted(owned | set(job_keys)):
+            pipe.delete(key)
+        for key, kind, members in shared_entries:
+            for member in members:
+                if kind == "list":
+                    pipe.lrem(key, 0, member)
+                elif kind == "hash":
+                    pipe.hdel(key, member)
+                else:
+                    pipe.zrem(key, member)
+        pipe.zrem(keys.EXPERIMENTS, experiment_id)
+        try:
+            pipe.execute()
+        except redis.WatchError:
+            taken = f"experiment {experiment_id} was just taken up by a runner: stop it first"
+            raise ExperimentRunning(taken) from None
+    return len(owned) + len(job_keys)
+
+
+def _job_keys(client: redis.Redis, experiment_id: str) -> dict[str, re.Match[str]]:
+    """RQ's keys of the experiment's jobs (`rq:job:<job id>`, `rq:results:<job id>`, ...). A job id is
+    `<exp>-<trial>-<attempt>-<run|release>-<ns>`; a trial id has no dash, so `a-b`'s jobs are not `a`'s."""
+    job = re.compile(rf"(^|:)(?P<job>{re.escape(experiment_id)}-[^-:]+-\d+-(run|release)-\d+)(:|$)")
+    found = {}
+    for key in client.scan_iter(match=f"rq:*{_glob_escaped(experiment_id)}-*", count=1000):
+        match = job.search(str(key))
+        if match:
+            found[str(key)] = match
+    return found
+
+
+def _shared_entries(client: Any, experiment_id: str, job_ids: set[str]) -> list[tuple[str, str, list[str]]]:
+    """(key, type, members) of the experiment's entries in keys shared with other experiments: leases,
+    parked attempts, GPU holders, and RQ's queues and job registries."""
+    entries: list[tuple[str, str, list[str]]] = []
+    prefix = f"{experiment_id}/"
+    leases = [member for member, _ in client.zscan_iter(keys.LEASES, match=f"{_glob_escaped(prefix)}*")]
+    entries.append((keys.LEASES, "zset", leases))
+    for key in client.scan_iter(match=f"{keys.LOG_PREFIX}:parked:*", count=1000):
+        parked = [m for m in client.zrange(key, 0, -1) if json.loads(m)[0] == experiment_id]
+        entries.append((str(key), "zset", parked))
+    for key in client.scan_iter(match=f"{keys.LOG_PREFIX}:gpu:*:holders", count=1000):
+        holders = [field for field, _ in client.hscan_iter(key, match=f"{_glob_escaped(prefix)}*")]
+        entries.append((str(key), "hash", holders))
+    if job_ids:
+        for key in client.scan_iter(match="rq:*", count=1000):
+            kind = str(client.type(key))
+            if kind == "list":
+                entries.append((str(key), kind, [m for m in client.lrange(key, 0, -1) if m in job_ids]))
+            elif kind == "zset":
+                entries.append((str(key), kind, [m for m in client.zrange(key, 0, -1) if m in job_ids]))
+    return [entry for entry in entries if entry[2]]
+
+
+def _glob_escaped(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

@@ -1,7 +1,10 @@
-"""The processes `trialstream run` starts for itself when no Redis URL is given.
+"""The processes `trialstream run` starts for itself when no Redis URL is given, and their policy.
 
 A private redis-server (AOF on, data under the experiment's directory, on a unix socket only its
-owner can open), the projector, and local workers: the same programs a compose stack runs.
+owner can open), the projector, and local workers: the same programs a compose stack runs. Each is
+in a session of its own, so a terminal's Ctrl-C reaches the runner alone, which then stops the
+experiment cleanly through them before they are stopped. This module also says where an embedded
+experiment's data lives and how an ended run's data is served again.
 """
 
 from __future__ import annotations
@@ -15,16 +18,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import redis
 
-from core.connections import REDIS_URL_ENV
+from core.connections import REDIS_URL_ENV, RedisUnavailable, connect
+from core.settings import Settings, trial_environment
+from manager.experiments import ExperimentNotFound
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _START_DEADLINE_S = 15.0
 _PR_SET_PDEATHSIG = 1
+SPARE_WORKERS = 1  # see workers_for
+DATA_DIR = "redis"
 
 
 class StackError(RuntimeError):
@@ -62,7 +70,11 @@ class EmbeddedRedis:
             self.url = f"redis://:{password}@127.0.0.1:{port}/0"
             args += ["--requirepass", password]
         self.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C must not kill the log under the runner
+            preexec_fn=_die_with_parent(signal.SIGTERM),
         )
         self._wait_ready()
         return self.url
@@ -96,26 +108,36 @@ class EmbeddedRedis:
 
 
 class ServiceProcesses:
-    """`trialstream projector` and `trialstream worker` processes, logging to `log_dir`."""
+    """`trialstream projector` and `trialstream worker` processes, logging to `log_dir`.
 
-    def __init__(self, redis_url: str, log_dir: Path) -> None:
-        self.redis_url = redis_url
+    They get the runner's settings through their environment (`Settings.as_environment`), with the
+    stack's Redis URL: not argv, where a password would show in `ps`.
+    """
+
+    def __init__(self, settings: Settings, log_dir: Path) -> None:
+        self.environment = {**trial_environment(os.environ), **settings.as_environment()}
         self.log_dir = log_dir
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str, log_name: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, REDIS_URL_ENV: self.redis_url}  # not argv: a password must not show in `ps`
         with (self.log_dir / f"{log_name}.log").open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "manager.cli", *args],
-                env=env,
+                env=self.environment,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C goes to the runner, which stops the trials through them
                 preexec_fn=_die_with_parent(signal.SIGKILL),  # its trials' keepers end them too
             )
         self.processes.append(process)
+
+    def serve(self, platform: str, concurrency: int) -> None:
+        """The projector, and the workers `concurrency` trials need."""
+        self.start("projector", log_name="projector")
+        for index in range(workers_for(concurrency)):
+            self.start("worker", "--platform", platform, log_name=f"worker-{index}")
 
     def stop(self, grace_s: float = 10.0) -> None:
         for process in self.processes:
@@ -128,6 +150,92 @@ class ServiceProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def workers_for(concurrency: int) -> int:
+    """One worker per concurrent trial plus a spare: the worker whose trial just ended is still doing
+    RQ's bookkeeping when the next trial is queued (~30 ms here), and the spare takes it at once."""
+    return concurrency + SPARE_WORKERS
+
+
+class EmbeddedStack:
+    """A private Redis with its data under the experiment's directory, and the services on it.
+
+    Use it as a context manager: everything it started is stopped on the way out.
+    """
+
+    def __init__(self, experiment_dir: Path, settings: Settings) -> None:
+        self.server = EmbeddedRedis(experiment_dir / DATA_DIR)
+        url = self.server.start()
+        try:
+            self.client, self.rq_connection = connect(url), connect(url, decode=False)
+        except BaseException:
+            self.server.stop()
+            raise
+        child_settings = settings.model_copy(update={"redis_url": url})
+        self.services = ServiceProcesses(child_settings, experiment_dir / "logs")
+
+    def __enter__(self) -> EmbeddedStack:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.services.stop()
+        finally:
+            self.server.stop()
+
+
+def experiments_root(settings: Settings, configured: str | None = None) -> Path:
+    """Where embedded experiments live: experimentWorkingDirectory if a config gives one, else the setting."""
+    return Path(configured or settings.experiments_dir).expanduser().resolve()
+
+
+def experiment_dir(root: Path, experiment_id: str | None) -> Path:
+    """The directory of an embedded experiment under `root` (the newest without an id)."""
+    if experiment_id is not None:
+        found = root / experiment_id
+        if not (found / DATA_DIR).is_dir():
+            raise ExperimentNotFound(
+                f"experiment {experiment_id!r} not found under {root} (set {REDIS_URL_ENV} for a shared Redis)"
+            )
+        return found
+    candidates = embedded_experiments(root)
+    if not candidates:
+        raise ExperimentNotFound(f"no experiment found under {root}; set {REDIS_URL_ENV} for a shared Redis")
+    return candidates[-1]
+
+
+def embedded_experiments(root: Path) -> list[Path]:
+    """Every embedded experiment's directory under `root`, oldest first."""
+    data_dirs = sorted(root.glob(f"*/{DATA_DIR}"), key=lambda path: path.stat().st_mtime)
+    return [data.parent for data in data_dirs]
+
+
+def live_url(directory: Path) -> str | None:
+    """The URL of the experiment's Redis if a run is serving it now, else None."""
+    socket_path = directory / DATA_DIR / "redis.sock"
+    if not socket_path.exists():
+        return None
+    url = f"unix://{socket_path}"
+    with suppress(RedisUnavailable):
+        connect(url)
+        return url
+    return None
+
+
+@contextmanager
+def served_data(directory: Path) -> Iterator[str]:
+    """A URL serving the experiment's data: its run's Redis while it runs, else a temporary server
+    on the data the run left behind (stopped on the way out)."""
+    url = live_url(directory)
+    if url is not None:
+        yield url
+        return
+    server = EmbeddedRedis(directory / DATA_DIR)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 def _die_with_parent(signum: int) -> Callable[[], None] | None:

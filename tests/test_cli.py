@@ -245,3 +245,45 @@ def test_unreachable_redis_names_the_url(tmp_path: Path) -> None:
         result = trialstream(*args, env={"TRIALSTREAM_REDIS_URL": url}, timeout=30)
         assert result.returncode == 1, args
         assert f"cannot reach Redis at {url}" in result.stderr and "Traceback" not in result.stderr
+
+
+MARKUP_TRIAL = """
+import sys
+sys.stderr.write("reading [/data/x] and [bold]x[/bold]\\n")
+sys.exit(1)
+"""
+
+
+def test_trial_text_that_looks_like_markup_is_shown_literally(tmp_path: Path, processes: Processes) -> None:
+    """A16: `[/data/x]` in a trial's message made `trials list` raise MarkupError; `[bold]` vanished."""
+    config = write_config(tmp_path, MARKUP_TRIAL, maxTrialNumber=1, trialConcurrency=1)
+    processes.projector()
+    processes.worker()
+    env = {"TRIALSTREAM_REDIS_URL": processes.redis_url, "COLUMNS": "400"}
+    ran = trialstream("run", str(config), env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert "[/data/x] and [bold]x[/bold]" in ran.stdout  # the result table at the end of `run`
+    listed = trialstream("trials", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "[/data/x] and [bold]x[/bold]" in listed.stdout
+    trial_id = json.loads(trialstream("trials", "list", "--json", env=env).stdout)[0]["id"]
+    shown = trialstream("trials", "show", trial_id, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "[/data/x] and [bold]x[/bold]" in shown.stdout
+    missing = trialstream("trials", "show", "[/x][bold]y[/bold]", env=env)  # the error printer quotes it as text
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr, missing.stderr
+    assert "trial '[/x][bold]y[/bold]' not found" in missing.stderr
+
+
+def test_a_shared_run_waits_for_services_that_are_still_starting(tmp_path: Path, processes: Processes) -> None:
+    """`run` started beside its worker and projector waits a stated time for them instead of failing at once."""
+    from tests.conftest import wait_until
+
+    config = write_config(tmp_path, SDK_TRIAL, maxTrialNumber=2)
+    run = processes.start("run", str(config), "--json")
+    wait_until(lambda: "waiting up to 10 s" in processes.logs(), 30, what="the run to say it waits")
+    processes.start("projector")
+    processes.start("worker", "--platform", "local")
+    assert run.wait(120) == 0, processes.logs()
+    listed = trialstream("trials", "list", "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
+    assert [trial["status"] for trial in json.loads(listed.stdout)] == ["SUCCEEDED", "SUCCEEDED"]

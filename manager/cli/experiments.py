@@ -1,0 +1,74 @@
+"""`trialstream experiments list|delete`: every experiment of a shared Redis or of the experiments root."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+
+from core.connections import connect
+from core.settings import Settings
+from manager.cli import render
+from manager.experiments import ExperimentRunning, ExperimentSummary, delete_experiment, list_experiments
+from manager.runner import RunnerError
+from manager.stack import embedded_experiments, experiment_dir, experiments_root, live_url, served_data
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    experiments = commands.add_parser("experiments", help="list or delete experiments").add_subparsers(
+        dest="action", required=True
+    )
+    listing = experiments.add_parser("list", help="every experiment: status, times, trial counts, where its data is")
+    listing.add_argument("--json", action="store_true", help="one JSON array")
+    listing.set_defaults(handler=_list)
+    delete = experiments.add_parser(
+        "delete", help="delete an experiment that is not running: its log, views, jobs and (embedded) directory"
+    )
+    delete.add_argument("experiment_id")
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(handler=_delete)
+
+
+def _list(args: argparse.Namespace, settings: Settings) -> int:
+    summaries = _summaries(settings)
+    if args.json:
+        print(json.dumps([summary.model_dump(by_alias=True) for summary in summaries]))
+    else:
+        render.print_experiments(summaries)
+    return 0
+
+
+def _summaries(settings: Settings) -> list[ExperimentSummary]:
+    if settings.redis_url is not None:
+        return list_experiments(connect(settings.redis_url))
+    summaries = []
+    for directory in embedded_experiments(experiments_root(settings)):
+        with served_data(directory) as url:
+            summaries += list_experiments(connect(url))
+    return summaries
+
+
+def _delete(args: argparse.Namespace, settings: Settings) -> int:
+    experiment_id = args.experiment_id
+    if not args.yes:
+        _confirm(f"delete experiment {experiment_id} and everything it recorded?")
+    if settings.redis_url is not None:
+        deleted = delete_experiment(connect(settings.redis_url), experiment_id)
+        print(f"deleted experiment {experiment_id} ({deleted} keys)")
+        return 0
+    directory = experiment_dir(experiments_root(settings), experiment_id)
+    if live_url(directory) is not None:
+        raise ExperimentRunning(f"experiment {experiment_id} is running (its Redis answers): stop it first")
+    with served_data(directory) as url:
+        delete_experiment(connect(url), experiment_id)
+    shutil.rmtree(directory)
+    print(f"deleted experiment {experiment_id} and its directory {directory}")
+    return 0
+
+
+def _confirm(question: str) -> None:
+    if not sys.stdin.isatty():
+        raise RunnerError(f"{question} pass --yes to delete without asking")
+    if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+        raise RunnerError("not deleted")

@@ -1,0 +1,142 @@
+"""`trialstream run|resume`: drive an experiment to its end, on a shared Redis or an embedded stack."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from rich.live import Live
+
+from core.connections import connect, redact_url
+from core.settings import Settings
+from manager.cli import interrupts, render
+from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
+from manager.experiments import new_id, resolve_experiment
+from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerError, check_served
+from manager.stack import EmbeddedStack, experiment_dir, experiments_root, live_url
+from manager.training_service import TrainingService
+
+SERVED_WAIT_S = 10.0
+_SERVED_POLL_S = 0.1
+_STOPPING = "stopping experiment {id}: its running trials are canceled (Ctrl-C again to quit at once)"
+_INTERRUPTED = "interrupted; `trialstream resume {id}` continues experiment {id}"
+_HOW_IT_STOPS = (
+    f"With a shared Redis it waits up to {SERVED_WAIT_S:g} s for a worker of the platform's queue and a "
+    "projector to serve it. Ctrl-C or SIGTERM stops the experiment: running trials are SYS_CANCELED, the "
+    "experiment is STOPPED, and the exit status is 130 (143 for SIGTERM); a second Ctrl-C quits at once."
+)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    run = commands.add_parser("run", help="run an NNI v2 experiment YAML to completion", description=_HOW_IT_STOPS)
+    run.add_argument("config", type=Path)
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object at the end")
+    run.set_defaults(handler=_run)
+
+    resume = commands.add_parser(
+        "resume", help="continue an experiment from its log after its runner stopped", description=_HOW_IT_STOPS
+    )
+    resume.add_argument("experiment_id")
+    resume.add_argument("--json", action="store_true", help="print the result as one JSON object at the end")
+    resume.set_defaults(handler=_resume)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    spec = load_experiment_config(args.config)
+    platform, concurrency = spec.platform.platform, spec.config.trial_concurrency
+    if settings.redis_url is not None:
+        client, rq_connection = _shared(settings.redis_url, platform)
+        result = _drive(
+            lambda show: ExperimentRunner.create(spec, client, rq_connection, on_progress=show, settings=settings)
+        )
+    else:
+        experiment_id = new_id(8)
+        root = experiments_root(settings, spec.config.experiment_working_directory)
+        with EmbeddedStack(root / experiment_id, settings) as stack:
+            stack.services.serve(platform, concurrency)
+            result = _drive(
+                lambda show: ExperimentRunner.create(
+                    spec, stack.client, stack.rq_connection, experiment_id, on_progress=show, settings=settings
+                )
+            )
+    _print_result(result, args.json)
+    return 0
+
+
+def _resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Continue an experiment whose runner stopped, from its log (see ExperimentRunner.resume)."""
+    if settings.redis_url is not None:
+        client = connect(settings.redis_url)
+        experiment_id = resolve_experiment(client, args.experiment_id)
+        spec = _stored_spec(client, connect(settings.redis_url, decode=False), experiment_id)
+        client, rq_connection = _shared(settings.redis_url, spec.platform.platform)
+        result = _drive(
+            lambda show: ExperimentRunner.resume(client, rq_connection, experiment_id, show, settings=settings)
+        )
+    else:
+        directory = experiment_dir(experiments_root(settings), args.experiment_id)
+        if live_url(directory) is not None:
+            raise RunnerError(f"experiment {args.experiment_id} is still running (its Redis answers)")
+        with EmbeddedStack(directory, settings) as stack:
+            experiment_id = resolve_experiment(stack.client, args.experiment_id)
+            spec = _stored_spec(stack.client, stack.rq_connection, experiment_id)
+            stack.services.serve(spec.platform.platform, spec.config.trial_concurrency)
+            result = _drive(
+                lambda show: ExperimentRunner.resume(
+                    stack.client, stack.rq_connection, experiment_id, show, settings=settings
+                )
+            )
+    _print_result(result, args.json)
+    return 0
+
+
+def _shared(url: str, platform: str) -> tuple[redis.Redis, redis.Redis]:
+    client, rq_connection = connect(url), connect(url, decode=False)
+    wait_until_served(client, rq_connection, platform, redact_url(url))
+    return client, rq_connection
+
+
+def wait_until_served(
+    client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str, wait_s: float = SERVED_WAIT_S
+) -> None:
+    """Services started with the run may still be registering: give them `wait_s`, then fail clearly."""
+    give_up = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            check_served(client, rq_connection, platform, url_hint)
+            return
+        except RunnerError as missing:
+            if time.monotonic() >= give_up:
+                raise RunnerError(f"{missing} (waited {wait_s:g} s)") from None
+            if not waiting:
+                render.note(f"waiting up to {wait_s:g} s for {url_hint} to be served: {missing}")
+                waiting = True
+            time.sleep(_SERVED_POLL_S)
+
+
+def _stored_spec(client: redis.Redis, rq_connection: redis.Redis, experiment_id: str) -> ExperimentSpec:
+    experiment = TrainingService(client, rq_connection, experiment_id).experiment_view()
+    return stored_experiment_spec(experiment.config, experiment.working_directory)
+
+
+def _drive(make_runner: Callable[[Callable[[Progress], None]], ExperimentRunner]) -> ExperimentResult:
+    """Run to the end with live progress; an interrupt stops the experiment cleanly (the runner's own
+    unwinding) before it reaches `main`, which exits 130 or 143."""
+    with Live(console=render.err, refresh_per_second=8, transient=False) as live:
+        runner = make_runner(lambda progress: live.update(render.progress_table(progress)))
+        try:
+            with interrupts.announced(_STOPPING.format(id=runner.experiment_id)):
+                return runner.run()
+        except KeyboardInterrupt as stop:
+            raise interrupts.explained(stop, _INTERRUPTED.format(id=runner.experiment_id)) from None
+
+
+def _print_result(result: ExperimentResult, as_json: bool) -> None:
+    if as_json:
+        print(result.to_json())
+    else:
+        render.print_trials(result.trials, title=f"experiment {result.experiment_id}")

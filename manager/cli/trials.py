@@ -1,0 +1,65 @@
+"""`trialstream trials list|show|cancel`: the trials of an experiment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from core.settings import Settings
+from manager.cli import render
+from manager.cli.access import opened_experiment
+from manager.replay import describe, read_log
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    trials = commands.add_parser("trials", help="inspect or cancel trials").add_subparsers(dest="action", required=True)
+    for name, handler, help_text in (
+        ("list", _list, "list the trials of an experiment"),
+        ("show", _show, "show one trial"),
+        ("cancel", _cancel, "cancel one trial"),
+    ):
+        sub = trials.add_parser(name, help=help_text)
+        if name != "list":
+            sub.add_argument("trial_id")
+        sub.add_argument("--experiment", "-e", help="experiment id (default: the newest)")
+        if name != "cancel":
+            sub.add_argument("--json", action="store_true")
+        if name == "show":
+            sub.add_argument("--history", action="store_true", help="also every event of the trial, in log order")
+        sub.set_defaults(handler=handler)
+
+
+def _list(args: argparse.Namespace, settings: Settings) -> int:
+    with opened_experiment(settings, args.experiment) as (service, experiment_id):
+        trials = service.list_trial_jobs()
+    if args.json:
+        print(json.dumps([json.loads(trial.to_json()) for trial in trials]))
+    else:
+        render.print_trials(trials, title=f"experiment {experiment_id}")
+    return 0
+
+
+def _show(args: argparse.Namespace, settings: Settings) -> int:
+    with opened_experiment(settings, args.experiment) as (service, experiment_id):
+        trial = service.get_trial_job(args.trial_id)
+        metrics = service.views.metrics(args.trial_id)
+        history = None
+        if args.history:
+            history = [describe(entry) for entry in read_log(service.store.client, experiment_id, trial=args.trial_id)]
+    if args.json:
+        shown = {**json.loads(trial.to_json()), "metrics": [json.loads(m.to_json()) for m in metrics]}
+        if history is not None:
+            shown["history"] = [line.json for line in history]
+        print(json.dumps(shown))
+        return 0
+    render.print_trial(trial, metrics)
+    if history is not None:
+        render.print_entries(history, title=f"history of trial {trial.id}", show_trial=False)
+    return 0
+
+
+def _cancel(args: argparse.Namespace, settings: Settings) -> int:
+    with opened_experiment(settings, args.experiment) as (service, _):
+        service.cancel_trial_job(args.trial_id)
+        print(f"cancel requested for trial {args.trial_id} ({service.get_trial_job(args.trial_id).status})")
+    return 0
