@@ -22,6 +22,7 @@ from rq import Queue, Worker
 from core import keys
 from core.connections import connect
 from core.dispatch import queue_name
+from core.settings import Settings
 from manager.config import load_experiment_config
 from manager.runner import ExperimentResult, ExperimentRunner
 from manager.stack import EmbeddedRedis, ServiceProcesses
@@ -118,7 +119,7 @@ class BenchStack:
         self.url = self.redis.start()
         self.client = connect(self.url)
         self.rq_connection = connect(self.url, decode=False)
-        self.services = ServiceProcesses(self.url, self.root / "logs")
+        self.services = ServiceProcesses(Settings(redis_url=self.url), self.root / "logs")
         if self.with_projector:
             self.start_projector()
         for index in range(self.workers):

@@ -131,6 +131,7 @@ def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
                 else:
                     pipe.zrem(key, member)
         pipe.zrem(keys.EXPERIMENTS, experiment_id)
+        pipe.zrem(keys.ACTIVITY, experiment_id)
         try:
             pipe.execute()
         except redis.WatchError:

@@ -40,8 +40,6 @@ from schemas.trial import (
     metric_score,
 )
 
-DEFAULT_EXPERIMENTS_ROOT = Path("~/trialstream-experiments")
-EXPERIMENTS_DIR_ENV = "TRIALSTREAM_EXPERIMENTS_DIR"
 _STOP_DEADLINE_S = 60.0
 RUNNER_LEASE_S = 5.0
 RUNNER_RENEW_S = 1.0
@@ -89,14 +87,9 @@ class ExperimentResult:
         )
 
 
-def default_experiments_root() -> Path:
-    return Path(os.environ.get(EXPERIMENTS_DIR_ENV) or DEFAULT_EXPERIMENTS_ROOT).expanduser().resolve()
-
-
-def experiments_root(spec: ExperimentSpec) -> Path:
-    """experimentWorkingDirectory if the config gives one, else $TRIALSTREAM_EXPERIMENTS_DIR or the default."""
-    configured = spec.config.experiment_working_directory
-    return Path(configured).expanduser().resolve() if configured else default_experiments_root()
+def experiments_root(spec: ExperimentSpec, settings: Settings) -> Path:
+    """experimentWorkingDirectory if the config gives one, else the experiments_dir setting."""
+    return Path(spec.config.experiment_working_directory or settings.experiments_dir).expanduser().resolve()
 
 
 def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str) -> None:
@@ -153,7 +146,8 @@ class ExperimentRunner:
         settings: Settings | None = None,
     ) -> ExperimentRunner:
         """A new experiment in the log, with its trial and platform config as cluster metadata."""
-        root = experiments_root(spec)
+        settings = settings or Settings()
+        root = experiments_root(spec, settings)
         experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
         runner._claim(wait_s=0)

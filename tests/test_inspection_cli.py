@@ -213,13 +213,18 @@ def test_export_then_import_into_another_redis_gives_the_same_views(
     other_url, other = other_db
     imported = trialstream("import", str(log_file), env={"TRIALSTREAM_REDIS_URL": other_url})
     assert ok(imported).strip() == f"imported experiment {exp}: {len(lines) - 2} entries"
-    assert other.xrange(keys.events(exp)) == client.xrange(keys.events(exp))
+    *copied, marker = other.xrange(keys.events(exp))
+    assert copied == client.xrange(keys.events(exp)) and marker[1]["type"] == "ExperimentImported"
     assert other.hgetall(keys.idempotency(exp)) == client.hgetall(keys.idempotency(exp))
     assert other.zscore(keys.EXPERIMENTS, exp) == client.zscore(keys.EXPERIMENTS, exp)
-    assert diff_views(client, exp, other_client=other, labels=("original", "imported")) == []
+    assert diff_views(client, exp, other_client=other, labels=("original", "imported")) == [
+        "experiment[view].imported: original false vs imported true",  # every trial's view the same
+        f"position[applied]: original {len(lines) - 2} vs imported {len(lines) - 1}",
+        f'position[position]: original "{copied[-1][0]}" vs imported "{marker[0]}"',
+    ]
     with replayed(other, exp) as replay:  # and a fresh fold of the imported log says the same
-        assert diff_views(client, exp, keys.LOG_PREFIX, replay.namespace, other_client=other) == []
-    assert snapshot_views(other, exp).applied == len(lines) - 2
+        assert diff_views(other, exp, keys.LOG_PREFIX, replay.namespace) == []
+    assert snapshot_views(other, exp).applied == len(lines) - 1  # and the import's own mark
 
     again = trialstream("import", "-", env={"TRIALSTREAM_REDIS_URL": other_url}, stdin=exported.stdout)
     fails(again, f"experiment '{exp}' already exists in this Redis; import it under another id with --experiment-id")
@@ -228,7 +233,9 @@ def test_export_then_import_into_another_redis_gives_the_same_views(
     assert ok(copy).strip() == f"imported experiment copy1: {len(lines) - 2} entries"
     copied = json_lines(ok(trialstream("events", "copy1", "--json", env=other_env)))
     assert {line["event"]["experimentId"] for line in copied} == {"copy1"}
+    *copied, mark = copied
     assert [line["id"] for line in copied] == [line["id"] for line in lines[1:-1]]
+    assert mark["event"]["type"] == "ExperimentImported"
     copied_trials = json.loads(ok(trialstream("trials", "list", "-e", "copy1", "--json", env=other_env)))
     assert {t["id"]: t["status"] for t in copied_trials} == {t.id: t.status for t in mixed.service.list_trial_jobs()}
 
@@ -238,14 +245,14 @@ def test_the_stored_v1_log_imports_and_lists_all_entries(redis_url: str, client:
     assert len(file_ids) == 29
     shared = {"TRIALSTREAM_REDIS_URL": redis_url}
     ok(trialstream("import", str(V1_LOG), env=shared))
-    listed = json_lines(ok(trialstream("events", "v1sample", "--json", env=shared)))
-    assert [line["id"] for line in listed] == file_ids
+    *listed, mark = json_lines(ok(trialstream("events", "v1sample", "--json", env=shared)))
+    assert [line["id"] for line in listed] == file_ids and mark["event"]["type"] == "ExperimentImported"
 
     embedded = {"TRIALSTREAM_EXPERIMENTS_DIR": str(tmp_path / "experiments")}  # no Redis: a data dir of its own
     ok(trialstream("import", str(V1_LOG), env=embedded))
     assert (tmp_path / "experiments" / "v1sample" / "redis").is_dir()
-    listed = json_lines(ok(trialstream("events", "v1sample", "--json", env=embedded)))
-    assert [line["id"] for line in listed] == file_ids
+    *listed, mark = json_lines(ok(trialstream("events", "v1sample", "--json", env=embedded)))
+    assert [line["id"] for line in listed] == file_ids and mark["event"]["type"] == "ExperimentImported"
     fails(trialstream("import", str(V1_LOG), env=embedded), "experiment 'v1sample' already exists under")
 
 

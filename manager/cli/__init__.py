@@ -11,6 +11,7 @@ import redis
 from pydantic import ValidationError
 
 from core.connections import REDIS_URL_ENV, RedisUnavailable
+from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
 from core.settings import PREFIX, Settings
 from manager.cli import experiments, interrupts, log, render, run, services, trials
@@ -36,6 +37,7 @@ _KNOWN_ERRORS = (
     InvalidPosition,
     UnknownEventType,
     InvalidLogFile,
+    InvalidExperimentId,
     ExperimentExists,
     redis.RedisError,
 )
@@ -43,7 +45,11 @@ _AREAS = (run, trials, log, experiments, services)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    assembled = parser()
+    args, passed_on = assembled.parse_known_args(argv)  # `worker` hands its options to the worker runtime
+    if args.command != "worker" and passed_on:
+        assembled.error(f"unrecognized arguments: {' '.join(passed_on)}")
+    args.passed_on = passed_on
     interrupts.install()
     try:
         settings = _settings(args)

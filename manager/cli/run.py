@@ -41,6 +41,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     resume.add_argument("experiment_id")
     resume.add_argument("--json", action="store_true", help="print the result as one JSON object at the end")
+    resume.add_argument(
+        "--imported",
+        action="store_true",
+        help="resume an imported experiment: its unfinished trials are first ended SYS_CANCELED",
+    )
     resume.set_defaults(handler=_resume)
 
 
@@ -74,7 +79,9 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
         spec = _stored_spec(client, connect(settings.redis_url, decode=False), experiment_id)
         client, rq_connection = _shared(settings.redis_url, spec.platform.platform)
         result = _drive(
-            lambda show: ExperimentRunner.resume(client, rq_connection, experiment_id, show, settings=settings)
+            lambda show: ExperimentRunner.resume(
+                client, rq_connection, experiment_id, show, settings=settings, allow_imported=args.imported
+            )
         )
     else:
         directory = experiment_dir(experiments_root(settings), args.experiment_id)
@@ -86,7 +93,12 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
             stack.services.serve(spec.platform.platform, spec.config.trial_concurrency)
             result = _drive(
                 lambda show: ExperimentRunner.resume(
-                    stack.client, stack.rq_connection, experiment_id, show, settings=settings
+                    stack.client,
+                    stack.rq_connection,
+                    experiment_id,
+                    show,
+                    settings=settings,
+                    allow_imported=args.imported,
                 )
             )
     _print_result(result, args.json)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import signal
+import sys
 import threading
 
 from core.connections import connect, redact_url
@@ -12,27 +14,11 @@ from core.settings import Settings
 from manager.cli import render
 from manager.cli.access import required_url
 from manager.projector import Projector
-from manager.runner import RunnerError
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    worker = commands.add_parser("worker", help="an RQ worker serving one platform's queue")
-    worker.add_argument("--platform", required=True)
-    worker.add_argument("--burst", action="store_true", help="quit when the queue is empty")
-    worker.add_argument("--name")
-    worker.add_argument(
-        "--lease",
-        type=float,
-        metavar="SECONDS",
-        help="how long this worker may be silent before its trials are declared lost "
-        "(default: $TRIALSTREAM_TRIAL_LEASE_S, else 10)",
-    )
-    worker.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        metavar="N",
-        help="trials this worker supervises at once (default 1; platforms whose trials run elsewhere allow many)",
+    worker = commands.add_parser(
+        "worker", help="an RQ worker serving one platform's queue (see `trialstream worker --help`)", add_help=False
     )
     worker.set_defaults(handler=_worker)
 
@@ -41,18 +27,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.worker import serve  # the worker runtime only where a worker runs (manager never imports it)
-
-    required_url(settings)
-    if args.lease is not None and args.lease <= 0:
-        raise RunnerError(f"--lease must be a positive number of seconds, not {args.lease:g}")
-    if args.lease is not None:
-        settings = settings.model_copy(update={"trial_lease_s": args.lease})
-    try:
-        serve(settings, args.platform, concurrency=args.concurrency, burst=args.burst, name=args.name)
-    except ValueError as error:
-        raise RunnerError(str(error)) from None
-    return 0
+    """Hand over to the worker runtime's own entry point (`python -m workers`): the control plane
+    never imports it. Settings travel in the environment, never in argv (a password shows in `ps`)."""
+    environment = {**os.environ, **settings.as_environment()}
+    os.execve(sys.executable, [sys.executable, "-m", "workers", *args.passed_on], environment)
 
 
 def _projector(args: argparse.Namespace, settings: Settings) -> int:
