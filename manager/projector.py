@@ -13,14 +13,16 @@ each command for a while (core.connections), and `run` then backs off and tries 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import redis
 
 from core import keys
 from core.connections import same_server
-from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent
+from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, stream_position
 from core.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
 from manager.views import ViewStore
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_TTL_S = 5
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0
+SCRATCH_PREFIX = "ts-replay-"
 _ERROR_CHARS = 500
 
 
@@ -45,6 +48,55 @@ def _why(error: BaseException) -> str:
 def _connection_lost(error: redis.WatchError) -> bool:
     """redis-py turns a connection error while WATCHing into a WatchError (it cannot resend the watch)."""
     return isinstance(error.__context__, redis.ConnectionError | redis.TimeoutError)
+
+
+def scratch_namespace() -> str:
+    """A namespace of its own for each replay or rebuild: never the live `ts`, never another one's."""
+    return f"{SCRATCH_PREFIX}{secrets.token_hex(6)}"
+
+
+def _position(client: redis.Redis | redis.client.Pipeline, view_keys: ViewKeys) -> str:
+    return str(client.hget(view_keys.position, "position") or "0-0")
+
+
+def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
+    """The keys the views may have: one of each kind, and a metric list per trial."""
+    fixed = {view_keys.position, view_keys.trials, view_keys.experiment, view_keys.metric_keys, view_keys.unreadable}
+    return fixed | {view_keys.metrics(trial_id) for trial_id in trial_ids}
+
+
+def _view_names(client: redis.Redis, view_keys: ViewKeys) -> set[str]:
+    """The views' keys now (a SCAN: too slow to repeat while a projector commits), and the fixed ones."""
+    return _names(view_keys, ()) | {str(name) for name in client.scan_iter(match=view_keys.pattern, count=1000)}
+
+
+def _existing(client: redis.Redis, names: set[str]) -> set[str]:
+    with client.pipeline(transaction=False) as pipe:
+        for name in sorted(names):
+            pipe.exists(name)
+        return {name for name, found in zip(sorted(names), pipe.execute(), strict=True) if found}
+
+
+def _trials_between(store: EventStore, after: str, until: str) -> set[str]:
+    """Trials named by the log entries after `after` up to `until`: those whose metric lists folding them may create."""
+    trials: set[str] = set()
+    while True:
+        entries = store.raw_range(f"({after}", until, count=1000)
+        if not entries:
+            return trials
+        trials |= {entry.fields["trial"] for entry in entries if entry.fields.get("trial")}
+        after = entries[-1].id
+
+
+def _moved(name: str, source: ViewKeys, target: ViewKeys) -> str:
+    """`name` of the source views, in the target's namespace."""
+    return target.pattern[:-1] + name[len(source.pattern) - 1 :]
+
+
+def _drop(client: redis.Redis, view_keys: ViewKeys) -> None:
+    stale = list(client.scan_iter(match=view_keys.pattern, count=1000))
+    if stale:
+        client.delete(*stale)
 
 
 class Projector:
@@ -68,12 +120,56 @@ class Projector:
                 return position
 
     def rebuild(self, experiment_id: str, until: str = "+") -> str:
-        """Throw this namespace's views of the experiment away and fold the log again."""
-        view_keys = ViewKeys(experiment_id, self.namespace)
-        stale = list(self.client.scan_iter(match=view_keys.pattern, count=1000))
-        if stale:
-            self.client.delete(*stale)
-        return self.catch_up(experiment_id, until)
+        """Fold the log again into a scratch namespace, then swap it in for this namespace's views.
+
+        A projector may fold the same experiment meanwhile. The swap (delete these views, rename the
+        scratch ones) is one MULTI/EXEC under a WATCH of this namespace's position; when that position
+        moved, the scratch views catch up past it (up to `until`) and the swap is tried again. So a
+        reader sees the old views or the complete new ones, and projecting continues from the swapped
+        position. Returns that position.
+        """
+        scratch = Projector(self.client, namespace=scratch_namespace(), batch_size=self.batch_size)
+        try:
+            return self._swap_in(scratch, experiment_id, until)
+        finally:
+            _drop(self.client, ViewKeys(experiment_id, scratch.namespace))  # nothing left once swapped
+            self._finished.pop(experiment_id, None)
+
+    def _swap_in(self, scratch: Projector, experiment_id: str, until: str) -> str:
+        live, rebuilt = ViewKeys(experiment_id, self.namespace), ViewKeys(experiment_id, scratch.namespace)
+        store = EventStore(self.client, experiment_id)
+        position = scratch.catch_up(experiment_id, until)
+        new_names = _existing(self.client, _view_names(self.client, rebuilt))
+        # The live keys: listed once, then kept current from the log (see _trials_between).
+        listed_at = _position(self.client, live)
+        old_names = _view_names(self.client, live)
+        with self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(live.position)
+                    live_position = _position(pipe, live)
+                    if stream_position(live_position) < stream_position(listed_at):  # another rebuild went back
+                        old_names, listed_at = _view_names(pipe, live), live_position
+                    elif live_position != listed_at:
+                        old_names |= _names(live, _trials_between(store, listed_at, live_position))
+                        listed_at = live_position
+                    if until == "+" and stream_position(live_position) > stream_position(position):
+                        pipe.unwatch()  # the projector moved on: never swap in views older than the live ones
+                        caught_up = scratch.catch_up(experiment_id, until)
+                        trials = _trials_between(store, position, caught_up)
+                        new_names |= _existing(self.client, _names(rebuilt, trials))
+                        position = caught_up
+                        continue
+                    pipe.multi()
+                    pipe.delete(*old_names)
+                    for name in sorted(new_names):
+                        pipe.rename(name, _moved(name, rebuilt, live))
+                    pipe.execute()
+                    return position
+                except redis.WatchError as error:
+                    if _connection_lost(error) and new_names and not self.client.exists(*new_names):
+                        return position  # the EXEC landed before the connection went
+                    log.debug("views of %s moved during a rebuild; swapping again", experiment_id)
 
     def run(self, stop: threading.Event, block_ms: int = 500) -> None:
         """Serve every experiment until `stop` is set, waking as soon as an event is appended.

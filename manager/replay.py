@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,10 +31,10 @@ from core.event_store import (
     stream_position,
 )
 from core.keys import ViewKeys
-from manager.projector import Projector
+from manager.projector import SCRATCH_PREFIX as SCRATCH_PREFIX  # where replays and rebuilds leave their keys
+from manager.projector import Projector, scratch_namespace
 from schemas.events import Event
 
-SCRATCH_PREFIX = "ts-replay-"
 _BATCH = 1000
 _EPOCH_MS = re.compile(r"\d+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -212,11 +211,6 @@ def _short(value: Any, limit: int = 80) -> str:
 # replaying into scratch views
 
 
-def scratch_namespace() -> str:
-    """A namespace of its own for each replay: never the live `ts`, never another replay's."""
-    return f"{SCRATCH_PREFIX}{secrets.token_hex(6)}"
-
-
 @dataclass(frozen=True)
 class Replay:
     """Views rebuilt from the log up to `position`, under a scratch `namespace`."""
@@ -230,7 +224,9 @@ def replayed(client: redis.Redis, experiment_id: str, until: str = "+") -> Itera
     """The views as they were at `until`, built in a scratch namespace that is deleted on exit, error or not."""
     namespace = scratch_namespace()
     try:
-        position = Projector(client, namespace=namespace).rebuild(experiment_id, until)
+        position = Projector(client, namespace=namespace).catch_up(
+            experiment_id, until
+        )  # a fresh namespace: nothing to swap
         yield Replay(namespace, position)
     finally:
         drop_views(client, experiment_id, namespace)
