@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,22 @@ RUNNER_RENEW_S = 1.0
 
 class RunnerError(RuntimeError):
     pass
+
+
+class ClaimLost(RunnerError):
+    """Another runner holds the experiment now: this one must touch nothing more."""
+
+
+# Compare-and-set on the claim: a runner that stalled past its lease must not renew or delete the
+# claim a `resume` took meanwhile.
+_RENEW_IF_MINE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE_IF_MINE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 @dataclass
@@ -133,7 +150,9 @@ class ExperimentRunner:
         self._reaped_at = 0.0
         self._claimed_at = 0.0
         self._unclaimed: set[str] = set()
-        self._name = f"runner:{socket.gethostname()}:{os.getpid()}"
+        self._name = f"runner:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._renew_if_mine = client.register_script(_RENEW_IF_MINE)
+        self._release_if_mine = client.register_script(_RELEASE_IF_MINE)
 
     @classmethod
     def create(
@@ -215,6 +234,7 @@ class ExperimentRunner:
         exhausted = False
         try:
             while True:
+                self._keep_claim()
                 out_of_time = deadline is not None and time.monotonic() - started >= deadline
                 while not (out_of_time or exhausted) and len(self._active) < self.config.trial_concurrency:
                     budget = self.config.max_trial_number
@@ -229,14 +249,15 @@ class ExperimentRunner:
                 self.on_progress(self.progress)
                 wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
                 self.service.wait_for_change(wait)
-                self._keep_claim()
                 self._reap(self._refresh())
+        except ClaimLost:
+            raise  # the trials and the experiment are the new runner's now
         except BaseException:
             self._stop_all("the experiment runner stopped")
             finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
             raise
         finally:
-            self._client.delete(keys.runner(self.experiment_id))
+            self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
 
     def _claim(self, wait_s: float) -> None:
         """Become the experiment's only runner: two would both submit trials and overspend the budget."""
@@ -250,10 +271,19 @@ class ExperimentRunner:
         self._claimed_at = time.monotonic()
 
     def _keep_claim(self) -> None:
-        """Renew the runner claim, once a second (not once per wake-up: a write is an fsync away)."""
-        if time.monotonic() - self._claimed_at >= RUNNER_RENEW_S:
-            self._client.set(keys.runner(self.experiment_id), self._name, px=int(RUNNER_LEASE_S * 1000))
-            self._claimed_at = time.monotonic()
+        """Renew the runner claim, once a second (not once per wake-up: a write is an fsync away),
+        and only while it is still ours: a runner that lost it stops before it submits again."""
+        if time.monotonic() - self._claimed_at < RUNNER_RENEW_S:
+            return
+        key = keys.runner(self.experiment_id)
+        if not self._renew_if_mine(keys=[key], args=[self._name, int(RUNNER_LEASE_S * 1000)]):
+            holder: Any = self._client.get(key)
+            now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
+            raise ClaimLost(
+                f"this runner of experiment {self.experiment_id} lost its claim (it stalled past its "
+                f"{RUNNER_LEASE_S:g} s lease) and stopped, submitting nothing more; {now}"
+            )
+        self._claimed_at = time.monotonic()
 
     def _replay_history(self, trials: list[TrialJobDetail]) -> None:
         """Bring the tuner, the budget and the trials in flight to where the log says they were.
@@ -273,6 +303,7 @@ class ExperimentRunner:
                 self._active[trial.id] = trial.status
 
     def _submit(self) -> bool:
+        self._keep_claim()
         sequence_id = self._next_sequence_id
         parameters = self.tuner.generate_parameters(sequence_id)
         if parameters is None:

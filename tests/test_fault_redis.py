@@ -46,13 +46,12 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server this test owns: killed with SIGKILL and started again on the same port and data."""
 
-    def __init__(self, data_dir: Path, appendfsync: str = "always") -> None:
+    def __init__(self, data_dir: Path) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed")
         self.binary = binary
         self.data_dir = data_dir
-        self.appendfsync = appendfsync
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
@@ -60,7 +59,7 @@ class RedisServer:
 
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
-        args += ["--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
         args += ["--logfile", "redis.log", "--daemonize", "no"]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         probe = redis.Redis(host="127.0.0.1", port=self.port)  # no retries: each ping is one try
@@ -262,22 +261,6 @@ def test_every_acknowledged_append_survives_a_kill_with_appendfsync_always(own_r
     missing = [entry_id for entry_id in acknowledged if entry_id not in stored]
     assert missing == [], f"{len(missing)} of {len(acknowledged)} acknowledged appends lost"
     assert len(stored) - len(acknowledged) in (0, 1)  # at most the append in flight when it died
-
-
-def test_measure_what_appendfsync_everysec_loses_on_kill(tmp_path: Path) -> None:
-    """Not an assertion: how many acknowledged appends a SIGKILL of the server loses under `everysec`."""
-    rounds = []
-    for index in range(3):
-        server = RedisServer(tmp_path / f"everysec-{index}", appendfsync="everysec")
-        server.start()
-        try:
-            acknowledged = append_until_killed(server, no_retry_client(server.url), kill_after=3000)
-            server.start()
-            stored = {str(entry_id) for entry_id, _ in connect(server.url).xrange(keys.events("durable"))}
-            rounds.append((len(acknowledged), sum(entry_id not in stored for entry_id in acknowledged)))
-        finally:
-            server.stop()
-    print(f"\nappendfsync everysec, SIGKILL of redis-server: (acknowledged, lost) per round = {rounds}")
 
 
 def test_a_wrong_url_still_fails_at_once() -> None:

@@ -1,4 +1,6 @@
-"""Soak: a 500-trial experiment, 20 metrics each, while workers are SIGKILLed at random.
+"""Soak: a 500-trial experiment, 20 metrics each, while a random worker is SIGKILLed every 40 ended trials.
+
+The kills follow progress, not the clock, so there are as many on a fast machine as on a slow one.
 
 The runner is the real `trialstream run` against this Redis; workers and the projector are real
 processes. At the end: every trial terminal, every metric in the views exactly once, and the live
@@ -21,16 +23,19 @@ from pathlib import Path
 import pytest
 import redis
 
+from core import keys
 from core.event_store import EventStore, StoredEvent
 from manager.replay import check
 from manager.views import ViewStore
-from schemas.events import TrialAttemptLost, TrialMetricReported
+from schemas.events import Event, TrialAttemptLost, TrialEnded, TrialMetricReported
 from tests.conftest import REPO, Processes, wait_until
 
 TRIALS = 500
 METRICS = 20
 WORKERS = 6
-ENV = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
+KILL_EVERY = 40  # ended trials between two kills
+KILLS = (TRIALS - 1) // KILL_EVERY  # each bound to happen before the last trial ends
+ENV = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}  # a lost attempt is retried after about one lease plus 6 s
 
 # NNI's stdout wire format from a shell loop: a trial costs a fork, not a Python start-up.
 TRIAL = f"""
@@ -41,6 +46,13 @@ while [ $i -lt {METRICS - 1} ]; do
 done
 echo "NNISDK_MEb'{{\\"parameter_id\\": 0, \\"type\\": \\"FINAL\\", \\"sequence\\": 0, \\"value\\": \\"1.5\\"}}'"
 """
+
+
+def trial_ended_by(event: Event) -> str | None:
+    """The trial this event ends for good (a lost attempt that is retried ends nothing)."""
+    if isinstance(event, TrialEnded) or (isinstance(event, TrialAttemptLost) and event.status != "WAITING"):
+        return event.trial_id
+    return None
 
 
 @pytest.mark.timeout(180)
@@ -70,25 +82,36 @@ def test_soak_with_random_worker_kills(tmp_path: Path, processes: Processes, red
     )
 
     kills = 0
-    done = threading.Event()
+    stop = threading.Event()
     chaos = random.Random(11)
 
-    def kill_at_random() -> None:
+    def kill_as_trials_end() -> None:
+        """Tail the log; each time another KILL_EVERY trials have ended, SIGKILL a random worker."""
         nonlocal kills
-        while not done.wait(chaos.uniform(0.5, 1.5)):
-            victim = workers.pop(chaos.randrange(len(workers)))
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            kills += 1
-            workers.append(processes.start("worker", "--platform", "local", env=ENV))  # a replacement
+        experiments = wait_until(lambda: client.zrange(keys.EXPERIMENTS, 0, -1), 30, what="the experiment")
+        store = EventStore(client, str(experiments[0]))
+        ended: set[str] = set()
+        position = "0-0"
+        while kills < KILLS and not stop.is_set():
+            for entry in store.wait(position, block_ms=200):
+                position = entry.id
+                if isinstance(entry, StoredEvent) and (trial_id := trial_ended_by(entry.event)):
+                    ended.add(trial_id)
+            while kills < KILLS and len(ended) >= (kills + 1) * KILL_EVERY:
+                victim = workers.pop(chaos.randrange(len(workers)))
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                kills += 1
+                workers.append(processes.start("worker", "--platform", "local", env=ENV))  # a replacement
 
-    killer = threading.Thread(target=kill_at_random, daemon=True)
+    killer = threading.Thread(target=kill_as_trials_end, daemon=True)
     killer.start()
     started = time.monotonic()
     try:
         output, _ = runner.communicate(timeout=150)
+        killer.join(30)  # the last threshold is crossed before the last trial ends
     finally:
-        done.set()
+        stop.set()
         killer.join()
         if runner.poll() is None:
             runner.kill()
@@ -122,7 +145,7 @@ def test_soak_with_random_worker_kills(tmp_path: Path, processes: Processes, red
         assert sorted(m.sequence for m in final_attempt if m.type == "PERIODICAL") == list(range(METRICS - 1))
         assert [m.type for m in final_attempt].count("FINAL") == 1
     assert check(client, experiment_id) == []
-    assert kills >= 10
+    assert kills == KILLS
 
     print(
         f"\nsoak in {elapsed:.0f}s: {len(trials)} trials ({len(succeeded)} succeeded), {len(entries)} events, "
