@@ -44,6 +44,12 @@ def runner(experiment_id: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:runner"
 
 
+def runner_epoch(experiment_id: str) -> str:
+    """Counted up each time a runner claims the experiment: a runner whose claim lapsed takes it back
+    only if nobody claimed it since."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:runner-epoch"
+
+
 def parked(platform: str) -> str:
     """Zset: attempts of `platform` that could not start yet (JSON member) -> when to check again (ms)."""
     return f"{LOG_PREFIX}:parked:{platform}"

@@ -54,10 +54,21 @@ class ClaimLost(RunnerError):
     """Another runner holds the experiment now: this one must touch nothing more."""
 
 
-# Compare-and-set on the claim: a runner that stalled past its lease must not renew or delete the
-# claim a `resume` took meanwhile.
+# The claim is fenced by an epoch counted up by every runner that takes it. KEYS: claim, epoch.
+_CLAIM = """
+if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+return redis.call('incr', KEYS[2])
+"""
+# Compare-and-set renewal: a runner that stalled past its lease must not renew the claim a `resume`
+# took meanwhile. A claim that merely lapsed (Redis was paused or restarted, nobody took it since:
+# the epoch is still this runner's) is taken back. KEYS: claim, epoch. ARGV: name, lease ms, epoch.
 _RENEW_IF_MINE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if not holder and redis.call('get', KEYS[2]) == ARGV[3] then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
 return 0
 """
 _RELEASE_IF_MINE = """
@@ -153,6 +164,8 @@ class ExperimentRunner:
         self._name = f"runner:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._renew_if_mine = client.register_script(_RENEW_IF_MINE)
         self._release_if_mine = client.register_script(_RELEASE_IF_MINE)
+        self._take_claim = client.register_script(_CLAIM)
+        self._epoch = 0
 
     @classmethod
     def create(
@@ -261,13 +274,15 @@ class ExperimentRunner:
 
     def _claim(self, wait_s: float) -> None:
         """Become the experiment's only runner: two would both submit trials and overspend the budget."""
-        key = keys.runner(self.experiment_id)
+        key, epoch = keys.runner(self.experiment_id), keys.runner_epoch(self.experiment_id)
         give_up = time.monotonic() + wait_s
-        while not self._client.set(key, self._name, nx=True, px=int(RUNNER_LEASE_S * 1000)):
+        lease_ms = int(RUNNER_LEASE_S * 1000)
+        while not (taken := int(self._take_claim(keys=[key, epoch], args=[self._name, lease_ms]))):
             if time.monotonic() >= give_up:
                 holder: Any = self._client.get(key)
                 raise RunnerError(f"experiment {self.experiment_id} is being run by {holder}; stop that runner first")
             time.sleep(0.1)
+        self._epoch = taken
         self._claimed_at = time.monotonic()
 
     def _keep_claim(self) -> None:
@@ -275,8 +290,8 @@ class ExperimentRunner:
         and only while it is still ours: a runner that lost it stops before it submits again."""
         if time.monotonic() - self._claimed_at < RUNNER_RENEW_S:
             return
-        key = keys.runner(self.experiment_id)
-        if not self._renew_if_mine(keys=[key], args=[self._name, int(RUNNER_LEASE_S * 1000)]):
+        key, epoch = keys.runner(self.experiment_id), keys.runner_epoch(self.experiment_id)
+        if not self._renew_if_mine(keys=[key, epoch], args=[self._name, int(RUNNER_LEASE_S * 1000), self._epoch]):
             holder: Any = self._client.get(key)
             now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
             raise ClaimLost(

@@ -13,6 +13,8 @@ import redis
 
 from core import keys
 from core.event_store import EventStore, StoredEvent
+from manager.config import load_experiment_config
+from manager.runner import ClaimLost, ExperimentRunner
 from manager.views import ViewStore
 from schemas.events import TrialSubmitted
 from tests.conftest import Processes, wait_until
@@ -84,3 +86,35 @@ def test_a_runner_that_lost_its_claim_stops_without_submitting(
     assert sorted(submitted) == list(range(MAX_TRIALS))  # maxTrialNumber holds
     trials = json.loads(output)["trials"]
     assert {trial["status"] for trial in trials} == {"SUCCEEDED"}  # the stalled runner stopped none of them
+
+
+def test_a_claim_that_only_lapsed_is_taken_back_and_one_taken_over_is_not(
+    tmp_path: Path, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    """Redis paused or restarted past the claim's TTL: nobody claimed the experiment since (the epoch
+    is still this runner's), so the runner goes on. Once another runner has claimed it, it stops."""
+    (tmp_path / "config.yml").write_text(
+        json.dumps(
+            {
+                "trialCommand": "true",
+                "trialCodeDirectory": str(tmp_path),
+                "trialConcurrency": 1,
+                "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+                "trainingService": {"platform": "local"},
+                "experimentWorkingDirectory": str(tmp_path / "experiments"),
+            }
+        )
+    )
+    runner = ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
+    claim = keys.runner(runner.experiment_id)
+    client.delete(claim)  # as if it expired while Redis could not answer
+    runner._claimed_at = 0.0  # due for renewal
+    runner._keep_claim()
+    assert client.get(claim) == runner._name
+
+    client.set(claim, "runner:elsewhere:1:x")  # a resume took it meanwhile...
+    client.incr(keys.runner_epoch(runner.experiment_id))
+    client.delete(claim)  # ...and its claim lapsed too: still not ours to take back
+    runner._claimed_at = 0.0
+    with pytest.raises(ClaimLost):
+        runner._keep_claim()
