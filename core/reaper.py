@@ -178,8 +178,6 @@ def lose_attempt(
     dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
     pipe.zrem(keys.LEASES, ref.member)
     pipe.set(ref.claim_key, LOST, keepttl=True)
-    if verdict.status.is_terminal:  # nobody follows the trial's commands any more
-        pipe.delete(keys.trial_commands(ref.experiment_id, ref.trial_id))
     return verdict
 
 

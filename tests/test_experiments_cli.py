@@ -9,7 +9,9 @@ from typing import Any
 import redis
 
 from core import keys
-from tests.conftest import Processes
+from core.event_store import EventStore
+from manager.views import ViewStore
+from tests.conftest import Processes, wait_until
 from tests.test_cli import SDK_TRIAL, trialstream, write_config
 
 
@@ -33,6 +35,12 @@ def members_of(client: redis.Redis, experiment_id: str) -> list[str]:
     return found
 
 
+def projected(client: redis.Redis, experiment_id: str) -> None:
+    """The projector has folded the whole log: its views stop changing."""
+    head = EventStore(client, experiment_id).head()
+    wait_until(lambda: ViewStore(client, experiment_id).position() == head, what="the projector to catch up")
+
+
 def run_experiment(tmp_path: Path, env: dict[str, str], name: str) -> str:
     directory = tmp_path / name
     directory.mkdir()
@@ -46,6 +54,8 @@ def test_list_and_delete_on_a_shared_redis(tmp_path: Path, processes: Processes,
     processes.worker()
     env = {"TRIALSTREAM_REDIS_URL": processes.redis_url}
     gone, kept = run_experiment(tmp_path, env, "one"), run_experiment(tmp_path, env, "two")
+    projected(client, gone)
+    projected(client, kept)
     for experiment_id in (gone, kept):  # state of attempts that a crash could leave behind
         client.zadd(keys.LEASES, {f"{experiment_id}/t0001/1": 1})
         client.zadd(keys.parked("local"), {json.dumps([experiment_id, "t0001", 1, 0, ""]): 1})
@@ -80,6 +90,7 @@ def test_a_running_experiment_is_not_deleted(tmp_path: Path, processes: Processe
     processes.worker()
     env = {"TRIALSTREAM_REDIS_URL": processes.redis_url}
     experiment_id = run_experiment(tmp_path, env, "one")
+    projected(client, experiment_id)
     client.set(keys.runner(experiment_id), "runner:elsewhere:1")  # a runner holds it
     before = keys_of(client, experiment_id)
     refused = trialstream("experiments", "delete", experiment_id, "--yes", env=env)

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,88 +29,7 @@ from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingServ
 from manager.views import ViewStore
 from schemas.events import ClusterMetadataSet, TrialMetricReported
 from schemas.trial import TrialConfig, TrialJobStatus
-from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
-
-START_DEADLINE_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class RedisServer:
-    """A redis-server this test owns: killed with SIGKILL and started again on the same port and data."""
-
-    def __init__(self, data_dir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.skip("redis-server is not installed")
-        self.binary = binary
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-        data_dir.mkdir(parents=True, exist_ok=True)
-
-    def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-        args += ["--logfile", "redis.log", "--daemonize", "no"]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        probe = redis.Redis(host="127.0.0.1", port=self.port)  # no retries: each ping is one try
-        deadline = time.monotonic() + START_DEADLINE_S
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise AssertionError(f"redis-server exited with {self.process.returncode}: {self.log_tail()}")
-                try:
-                    if probe.ping():
-                        return
-                except (redis.ConnectionError, redis.BusyLoadingError):
-                    pass  # BusyLoadingError (a ConnectionError) while it replays the AOF
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"redis-server did not answer within {START_DEADLINE_S}s: {self.log_tail()}")
-                time.sleep(0.02)
-        finally:
-            probe.close()
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no last fsync; whatever is not in the AOF file is gone."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log_tail(self) -> str:
-        log = self.data_dir / "redis.log"
-        return log.read_text(errors="replace")[-800:] if log.exists() else ""
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis-data")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def own_processes(own_redis: RedisServer, tmp_path: Path) -> Iterator[Processes]:
-    log_dir = tmp_path / "process-logs"
-    log_dir.mkdir()
-    running = Processes(own_redis.url, log_dir)
-    yield running
-    running.stop()
+from tests.conftest import REPO, Processes, RedisServer, form, free_port, wait_for_status, wait_until
 
 
 def local_experiment(client: redis.Redis, rq_connection: redis.Redis, root: Path, command: str) -> TrainingService:

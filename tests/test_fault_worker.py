@@ -186,5 +186,6 @@ def test_a_retry_of_a_trial_canceled_meanwhile_ends_it_as_canceled(
         pipe.execute()
 
     processes.worker()
-    trial = wait_for_status(service, trial_id, "USER_CANCELED", "SUCCEEDED", "FAILED", timeout=15)
+    # the retry first waits out its lost predecessor (one lease and the stop margin: workers/control.py)
+    trial = wait_for_status(service, trial_id, "USER_CANCELED", "SUCCEEDED", "FAILED", timeout=45)
     assert trial.status is TrialJobStatus.USER_CANCELED and trial.attempt == 2

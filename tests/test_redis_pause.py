@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,30 +20,13 @@ from core.leases import AttemptRef, Lease
 from core.reaper import pause_grace_s, reap_lost_attempts
 from schemas.events import TrialAttemptLost
 from schemas.trial import TrialJobStatus
-from tests.conftest import Processes, form, wait_for_status, wait_until
-from tests.test_fault_redis import RedisServer, local_experiment
+from tests.conftest import Processes, RedisServer, form, wait_for_status, wait_until
+from tests.test_fault_redis import local_experiment
 
 LEASE_S = 3.0  # the local deadline is two leases: a pause between one and two leases is ridden out
 PAUSE_S = 4.5  # longer than the lease, longer than the reapers' quiet gap (2 s)
 TRIALS = 6
 LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": str(LEASE_S)}
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis-data")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def own_processes(own_redis: RedisServer, tmp_path: Path) -> Iterator[Processes]:
-    log_dir = tmp_path / "process-logs"
-    log_dir.mkdir()
-    running = Processes(own_redis.url, log_dir)
-    yield running
-    running.stop()
 
 
 @pytest.mark.timeout(180)

@@ -199,31 +199,20 @@ def _end_attempt(
     runtime: WorkerRuntime, store: EventStore, lease: Lease, ended: TrialEnded, control: LogTrialControl
 ) -> None:
     """Append how the attempt ended and release its lease, atomically: a reaper never sees one without the other.
-    What only served the running attempt goes with it: its metrics' idempotency keys (a retried append
-    can no longer come) and, as the trial has ended, its commands stream. Then trials parked on this
-    platform may start: what this one held is free.
+    Its metrics' idempotency keys go with it: they only served retried appends of the running attempt.
+    Then trials parked on this platform may start: what this one held is free.
 
-    If the attempt was already declared lost, the shared idempotency key keeps that verdict, and the
-    commands stream stays for the retry.
+    If the attempt was already declared lost, the shared idempotency key keeps that verdict.
     """
 
     def commit() -> None:
         with store.client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(lease.ref.claim_key)
-                    still_mine = pipe.get(lease.ref.claim_key) == lease.worker
-                    pipe.multi()
-                    store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
-                    lease.end(pipe)
-                    if control.metric_keys:
-                        pipe.hdel(keys.idempotency(store.experiment_id), *control.metric_keys)
-                    if still_mine:
-                        pipe.delete(keys.trial_commands(store.experiment_id, lease.ref.trial_id))
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    continue
+            pipe.multi()
+            store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
+            lease.end(pipe)
+            if control.metric_keys:
+                pipe.hdel(keys.idempotency(store.experiment_id), *control.metric_keys)
+            pipe.execute()
 
     until_redis_answers(commit, f"trial {lease.ref.trial_id}")  # safe to repeat: keyed append, absolute writes
     name = runtime.platform.name
