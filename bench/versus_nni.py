@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from bench.harness import NNI_TRIAL, REPO, SEARCH_SPACE, TRIALS_DIR, Figure, Section, median_of, repeat
-from core.connections import REDIS_URL_ENV
+from core.settings import REDIS_URL_ENV
 
 TRIALS = 40
 CONCURRENCY = 4

@@ -30,7 +30,6 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-REDIS_URL_ENV = "TRIALSTREAM_REDIS_URL"
 OUTAGE_BUDGET_ENV = "TRIALSTREAM_REDIS_RETRY_S"
 
 RETRY_BASE_S = 0.05  # the first retry waits 2 * base, then each wait doubles...
@@ -59,10 +58,6 @@ def redact_url(url: str) -> str:
     credentials, _, host = rest.rpartition("@")
     user = credentials.split(":", 1)[0]
     return f"{scheme}://{user + ':' if user else ':'}***@{host}"
-
-
-def redis_url(explicit: str | None = None) -> str | None:
-    return explicit or os.environ.get(REDIS_URL_ENV) or None
 
 
 def retries_within(budget_s: float, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> int:

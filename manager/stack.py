@@ -24,8 +24,8 @@ from pathlib import Path
 
 import redis
 
-from core.connections import REDIS_URL_ENV, RedisUnavailable, connect
-from core.settings import Settings, trial_environment
+from core.connections import RedisUnavailable, connect
+from core.settings import REDIS_URL_ENV, Settings, trial_environment
 from manager.experiments import ExperimentNotFound
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux

@@ -19,8 +19,9 @@ import redis
 from rq import Queue, Worker
 
 from core import keys
-from core.connections import REDIS_URL_ENV, connect
+from core.connections import connect
 from core.dispatch import queue_name
+from core.settings import REDIS_URL_ENV
 from manager.experiments import create_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from schemas.events import TrialMetricReported

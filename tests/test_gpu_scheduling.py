@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from rq import Queue, Worker
 
-from core.connections import REDIS_URL_ENV, connect
+from core.connections import connect
 from core.dispatch import queue_name
+from core.settings import REDIS_URL_ENV
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until
 

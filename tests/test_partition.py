@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from core.connections import REDIS_URL_ENV
 from core.event_store import StoredEvent
+from core.settings import REDIS_URL_ENV
 from schemas.events import TrialAttemptLost, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until

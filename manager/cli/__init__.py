@@ -10,10 +10,10 @@ from typing import NoReturn
 import redis
 from pydantic import ValidationError
 
-from core.connections import REDIS_URL_ENV, RedisUnavailable
+from core.connections import RedisUnavailable
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
-from core.settings import PREFIX, Settings
+from core.settings import PREFIX, REDIS_URL_ENV, Settings
 from manager.cli import experiments, interrupts, log, render, run, services, trials
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.replay import InvalidPosition, UnknownEventType

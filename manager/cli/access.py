@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from core.connections import REDIS_URL_ENV, connect
-from core.settings import Settings
+from core.connections import connect
+from core.settings import REDIS_URL_ENV, Settings
 from manager.experiments import resolve_experiment
 from manager.runner import RunnerError
 from manager.stack import experiment_dir, experiments_root, served_data
