@@ -143,8 +143,10 @@ def wake_parked(client: redis.Redis, rq_connection: redis.Redis, platform: str, 
     `due_only`), each with a TrialRequeued record; returns how many. Safe to run anywhere, any time:
     an attempt is taken out of the set by one ZREM, so only one waker queues it."""
     key = keys.parked(platform)
-    seconds, microseconds = client.time()
-    high = seconds * 1000 + microseconds // 1000 if due_only else "+inf"
+    high: int | str = "+inf"  # every trial end wakes the parked: no clock read on that path
+    if due_only:
+        seconds, microseconds = client.time()
+        high = seconds * 1000 + microseconds // 1000
     members: Any = client.zrangebyscore(key, "-inf", high)
     woken = 0
     for member in members:

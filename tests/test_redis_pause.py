@@ -23,8 +23,8 @@ from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, RedisServer, form, wait_for_status, wait_until
 from tests.test_fault_redis import local_experiment
 
-LEASE_S = 3.0  # the local deadline is two leases: a pause between one and two leases is ridden out
-PAUSE_S = 4.5  # longer than the lease, longer than the reapers' quiet gap (2 s)
+LEASE_S = 4.0  # the local deadline is two leases: a pause between one and two leases is ridden out
+PAUSE_S = 4.5  # longer than the lease, longer than the reapers' quiet gap (2 s), 3.5 s short of the deadline
 TRIALS = 6
 LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": str(LEASE_S)}
 
@@ -34,7 +34,7 @@ def test_a_redis_pause_longer_than_the_lease_loses_no_live_attempt(
     own_redis: RedisServer, own_processes: Processes, tmp_path: Path
 ) -> None:
     client, rq_connection = connect(own_redis.url), connect(own_redis.url, decode=False)
-    service = local_experiment(client, rq_connection, tmp_path, "sleep 12")
+    service = local_experiment(client, rq_connection, tmp_path, "sleep 20")  # runs through the pause
     own_processes.projector()
     workers = [own_processes.worker(env=LEASE) for _ in range(TRIALS + 1)]
     trial_ids = [service.submit_trial_job(form(index)).id for index in range(TRIALS + 1)]
