@@ -69,6 +69,12 @@ class AttemptRef:
         """Idempotency key of the event that ends the attempt: TrialEnded or TrialAttemptLost, only one."""
         return f"ended:{self.trial_id}:{self.attempt}"
 
+    def release(self, pipeline: Pipeline, claim: str) -> None:
+        """Queue on `pipeline` the end of the attempt's lease, leaving its claim as `claim` (ENDED, LOST,
+        ORPHANED), to commit with the event that says why."""
+        pipeline.set(self.claim_key, claim, keepttl=True)
+        pipeline.zrem(keys.LEASES, self.member)
+
 
 class Lease:
     """One worker's hold on one attempt."""
@@ -97,8 +103,7 @@ class Lease:
 
     def end(self, pipeline: Pipeline) -> None:
         """Queue the end of the attempt on `pipeline`, to commit with the event that ends it."""
-        pipeline.set(self.ref.claim_key, ENDED, keepttl=True)
-        pipeline.zrem(keys.LEASES, self.ref.member)
+        self.ref.release(pipeline, ENDED)
 
     def give_up(self, then: Callable[[Pipeline], None]) -> bool:
         """Let the attempt be claimed again (it was deferred before starting), and queue `then` in the

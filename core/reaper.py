@@ -176,8 +176,7 @@ def lose_attempt(
     if verdict.status is TrialJobStatus.WAITING:
         jobs.append(TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
     dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
-    pipe.zrem(keys.LEASES, ref.member)
-    pipe.set(ref.claim_key, LOST, keepttl=True)
+    ref.release(pipe, LOST)
     return verdict
 
 
@@ -201,8 +200,7 @@ def _orphan(
     )
     job = TrialJob(submitted.event.platform, ref.experiment_id, ref.trial_id, ref.attempt, reattach=True)
     dispatch(pipe, rq_connection, store, record, [job])
-    pipe.zrem(keys.LEASES, ref.member)
-    pipe.set(ref.claim_key, ORPHANED, keepttl=True)
+    ref.release(pipe, ORPHANED)
     return record
 
 
