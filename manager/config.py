@@ -9,13 +9,14 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError
 
 from core.registry import UnknownPlatform, platform_class
-from manager.tuners import SearchSpaceError, UnknownTunerError, create_tuner
+from manager.algorithms import Algorithm, AlgorithmError, resolve
+from manager.tuners import SearchSpaceError, validate_search_space
 from schemas.config import (
     AlgorithmConfig,
     ConfigError,
@@ -33,6 +34,13 @@ class ExperimentSpec:
     code_directory: Path
     platform: PlatformConfig
     source: Path
+
+    def algorithms(self, checkpoint_dir: Path | None = None) -> tuple[Algorithm, Algorithm | None]:
+        """The tuner (or advisor) and the assessor, checked; PBT's checkpoints default to `checkpoint_dir`."""
+        defaults = {"all_checkpoint_dir": str(checkpoint_dir)} if checkpoint_dir else None
+        tuner = resolve(self.config.tuner_section, "tuner", defaults)
+        assessor = resolve(self.config.assessor, "assessor") if self.config.assessor else None
+        return tuner, assessor
 
     @property
     def as_event_config(self) -> dict[str, Any]:
@@ -63,20 +71,44 @@ def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec
         config = ExperimentConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_explain(error, source)) from None
-    search_space = _search_space(config, base)
+    config = _with_absolute_code_directories(config, base)
     code_directory = (base / Path(config.trial_code_directory).expanduser()).resolve()
     if not code_directory.is_dir():
         raise ConfigError(f"{source}: trialCodeDirectory: {code_directory} is not a directory")
     platform = _platform(config, source)
+    tuner = _algorithm(config, source, "tuner")
+    if config.assessor is not None:
+        if tuner.kind == "advisor":
+            raise ConfigError(f"{source}: assessor: {tuner.label} is an advisor, which early-stops trials itself")
+        _algorithm(config, source, "assessor")
+    search_space = _search_space(config, base, tuner.own_space)
     try:
-        create_tuner(config.tuner.name or "", config.tuner.class_args, search_space)
-    except UnknownTunerError as error:
-        raise ConfigError(f"{source}: tuner.name: {error}") from None
+        validate_search_space(search_space, allow_empty=tuner.own_space)
     except SearchSpaceError as error:
         raise ConfigError(f"{source}: {error}") from None
-    except ValueError as error:
-        raise ConfigError(f"{source}: tuner.classArgs: {error}") from None
     return ExperimentSpec(config, search_space, code_directory, platform, source)
+
+
+def _with_absolute_code_directories(config: ExperimentConfig, base: Path) -> ExperimentConfig:
+    """Custom algorithms' codeDirectory, relative to the config file as in NNI, made absolute: the
+    stored config must load the same classes when resumed from anywhere."""
+    update = {}
+    for key in ("tuner", "assessor", "advisor"):
+        section: AlgorithmConfig | None = getattr(config, key)
+        if section is not None and section.code_directory is not None:
+            directory = (base / Path(section.code_directory).expanduser()).resolve()
+            update[key] = section.model_copy(update={"code_directory": str(directory)})
+    return config.model_copy(update=update) if update else config
+
+
+def _algorithm(config: ExperimentConfig, source: Path, role: Literal["tuner", "assessor"]) -> Algorithm:
+    section = config.tuner_section if role == "tuner" else config.assessor
+    assert section is not None
+    key = "advisor" if role == "tuner" and config.advisor is not None else role
+    try:
+        return resolve(section, role)
+    except AlgorithmError as error:
+        raise ConfigError(f"{source}: {key}.{error.key}: {error}") from None
 
 
 def _read_mapping(path: Path, prefix: str, missing: str, invalid: str, not_mapping: str) -> dict[str, Any]:
@@ -104,10 +136,12 @@ def _read_yaml(source: Path) -> dict[str, Any]:
     )
 
 
-def _search_space(config: ExperimentConfig, base: Path) -> dict[str, Any]:
+def _search_space(config: ExperimentConfig, base: Path, optional: bool) -> dict[str, Any]:
     if config.search_space is not None:
         return config.search_space
     if config.search_space_file is None:
+        if optional:  # the tuner defines its own space
+            return {}
         raise ConfigError("searchSpace: required key is missing (or give searchSpaceFile)")
     path = base / Path(config.search_space_file).expanduser()
     return _read_mapping(

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +23,17 @@ from rq import Queue, Worker
 
 from core import keys
 from core.dispatch import queue_name
-from core.event_store import EventStore
+from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
+from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher
 from manager.experiments import create_experiment, finish_experiment
+from manager.projection import apply_to_trial, metric_record
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from manager.transfer import end_imported_trials
-from manager.tuners import create_tuner
-from schemas.events import ExperimentResumed
+from manager.tuner_thread import TunerThread
+from schemas.events import ExperimentResumed, TrialEvent, TrialMetricReported, TrialsRequested
 from schemas.trial import (
     HyperParameters,
     JobApplicationForm,
@@ -42,6 +44,9 @@ from schemas.trial import (
 )
 
 _STOP_DEADLINE_S = 60.0
+_WAIT_S = 0.5  # longest wait on the log: the runner re-checks its claim and deadline this often
+_TUNER_POLL_S = 0.02  # while the tuner thinks, how soon what it says is picked up
+_QUICK_TUNER_S = 0.05  # a request answered within this is submitted in the same round
 RUNNER_LEASE_S = 5.0
 RUNNER_RENEW_S = 1.0
 
@@ -85,6 +90,7 @@ class Progress:
     started_at: float
     counts: Counter[str] = field(default_factory=Counter)
     best: float | None = None
+    best_trial: str | None = None  # the trial with `best`, in the tuner's optimize_mode direction
     max_trials: int | None = None
 
     @property
@@ -150,14 +156,21 @@ class ExperimentRunner:
         self.service = TrainingService(client, rq_connection, experiment_id)
         self.experiment_dir = experiment_dir
         self.on_progress = on_progress
-        self.tuner = create_tuner(self.config.tuner.name or "", self.config.tuner.class_args, spec.search_space)
-        self.maximize = (self.config.tuner.class_args or {}).get("optimize_mode", "maximize") != "minimize"
+        tuner, assessor = spec.algorithms(checkpoint_dir=experiment_dir / "checkpoint")
+        self.maximize = tuner.optimize_mode != "minimize"
         self.progress = Progress(experiment_id, time.monotonic() - elapsed_s, max_trials=self.config.max_trial_number)
         self._client = client
         self._rq_connection = rq_connection
+        self._tuner_algorithms = (tuner, assessor)
+        self._tuner: TunerThread | None = None
+        self._cursor = "0-0"  # every event up to here has been folded and given to the tuner
+        self._trials: dict[str, TrialJobDetail] = {}
+        self._parameter_ids: dict[str, Any] = {}
+        self._reported: set[str] = set()
+        self._active: set[str] = set()
+        self._ready: deque[NewTrial] = deque()  # parameter sets the tuner gave, not yet submitted
+        self._no_more = False  # the tuner had nothing for the last request, and nothing ended since
         self._next_sequence_id = 0
-        self._active: dict[str, TrialJobStatus] = {}
-        self._parameters: dict[str, tuple[int, dict[str, Any]]] = {}
         self._reaped_at = 0.0
         self._claimed_at = 0.0
         self._unclaimed: set[str] = set()
@@ -192,6 +205,7 @@ class ExperimentRunner:
         )
         runner.service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
         runner.service.set_cluster_metadata(PLATFORM_CONFIG, spec.platform.model_dump_json(by_alias=True))
+        runner._start_tuner(replay=[])
         return runner
 
     @classmethod
@@ -205,7 +219,8 @@ class ExperimentRunner:
         allow_imported: bool = False,
     ) -> ExperimentRunner:
         """Take an experiment up again from its log: ended trials are not rerun, running ones are
-        followed to their end, and maxTrialNumber and maxExperimentDuration count what came before.
+        followed to their end, maxTrialNumber and maxExperimentDuration count what came before, and
+        the tuner is rebuilt by replaying its inputs (see `_start_tuner`).
 
         An imported log's run is not here: only with `allow_imported` is it taken up, its unfinished
         trials first ended as SYS_CANCELED."""
@@ -233,7 +248,7 @@ class ExperimentRunner:
         runner._claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
         if experiment.imported:
             end_imported_trials(service)
-        runner._replay_history(service.list_trial_jobs())
+        runner._start_tuner(replay=service.store.read())
         EventStore(client, experiment_id).append(ExperimentResumed(experiment_id=experiment_id))
         return runner
 
@@ -244,25 +259,28 @@ class ExperimentRunner:
     def run(self) -> ExperimentResult:
         deadline = self.config.max_experiment_duration
         started = self.progress.started_at
-        exhausted = False
+        tuner = self._tuner
+        assert tuner is not None, "create() or resume() starts the tuner"
         try:
             while True:
                 self._keep_claim()
+                self._take_outputs()
+                if tuner.error is not None:
+                    return self._tuner_failed(tuner.error)
                 out_of_time = deadline is not None and time.monotonic() - started >= deadline
-                while not (out_of_time or exhausted) and len(self._active) < self.config.trial_concurrency:
-                    budget = self.config.max_trial_number
-                    if (budget is not None and self._next_sequence_id >= budget) or not self._submit():
-                        exhausted = True
-                        break
+                if not out_of_time:
+                    self._refill()
                 if out_of_time and self._active:
                     self._stop_all("experiment reached maxExperimentDuration")
                     return self._finish("DONE")
-                if not self._active and (exhausted or out_of_time):
+                if not self._active and (out_of_time or self._search_over()):
                     return self._finish("DONE")
                 self.on_progress(self.progress)
-                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - (time.monotonic() - started)))
-                self.service.wait_for_change(wait)
-                self._reap(self._refresh())
+                wait = _WAIT_S if tuner.idle else _TUNER_POLL_S
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - (time.monotonic() - started)))
+                self._follow(self.service.store.wait(self._cursor, block_ms=int(wait * 1000)))
+                self._reap([self._trials[trial_id] for trial_id in self._active])
         except ClaimLost:
             raise  # the trials and the experiment are the new runner's now
         except BaseException:
@@ -270,6 +288,7 @@ class ExperimentRunner:
             finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
             raise
         finally:
+            tuner.close()
             self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
 
     def _claim(self, wait_s: float) -> None:
@@ -300,71 +319,143 @@ class ExperimentRunner:
             )
         self._claimed_at = time.monotonic()
 
-    def _replay_history(self, trials: list[TrialJobDetail]) -> None:
-        """Bring the tuner, the budget and the trials in flight to where the log says they were.
+    def _start_tuner(self, replay: list[LogEntry]) -> None:
+        """Build the tuner and give it the search space; on resume, replay its inputs from the log.
 
-        The tuner is asked again for every past sequence id, in order, so a seeded tuner continues
-        exactly as an uninterrupted run would; ended trials' results are handed to it again.
+        Every event is given to the tuner in log order, and each logged request is made again at the
+        position it was first made (after the events it had `seen`), so a deterministic tuner ends in
+        the state the crashed runner's had. A parameter set it gives again is not run again; one the
+        log has no trial for (the runner died before submitting it) is submitted now.
         """
-        for trial in sorted(trials, key=lambda trial: trial.sequence_id):
-            while self._next_sequence_id <= trial.sequence_id:
-                self.tuner.generate_parameters(self._next_sequence_id)
-                self._next_sequence_id += 1
-            self._parameters[trial.id] = (trial.sequence_id, trial.form.hyper_parameters.parameters)
-            self.progress.counts[str(trial.status)] += 1
-            if trial.status.is_terminal:
-                self._record_result(trial)
-            else:
-                self._active[trial.id] = trial.status
-
-    def _submit(self) -> bool:
-        self._keep_claim()
-        sequence_id = self._next_sequence_id
-        parameters = self.tuner.generate_parameters(sequence_id)
-        if parameters is None:
-            return False
-        self._next_sequence_id += 1
-        value = json.dumps(
-            {
-                "parameter_id": sequence_id,
-                "parameter_source": "algorithm",
-                "parameters": parameters,
-                "parameter_index": 0,
-            }
+        tuner, assessor = self._tuner_algorithms
+        self._tuner = TunerThread(build_dispatcher(tuner, assessor))
+        self._tuner.call("initialize", self.spec.search_space)
+        requests = deque(
+            entry.event
+            for entry in replay
+            if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialsRequested)
         )
-        form = JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=value))
-        trial = self.service.submit_trial_job(form)
-        self._active[trial.id] = trial.status
-        self._parameters[trial.id] = (sequence_id, parameters)
+        for entry in replay:
+            while requests and stream_position(requests[0].seen) < stream_position(entry.id):
+                self._tuner.call("request_trials", requests.popleft().count)
+            self._follow([entry])
+        for request in requests:
+            self._tuner.call("request_trials", request.count)
+        if replay:
+            self._tuner.wait(timeout_s=None)
+            ran = set(self._parameter_ids.values())
+            outputs = self._tuner.outputs()
+            self._ready.extend(new for new in outputs if isinstance(new, NewTrial) and new.parameter_id not in ran)
+
+    def _follow(self, entries: list[LogEntry]) -> None:
+        """Fold the log into the runner's trials and give the tuner what NNI's manager gives its
+        dispatcher: each trial's final result when it arrives, intermediate results for the
+        assessor, and each trial's end."""
+        assert self._tuner is not None
+        for entry in entries:
+            self._cursor = entry.id
+            if not isinstance(entry, StoredEvent) or not isinstance(entry.event, TrialEvent):
+                continue
+            event = entry.event
+            trial_id = event.trial_id
+            before = self._trials.get(trial_id)
+            if isinstance(event, TrialMetricReported) and event.metric_type == "PERIODICAL":
+                if before is not None and not before.status.is_terminal and event.attempt == before.attempt:
+                    value = metric_record(event).value
+                    self._tuner.call(
+                        "intermediate_result", trial_id, self._parameter_ids[trial_id], event.sequence, value
+                    )
+                continue
+            after = apply_to_trial(before, event)
+            if after is None or after is before:
+                continue
+            self._trials[trial_id] = after
+            if before is None:
+                self._submitted(after)
+            if after.final_metric_data and trial_id not in self._reported:
+                self._reported.add(trial_id)
+                self._tuner.call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
+            if before is not None and after.status is not before.status:
+                self.progress.counts[str(before.status)] -= 1
+                self.progress.counts[str(after.status)] += 1
+                if after.status.is_terminal:
+                    self._ended(after)
+
+    def _submitted(self, trial: TrialJobDetail) -> None:
+        self._parameter_ids[trial.id] = json.loads(trial.form.hyper_parameters.value)["parameter_id"]
+        self._tuner_call("ran", self._parameter_ids[trial.id], trial.form.hyper_parameters.parameters)
+        self._next_sequence_id = max(self._next_sequence_id, trial.sequence_id + 1)
+        self._active.add(trial.id)
         self.progress.counts[str(trial.status)] += 1
-        return True
 
-    def _refresh(self) -> list[TrialJobDetail]:
-        """Re-read the trials in flight; hand finished ones to the tuner. Returns those still in flight."""
-        in_flight = []
-        for trial in self.service.get_trial_jobs(list(self._active)):
-            trial_id, before = trial.id, self._active[trial.id]
-            if not trial.status.is_terminal:
-                in_flight.append(trial)
-            if trial.status is before:
-                continue
-            self.progress.counts[str(before)] -= 1
-            self.progress.counts[str(trial.status)] += 1
-            if not trial.status.is_terminal:
-                self._active[trial_id] = trial.status
-                continue
-            del self._active[trial_id]
-            self._record_result(trial)
-        return in_flight
-
-    def _record_result(self, trial: TrialJobDetail) -> None:
+    def _ended(self, trial: TrialJobDetail) -> None:
+        self._active.discard(trial.id)
+        self._no_more = False  # NNI asks again when a trial ends: PBT and Hyperband may have more now
+        self._tuner_call("trial_end", trial.id, self._parameter_ids[trial.id], str(trial.status))
         score = metric_score(trial.final_metric)
-        if score is None:
-            return
-        parameter_id, parameters = self._parameters[trial.id]
-        self.tuner.receive_trial_result(parameter_id, parameters, score)
-        if self.progress.best is None or (score > self.progress.best) == self.maximize:
+        if score is not None and (self.progress.best is None or (score > self.progress.best) == self.maximize):
             self.progress.best = score
+            self.progress.best_trial = trial.id
+
+    def _tuner_call(self, method: str, *args: Any) -> None:
+        assert self._tuner is not None
+        self._tuner.call(method, *args)
+
+    def _take_outputs(self) -> None:
+        """What the tuner said since: parameter sets to run, no more for now, trials to early-stop."""
+        assert self._tuner is not None
+        for output in self._tuner.outputs():
+            match output:
+                case NewTrial():
+                    self._ready.append(output)
+                case NoMoreTrials():
+                    self._no_more = True
+                case EarlyStop(trial_id=trial_id, reason=reason) if trial_id in self._active:
+                    self.service.request_stop(trial_id, TrialJobStatus.EARLY_STOPPED, reason)
+
+    def _refill(self) -> None:
+        """Submit ready parameter sets into free slots, and ask the tuner for one per slot still free,
+        as NNI's manager does; never past maxTrialNumber. The request is logged with the position
+        the tuner has seen, then asked on the tuner's thread: a slow tuner holds nothing up."""
+        assert self._tuner is not None
+        budget = self.config.max_trial_number
+        free = self.config.trial_concurrency - len(self._active)
+        while self._ready and free > 0 and (budget is None or self._next_sequence_id < budget):
+            self._submit(self._ready.popleft())
+            free -= 1
+        if budget is not None:
+            free = min(free, budget - self._next_sequence_id - len(self._ready))
+        if free <= 0 or self._no_more or not self._tuner.idle:
+            return
+        self._keep_claim()
+        self.service.store.append(TrialsRequested(experiment_id=self.experiment_id, count=free, seen=self._cursor))
+        self._tuner.call("request_trials", free)
+        if self._tuner.wait(_QUICK_TUNER_S):  # most tuners answer at once: submit in this round
+            self._take_outputs()
+            free = self.config.trial_concurrency - len(self._active)
+            while self._ready and free > 0 and (budget is None or self._next_sequence_id < budget):
+                self._submit(self._ready.popleft())
+                free -= 1
+
+    def _search_over(self) -> bool:
+        """The budget is spent, or the tuner, idle, has no more and nothing it gave is left to run."""
+        assert self._tuner is not None
+        budget = self.config.max_trial_number
+        if budget is not None and self._next_sequence_id >= budget:
+            return True
+        if not (self._no_more and self._tuner.idle):
+            return False
+        self._take_outputs()  # what it said before it went idle
+        return self._no_more and not self._ready
+
+    def _submit(self, new: NewTrial) -> None:
+        self._keep_claim()
+        form = JobApplicationForm(
+            sequence_id=self._next_sequence_id, hyper_parameters=HyperParameters(value=new.hyper_parameters)
+        )
+        trial = self.service.submit_trial_job(form)
+        self._trials[trial.id] = trial
+        self._submitted(trial)
 
     def _reap(self, in_flight: list[TrialJobDetail]) -> None:
         """Declare trials of dead workers lost, even when no worker is left to do it, and queue
@@ -385,11 +476,18 @@ class ExperimentRunner:
             self.service.request_stop(trial_id, TrialJobStatus.SYS_CANCELED, reason)
         give_up = time.monotonic() + _STOP_DEADLINE_S
         while self._active and time.monotonic() < give_up:
-            self.service.wait_for_change(0.5)
-            self._reap(self._refresh())  # a dead worker's trial must not hold the stop up
+            self._follow(self.service.store.wait(self._cursor, block_ms=int(_WAIT_S * 1000)))
+            self._reap(
+                [self._trials[trial_id] for trial_id in self._active]
+            )  # a dead worker's trial must not hold the stop up
 
-    def _finish(self, status: str) -> ExperimentResult:
+    def _tuner_failed(self, error: str) -> ExperimentResult:
+        """A tuner's exception ends the experiment cleanly: trials stopped, the traceback in the log."""
+        self._stop_all("the tuner failed")
+        return self._finish("ERROR", f"the tuner failed:\n{error}")
+
+    def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
         self.on_progress(self.progress)
-        finish_experiment(self.service.store.client, self.experiment_id, status)
+        finish_experiment(self.service.store.client, self.experiment_id, status, message)
         self.service.clean_up()
         return ExperimentResult(self.experiment_id, self.service.list_trial_jobs())

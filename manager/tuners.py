@@ -1,8 +1,9 @@
-"""NNI-compatible search spaces and the built-in Random and GridSearch tuners.
+"""NNI-compatible search spaces and the native Random and GridSearch tuners.
 
 The search space format and the meaning of every `_type` follow NNI's search space spec, so an
-NNI experiment's `searchSpace` works unchanged. Everything here is pure computation (no I/O) so the
-manager can call it from any process and tests can drive it directly.
+NNI experiment's `searchSpace` works unchanged. The two tuners speak NNI's Tuner interface (so the
+dispatcher drives them as it drives NNI's own) and need no `nni` package. Everything here is pure
+computation (no I/O) so tests can drive it directly.
 """
 
 from __future__ import annotations
@@ -16,18 +17,12 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 
 class SearchSpaceError(ValueError):
     """An invalid search space; the message starts with the offending path, e.g. `searchSpace.lr._value`."""
 
-
-class UnknownTunerError(ValueError):
-    """A tuner name that is not built in; the message lists the supported ones."""
-
-
-SUPPORTED_TUNERS: tuple[str, ...] = ("Random", "GridSearch")
 
 _TYPES = (
     "choice",
@@ -56,8 +51,7 @@ _EXPECTED = {
     "qlognormal": "three numbers mu, sigma, q with sigma > 0 and q > 0",
 }
 
-_CLASS_ARGS = {"Random": ("seed", "optimize_mode"), "GridSearch": ("optimize_mode",)}
-_OPTIMIZE_MODES = ("maximize", "minimize")
+OPTIMIZE_MODES = ("maximize", "minimize")
 
 # Grid intervals narrower than this (in probability space) are not split further: no float-valued
 # parameter can tell such points apart, and it bounds the search where quantization hides a value.
@@ -152,14 +146,16 @@ _Param: TypeAlias = _Choice | _RandInt | _Numeric
 _Space: TypeAlias = tuple[tuple[str, _Param], ...]
 
 
-def validate_search_space(space: dict[str, Any]) -> None:
-    """Reject a search space NNI tuners could not sample, naming the parameter path and the fix."""
-    _parse_space(space)
+def validate_search_space(space: dict[str, Any], allow_empty: bool = False) -> None:
+    """Reject a search space NNI tuners could not sample, naming the parameter path and the fix.
+
+    Only a tuner that defines its own space (NetworkMorphism, a custom tuner) may take an empty one."""
+    _parse_space(space, allow_empty)
 
 
-def _parse_space(space: Any) -> _Space:
+def _parse_space(space: Any, allow_empty: bool = False) -> _Space:
     parsed = _parse_params(space, "searchSpace")
-    if not parsed:
+    if not parsed and not allow_empty:
         raise SearchSpaceError("searchSpace: must define at least one parameter")
     return parsed
 
@@ -209,8 +205,8 @@ def _parse_choice(value: Any, path: str) -> _Choice:
     names: set[str] = set()
     for index, option in enumerate(value):
         where = f"{path}._value[{index}]"
-        if isinstance(option, dict):
-            name = option.get("_name")
+        if isinstance(option, dict) and "_name" in option:
+            name = option["_name"]
             if not isinstance(name, str) or not name:
                 raise SearchSpaceError(
                     f"{where}._name: a dict option is a nested search space and needs a non-empty "
@@ -225,8 +221,8 @@ def _parse_choice(value: Any, path: str) -> _Choice:
             options.append(copy.deepcopy(option))
         else:
             raise SearchSpaceError(
-                f"{where}: choice options must be strings, numbers, booleans, null, lists or nested "
-                f"search spaces; got {_show(option)}"
+                f"{where}: choice options must be strings, numbers, booleans, null, lists, mappings or "
+                f"nested search spaces (mappings with a '_name'); got {_show(option)}"
             )
     return _Choice(tuple(options))
 
@@ -259,30 +255,54 @@ def _is_json_literal(v: Any) -> bool:
     return False
 
 
-class Tuner(Protocol):
-    """What the manager needs from a tuner: parameters for each new trial, and the trial's result.
+class NativeTuner:
+    """NNI's Tuner interface (the part its dispatcher calls), for tuners that need no `nni` package.
 
-    `generate_parameters` returns None once the search space is exhausted (only GridSearch does).
+    `generate_parameters` returns None once the search space is exhausted (only GridSearch does);
+    `generate_multiple_parameters` then returns fewer sets than asked, as NNI's does on NoMoreTrialError.
     """
 
-    def generate_parameters(self, parameter_id: int) -> dict[str, Any] | None: ...
+    def __init__(self, optimize_mode: str | None = "maximize") -> None:
+        if optimize_mode is None:
+            optimize_mode = "maximize"
+        if optimize_mode not in OPTIMIZE_MODES:
+            raise ValueError(f"optimize_mode: expected one of {', '.join(OPTIMIZE_MODES)}; got {_show(optimize_mode)}")
+        self.optimize_mode = optimize_mode
+        self._space: _Space = ()
 
-    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None: ...
+    def update_search_space(self, search_space: dict[str, Any]) -> None:
+        self._space = _parse_space(search_space)
+
+    def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def generate_multiple_parameters(self, parameter_id_list: list[int], **kwargs: Any) -> list[dict[str, Any]]:
+        generated = []
+        for parameter_id in parameter_id_list:
+            parameters = self.generate_parameters(parameter_id, **kwargs)
+            if parameters is None:
+                break
+            generated.append(parameters)
+        return generated
+
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: Any, **kwargs: Any) -> None:
+        """Results steer neither random nor grid search."""
+
+    def trial_end(self, parameter_id: int, success: bool, **kwargs: Any) -> None:
+        """Nothing to forget: no trial's end changes what comes next."""
 
 
-class _RandomTuner:
+class RandomTuner(NativeTuner):
     """Independent samples of every parameter; NNI's baseline, reproducible when seeded."""
 
-    def __init__(self, space: _Space, seed: int | None, optimize_mode: str) -> None:
-        self._space = space
+    def __init__(self, seed: int | None = None, optimize_mode: str | None = "maximize") -> None:
+        super().__init__(optimize_mode)
+        if seed is not None and not _is_int(seed):
+            raise ValueError(f"seed: expected an integer; got {_show(seed)}")
         self._rng = random.Random(seed)
-        self.optimize_mode = optimize_mode
 
-    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+    def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any]:
         return _sample_space(self._space, self._rng)
-
-    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
-        """Results do not steer random search."""
 
 
 def _sample_space(space: _Space, rng: random.Random) -> dict[str, Any]:
@@ -434,17 +454,20 @@ def _walk(nodes: Sequence[_Node]) -> Iterator[tuple[dict[str, Any], bool]]:
                 yield {name: value, **tail}, index >= axis.bar or nested_new or tail_new
 
 
-class _GridSearchTuner:
+class GridSearchTuner(NativeTuner):
     """NNI 2.7+ grid search: all discrete combinations, with numeric ranges divided ever finer.
 
     The first epoch uses every choice/randint value and the midpoint of each numeric parameter; each
     later epoch adds the midpoints between existing points and offers only combinations not seen yet.
     """
 
-    def __init__(self, space: _Space, optimize_mode: str) -> None:
-        self.optimize_mode = optimize_mode
+    def __init__(self, optimize_mode: str | None = "maximize") -> None:
+        super().__init__(optimize_mode)
+        self.update_search_space({})
+
+    def update_search_space(self, search_space: dict[str, Any]) -> None:
         self._axes: list[_Axis] = []
-        self._nodes = _grid_nodes(space, self._axes)
+        self._nodes = _grid_nodes(_parse_params(search_space, "searchSpace"), self._axes)
         self._numeric = [axis for axis in self._axes if isinstance(axis, _NumericAxis)]
         for axis in self._numeric:
             axis.split()
@@ -453,7 +476,7 @@ class _GridSearchTuner:
     def _new_epoch(self) -> Iterator[dict[str, Any]]:
         return (params for params, new in _walk(self._nodes) if new)
 
-    def generate_parameters(self, parameter_id: int) -> dict[str, Any] | None:
+    def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any] | None:
         """The next unseen grid point, or None once no parameter can be divided further."""
         while self._epoch is not None:
             params = next(self._epoch, None)
@@ -461,9 +484,6 @@ class _GridSearchTuner:
                 return params
             self._epoch = self._new_epoch() if self._refine() else None
         return None
-
-    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
-        """Results do not steer grid search."""
 
     def _refine(self) -> bool:
         """Start the next epoch; False when the whole space has been offered."""
@@ -474,33 +494,3 @@ class _GridSearchTuner:
             if any(added):
                 return True
         return False
-
-
-def create_tuner(name: str, class_args: dict[str, Any] | None, search_space: dict[str, Any]) -> Tuner:
-    """Build a built-in tuner from the experiment config's `tuner` section and `searchSpace`.
-
-    Bad classArgs raise a plain ValueError whose message starts at the classArg itself, because the
-    config loader prefixes it with `tuner.classArgs:`.
-    """
-    space = _parse_space(search_space)
-    canonical = {tuner.lower(): tuner for tuner in SUPPORTED_TUNERS}.get(str(name).lower())
-    if canonical is None:
-        raise UnknownTunerError(f"unknown tuner {name!r}: supported tuners are {', '.join(SUPPORTED_TUNERS)}")
-    args = {} if class_args is None else class_args
-    if not isinstance(args, dict):
-        raise ValueError(f"expected a mapping of classArg names to values; got {_show(args)}")
-    accepted = _CLASS_ARGS[canonical]
-    for key in args:
-        if key not in accepted:
-            raise ValueError(
-                f"unknown classArg {key!r} for tuner {canonical}; accepted classArgs are {', '.join(accepted)}"
-            )
-    optimize_mode = args.get("optimize_mode", "maximize")
-    if optimize_mode not in _OPTIMIZE_MODES:
-        raise ValueError(f"optimize_mode: expected one of {', '.join(_OPTIMIZE_MODES)}; got {_show(optimize_mode)}")
-    if canonical == "GridSearch":
-        return _GridSearchTuner(space, optimize_mode)
-    seed = args.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise ValueError(f"seed: expected an integer; got {_show(seed)}")
-    return _RandomTuner(space, seed, optimize_mode)

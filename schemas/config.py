@@ -65,17 +65,22 @@ IndexList = Annotated[list[Annotated[int, Field(ge=0)]], BeforeValidator(_int_li
 
 
 class AlgorithmConfig(NniConfigModel):
+    """A tuner, assessor or advisor: a built-in `name`, or NNI v2's customized algorithm, a
+    `className` (module.Class) found in `codeDirectory`."""
+
     name: str | None = None
     class_name: str | None = None
     code_directory: str | None = None
     class_args: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _builtin_only(self) -> AlgorithmConfig:
-        if self.name is None:
-            raise ValueError("'name' is required: give a built-in algorithm name such as Random")
-        if self.class_name or self.code_directory:
-            raise ValueError("custom algorithms (className/codeDirectory) are not supported: use a built-in name")
+    def _named_once(self) -> AlgorithmConfig:
+        if self.name is None and self.class_name is None:
+            raise ValueError(
+                "give 'name' (a built-in such as TPE) or 'className' with 'codeDirectory' (a custom algorithm)"
+            )
+        if self.name is not None and (self.class_name or self.code_directory):
+            raise ValueError("give either 'name' (built-in) or 'className' and 'codeDirectory' (custom), not both")
         return self
 
 
@@ -116,8 +121,9 @@ class ExperimentConfig(NniConfigModel):
     max_trial_number: int | None = Field(None, ge=1)
     max_trial_duration: Duration | None = None
     max_trial_retries: int = Field(0, ge=0)  # trialstream: new attempts of a trial whose worker was lost
-    tuner: AlgorithmConfig = AlgorithmConfig(name="Random")
+    tuner: AlgorithmConfig | None = None
     assessor: AlgorithmConfig | None = None
+    advisor: AlgorithmConfig | None = None  # NNI's older key for Hyperband and BOHB; same as `tuner`
     training_service: dict[str, Any] | list[dict[str, Any]]
     experiment_working_directory: str | None = None
     nni_manager_ip: str | None = None
@@ -128,13 +134,21 @@ class ExperimentConfig(NniConfigModel):
 
     @model_validator(mode="after")
     def _supported(self) -> ExperimentConfig:
-        if self.assessor is not None:
-            raise ValueError("assessor: assessors are not supported yet; remove the 'assessor' section")
+        if self.advisor is not None and (self.tuner is not None or self.assessor is not None):
+            raise ValueError("advisor: an advisor is both tuner and assessor; remove 'tuner' and 'assessor'")
         if self.use_annotation:
-            raise ValueError("useAnnotation: NNI annotations are not supported; use the nni API in the trial")
+            raise ValueError(
+                "useAnnotation: NNI 3.0 no longer ships its annotation tool, so annotated trial code cannot "
+                "run; call nni.get_next_parameter() and nni.report_final_result() in the trial instead"
+            )
         if self.search_space is not None and self.search_space_file is not None:
             raise ValueError("give either searchSpace or searchSpaceFile, not both")
         return self
+
+    @property
+    def tuner_section(self) -> AlgorithmConfig:
+        """The tuner (or advisor) that proposes trials: Random when the config names none."""
+        return self.advisor or self.tuner or AlgorithmConfig(name="Random")
 
     @property
     def training_services(self) -> list[dict[str, Any]]:

@@ -57,6 +57,17 @@ class ExperimentImported(BaseEvent):
     v: Literal[1] = 1
 
 
+class TrialsRequested(BaseEvent):
+    """The runner asked the tuner for `count` parameter sets, having given it every event of the log up
+    to `seen`. With the events it already holds, the log thus has every input of the tuner in order:
+    `resume` rebuilds the tuner by replaying them."""
+
+    type: Literal["TrialsRequested"] = "TrialsRequested"
+    v: Literal[1] = 1
+    count: int = Field(ge=1)
+    seen: str
+
+
 class ClusterMetadataSet(BaseEvent):
     type: Literal["ClusterMetadataSet"] = "ClusterMetadataSet"
     v: Literal[1] = 1
@@ -207,6 +218,7 @@ Event = Annotated[
     | ExperimentResumed
     | ExperimentImported
     | ClusterMetadataSet
+    | TrialsRequested
     | TrialSubmitted
     | TrialDeferred
     | TrialRequeued

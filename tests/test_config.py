@@ -127,7 +127,8 @@ def test_full_nni_v2_config_loads(tmp_path: Path) -> None:
 def test_minimal_config_takes_nni_defaults(tmp_path: Path) -> None:
     spec = load(tmp_path, minimal())
 
-    assert spec.config.tuner.name == "Random"
+    assert spec.config.tuner is None
+    assert spec.config.tuner_section.name == "Random"
     assert spec.config.max_experiment_duration is None
     assert spec.code_directory == tmp_path.resolve()  # trialCodeDirectory defaults to "."
     assert spec.platform == LocalConfig()
@@ -402,25 +403,30 @@ def test_hybrid_list_of_platforms_is_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_unknown_tuner_names_tuner_name_and_lists_supported_tuners(tmp_path: Path) -> None:
-    message = rejection(tmp_path, minimal(tuner={"name": "TPE"}))
+    message = rejection(tmp_path, minimal(tuner={"name": "TPEE"}))
 
     (line,) = problem_lines(message, tmp_path / "config.yml")
-    assert line.startswith("tuner.name: ")
-    assert "'TPE'" in line
-    assert "Random" in line
-    assert "GridSearch" in line
+    assert line.startswith("tuner.name: unknown tuner 'TPEE': supported tuners are Random, GridSearch, TPE, ")
+    assert "Hyperband" in line
 
 
-def test_tuner_without_a_name_is_rejected(tmp_path: Path) -> None:
+def test_an_assessor_is_not_a_tuner_and_a_tuner_not_an_assessor(tmp_path: Path) -> None:
+    message = rejection(tmp_path, minimal(tuner={"name": "Medianstop"}))
+    assert problem_lines(message, tmp_path / "config.yml") == ["tuner.name: Medianstop is an assessor, not a tuner"]
+    message = rejection(tmp_path, minimal(assessor={"name": "TPE"}))
+    assert problem_lines(message, tmp_path / "config.yml") == ["assessor.name: TPE is a tuner, not an assessor"]
+
+
+def test_tuner_without_a_name_or_class_is_rejected(tmp_path: Path) -> None:
     message = rejection(tmp_path, minimal(tuner={"classArgs": {"seed": 1}}))
 
-    assert "'name' is required" in message
+    assert "tuner: give 'name' (a built-in such as TPE) or 'className' with 'codeDirectory'" in message
 
 
-def test_custom_tuner_class_is_refused(tmp_path: Path) -> None:
-    message = rejection(tmp_path, minimal(tuner={"name": "Mine", "className": "my.Tuner", "codeDirectory": "."}))
+def test_a_name_and_a_class_name_together_are_rejected(tmp_path: Path) -> None:
+    message = rejection(tmp_path, minimal(tuner={"name": "TPE", "className": "my.Tuner", "codeDirectory": "."}))
 
-    assert "custom algorithms (className/codeDirectory) are not supported" in message
+    assert "give either 'name' (built-in) or 'className' and 'codeDirectory' (custom), not both" in message
 
 
 def test_unknown_class_arg_is_named_under_tuner_class_args(tmp_path: Path) -> None:
@@ -429,16 +435,38 @@ def test_unknown_class_arg_is_named_under_tuner_class_args(tmp_path: Path) -> No
     assert problem_lines(message, tmp_path / "config.yml")[0].startswith("tuner.classArgs: unknown classArg 'seeed'")
 
 
-def test_assessor_section_is_refused_clearly(tmp_path: Path) -> None:
-    message = rejection(tmp_path, minimal(assessor={"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}}))
+def test_an_nni_tuner_class_arg_is_checked_against_its_class(tmp_path: Path) -> None:
+    message = rejection(tmp_path, minimal(tuner={"name": "TPE", "classArgs": {"optimise_mode": "minimize"}}))
 
-    assert "assessor: assessors are not supported yet; remove the 'assessor' section" in message
+    assert problem_lines(message, tmp_path / "config.yml") == [
+        "tuner.classArgs: unknown classArg 'optimise_mode' for TPE; accepted classArgs are optimize_mode, seed, tpe_args"
+    ]
+
+
+def test_nni_own_class_arg_checks_give_their_message(tmp_path: Path) -> None:
+    message = rejection(tmp_path, minimal(tuner={"name": "Evolution", "classArgs": {"population_size": "many"}}))
+
+    (line,) = problem_lines(message, tmp_path / "config.yml")
+    assert line.startswith("tuner.classArgs: Evolution: ")
+    assert "population_size" in line
+
+
+def test_an_advisor_goes_under_tuner_or_advisor_but_takes_no_assessor(tmp_path: Path) -> None:
+    hyperband = {"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "optimize_mode": "maximize"}}
+    assert load(tmp_path, minimal(advisor=hyperband)).config.tuner_section.name == "Hyperband"
+    message = rejection(tmp_path, minimal(advisor=hyperband, tuner={"name": "TPE"}))
+    assert "advisor: an advisor is both tuner and assessor; remove 'tuner' and 'assessor'" in message
+    message = rejection(tmp_path, minimal(tuner=hyperband, assessor={"name": "Medianstop"}))
+    assert problem_lines(message, tmp_path / "config.yml") == [
+        "assessor: Hyperband is an advisor, which early-stops trials itself"
+    ]
 
 
 def test_use_annotation_is_refused_clearly(tmp_path: Path) -> None:
     message = rejection(tmp_path, minimal(useAnnotation=True))
 
-    assert "useAnnotation: NNI annotations are not supported" in message
+    assert "useAnnotation: NNI 3.0 no longer ships its annotation tool" in message
+    assert "nni.get_next_parameter()" in message
 
 
 # ---------------------------------------------------------------- GPUs

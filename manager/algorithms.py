@@ -1,0 +1,281 @@
+"""Tuners, advisors and assessors by NNI's names, or custom ones from a code directory.
+
+Random and GridSearch are native (no `nni` needed); every other built-in is NNI's own class from
+the `nni` package, under the name NNI's table (`nni/runtime/default_config/builtin_algorithms.yml`)
+gives it. A config is checked here before anything runs: an unknown name, a class argument the
+class does not take, or a missing package is refused with the fix (`pip install ...`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from manager.tuners import OPTIMIZE_MODES
+from schemas.config import AlgorithmConfig
+
+Role = Literal["tuner", "assessor"]
+Kind = Literal["tuner", "advisor", "assessor"]
+
+_HPO = "nni.algorithms.hpo"
+NNI_PIP = "pip install nni"
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """One built-in algorithm: where its class is, and what it needs installed."""
+
+    name: str
+    target: str  # module.Class
+    kind: Kind
+    pip: str = NNI_PIP  # what installs everything it imports
+    aliases: tuple[str, ...] = ()
+    fixed_args: dict[str, Any] = field(default_factory=dict)  # NNI's table sets these; users cannot
+    validator: str | None = None  # NNI's classArgsValidator, run on the user's classArgs
+    own_space: bool = False  # builds its own search space: an empty searchSpace is fine
+    unavailable: str | None = None  # why it cannot work here, whatever is installed
+
+
+def _nni(name: str, target: str, kind: Kind = "tuner", **extra: Any) -> Builtin:
+    return Builtin(name, f"{_HPO}.{target}", kind, **extra)
+
+
+BUILTINS: tuple[Builtin, ...] = (
+    Builtin("Random", "manager.tuners.RandomTuner", "tuner", pip=""),
+    Builtin("GridSearch", "manager.tuners.GridSearchTuner", "tuner", pip=""),
+    _nni("TPE", "tpe_tuner.TpeTuner"),
+    _nni(
+        "Anneal",
+        "hyperopt_tuner.HyperoptTuner",
+        pip="pip install nni hyperopt",
+        fixed_args={"algorithm_name": "anneal"},
+        validator="hyperopt_tuner.HyperoptClassArgsValidator",
+    ),
+    _nni("Evolution", "evolution_tuner.EvolutionTuner", validator="evolution_tuner.EvolutionClassArgsValidator"),
+    _nni("BatchTuner", "batch_tuner.BatchTuner", aliases=("Batch",)),
+    _nni(
+        "Hyperband", "hyperband_advisor.Hyperband", "advisor", validator="hyperband_advisor.HyperbandClassArgsValidator"
+    ),
+    _nni(
+        "BOHB",
+        "bohb_advisor.BOHB",
+        "advisor",
+        pip="pip install nni 'ConfigSpace<1' statsmodels",
+        validator="bohb_advisor.BOHBClassArgsValidator",
+    ),
+    _nni(
+        "SMAC",
+        "smac_tuner.SMACTuner",
+        pip="pip install nni 'smac<1'",
+        validator="smac_tuner.SMACClassArgsValidator",
+        unavailable="NNI's SMAC tuner needs smac 0.x, whose pyrfr does not build on Python 3.11",
+    ),
+    _nni("Metis", "metis_tuner.MetisTuner", aliases=("MetisTuner",), validator="metis_tuner.MetisClassArgsValidator"),
+    _nni("GP", "gp_tuner.GPTuner", aliases=("GPTuner",), validator="gp_tuner.GPClassArgsValidator"),
+    _nni("PBT", "pbt_tuner.PBTTuner", aliases=("PBTTuner",), validator="pbt_tuner.PBTClassArgsValidator"),
+    _nni(
+        "DNGO",
+        "dngo_tuner.DNGOTuner",
+        aliases=("DNGOTuner",),
+        pip="pip install nni torch pybnn",
+        validator="dngo_tuner.DNGOClassArgsValidator",
+    ),
+    _nni(
+        "RegularizedEvolution",
+        "regularized_evolution_tuner.RegularizedEvolutionTuner",
+        aliases=("RegularizedEvolutionTuner",),
+        validator="regularized_evolution_tuner.EvolutionClassArgsValidator",
+    ),
+    _nni(
+        "NetworkMorphism",
+        "networkmorphism_tuner.NetworkMorphismTuner",
+        pip="pip install nni torch",
+        validator="networkmorphism_tuner.NetworkMorphismClassArgsValidator",
+        own_space=True,
+    ),
+    _nni(
+        "PPO",
+        "ppo_tuner.PPOTuner",
+        aliases=("PPOTuner",),
+        pip="pip install nni gym",
+        validator="ppo_tuner.PPOClassArgsValidator",
+    ),
+    _nni(
+        "Medianstop",
+        "medianstop_assessor.MedianstopAssessor",
+        "assessor",
+        validator="medianstop_assessor.MedianstopClassArgsValidator",
+    ),
+    _nni(
+        "Curvefitting",
+        "curvefitting_assessor.CurvefittingAssessor",
+        "assessor",
+        validator="curvefitting_assessor.CurvefittingClassArgsValidator",
+    ),
+)
+
+
+class AlgorithmError(ValueError):
+    """A tuner or assessor section that cannot work; `key` is the offending key within the section."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A checked algorithm section: its class, the arguments to build it with, and how it is driven."""
+
+    label: str  # NNI's name, or the custom className
+    cls: type
+    class_args: dict[str, Any]
+    kind: Kind
+    own_space: bool
+
+    @property
+    def optimize_mode(self) -> str:
+        """The direction results are better in: the classArg, else the class's own default."""
+        mode = self.class_args.get("optimize_mode")
+        if mode is None:
+            default = _parameters(self.cls).get("optimize_mode")
+            mode = default.default if default is not None and isinstance(default.default, str) else "maximize"
+        return str(mode)
+
+    def build(self) -> Any:
+        return self.cls(**self.class_args)
+
+
+def names(role: Role) -> list[str]:
+    """The built-in names usable as `role`, as NNI spells them."""
+    kinds = ("tuner", "advisor") if role == "tuner" else ("assessor",)
+    return [builtin.name for builtin in BUILTINS if builtin.kind in kinds]
+
+
+def find_builtin(name: str, role: Role) -> Builtin:
+    wanted = name.lower()
+    for builtin in BUILTINS:
+        if wanted in (builtin.name.lower(), *(alias.lower() for alias in builtin.aliases)):
+            if (builtin.kind == "assessor") != (role == "assessor"):
+                raise AlgorithmError("name", f"{builtin.name} is {_a(builtin.kind)}, not {_a(role)}")
+            return builtin
+    raise AlgorithmError("name", f"unknown {role} {name!r}: supported {role}s are {', '.join(names(role))}")
+
+
+def resolve(section: AlgorithmConfig, role: Role, defaults: dict[str, Any] | None = None) -> Algorithm:
+    """Import the section's class and check its classArgs, without building it.
+
+    `defaults` fill classArgs the user left out and the class takes (PBT's checkpoint directory)."""
+    args = section.class_args or {}
+    if section.class_name is not None:
+        cls = _custom_class(section.class_name, section.code_directory)
+        kind: Kind = "assessor" if role == "assessor" else "advisor" if _is_advisor(cls) else "tuner"
+        return Algorithm(section.class_name, cls, _checked_args(cls, args, {}, section.class_name), kind, True)
+    builtin = find_builtin(section.name or "", role)
+    if builtin.unavailable:
+        raise AlgorithmError("name", f"{builtin.name} cannot run here: {builtin.unavailable}")
+    cls = _import(builtin.target, builtin.pip, f"{builtin.name} needs")
+    checked = _checked_args(cls, args, builtin.fixed_args, builtin.name)
+    _nni_validation(builtin, args)
+    accepted = _parameters(cls)
+    for key, value in (defaults or {}).items():
+        if key in accepted and checked.get(key) is None:
+            checked[key] = value
+    return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space)
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _import(target: str, pip: str, needs: str) -> type:
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = (error.name or str(error)).split(".")[0]
+        fix = pip or f"pip install {missing}"
+        raise AlgorithmError("name", f"{needs} the {missing!r} package, which is not installed: {fix}") from None
+    except Exception as error:
+        raise AlgorithmError("name", f"{needs} {module_name}, which fails to import here: {error!r}") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise AlgorithmError("className", f"{module_name} has no class {class_name!r}")
+    return cls
+
+
+def _custom_class(class_name: str, code_directory: str | None) -> type:
+    """NNI v2's customized algorithm: `className` is `module.Class` inside `codeDirectory`."""
+    module_name, _, short = class_name.rpartition(".")
+    if not module_name or not short:
+        raise AlgorithmError("className", f"expected module.Class (a module in codeDirectory); got {class_name!r}")
+    if code_directory is None:
+        raise AlgorithmError("codeDirectory", "required with className: the directory holding the module")
+    directory = Path(code_directory).expanduser().resolve()
+    if not directory.is_dir():
+        raise AlgorithmError("codeDirectory", f"{directory} is not a directory")
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    importlib.invalidate_caches()
+    module_path = directory / Path(*module_name.split("."))
+    if not (module_path.with_suffix(".py").is_file() or (module_path / "__init__.py").is_file()):
+        raise AlgorithmError("className", f"no module {module_name!r} in {directory}")
+    return _import(class_name, "", f"{class_name} needs")
+
+
+def _is_advisor(cls: type) -> bool:
+    """An advisor drives itself through NNI's dispatcher commands instead of the Tuner interface."""
+    return any(base.__name__ == "MsgDispatcherBase" for base in cls.__mro__)
+
+
+def _parameters(cls: type) -> dict[str, inspect.Parameter]:
+    signature = inspect.signature(cls)
+    return {name: p for name, p in signature.parameters.items() if p.kind is not p.VAR_POSITIONAL}
+
+
+def _checked_args(cls: type, args: dict[str, Any], fixed: dict[str, Any], label: str) -> dict[str, Any]:
+    parameters = _parameters(cls)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    accepted = [name for name, p in parameters.items() if p.kind is not p.VAR_KEYWORD and name not in fixed]
+    for key in args:
+        if key in fixed or (key not in accepted and not takes_any):
+            what = f"accepted classArgs are {', '.join(accepted)}" if accepted else "it takes no classArgs"
+            raise AlgorithmError("classArgs", f"unknown classArg {key!r} for {label}; {what}")
+    mode = args.get("optimize_mode")
+    if mode is not None and mode not in OPTIMIZE_MODES:
+        raise AlgorithmError("classArgs", f"optimize_mode: expected one of {', '.join(OPTIMIZE_MODES)}; got {mode!r}")
+    required = [
+        name
+        for name, p in parameters.items()
+        if p.default is p.empty and p.kind not in (p.VAR_KEYWORD,) and name not in args and name not in fixed
+    ]
+    if required:
+        raise AlgorithmError("classArgs", f"{label} needs classArgs {', '.join(required)}")
+    return {**fixed, **args}
+
+
+def _nni_validation(builtin: Builtin, args: dict[str, Any]) -> None:
+    """NNI's own classArgs checks (value ranges, types), with NNI's message."""
+    if builtin.validator is None:
+        return
+    validator_cls = _import(f"{_HPO}.{builtin.validator}", builtin.pip, f"{builtin.name} needs")
+    try:
+        validator_cls().validate_class_args(**args)
+    except Exception as error:
+        raise AlgorithmError("classArgs", f"{builtin.name}: {error}") from None
+
+
+def is_no_more_trials(error: BaseException) -> bool:
+    """NNI's NoMoreTrialError, recognised without importing nni (native tuners never raise it)."""
+    return type(error).__name__ == "NoMoreTrialError"
+
+
+def create_tuner(name: str, class_args: dict[str, Any] | None, search_space: dict[str, Any]) -> Any:
+    """A built-in tuner, built and given the search space: what the dispatcher starts from."""
+    tuner = resolve(AlgorithmConfig(name=name, class_args=class_args), "tuner").build()
+    tuner.update_search_space(search_space)
+    return tuner

@@ -1,0 +1,246 @@
+"""NNI's dispatcher, in process: the runner's inputs become the calls NNI's msg_dispatcher makes.
+
+NNI's manager talks to its dispatcher in commands (RequestTrialJobs, ReportMetricData, TrialEnd)
+and gets commands back (NewTrialJob, NoMoreTrialJobs, KillTrialJob). The runner does the same
+through `Dispatcher`: a tuner (with an optional assessor) is driven as NNI's MsgDispatcher drives
+it, and an advisor (Hyperband, BOHB) handles the commands itself. Outputs may come from any input:
+PBT and the advisors hand out parameter sets later, when results arrive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from manager.algorithms import Algorithm, is_no_more_trials
+from schemas.trial import metric_score
+
+
+@dataclass(frozen=True)
+class NewTrial:
+    """A parameter set to run: NNI's NEW_TRIAL_JOB."""
+
+    parameter_id: Any  # int from a tuner, a string such as '0_0_0' from Hyperband
+    parameters: Any
+    source: str = "algorithm"
+
+    @property
+    def hyper_parameters(self) -> str:
+        """The JSON trials read (`parameter_id`, `parameter_source`, `parameters`, `parameter_index`)."""
+        return json.dumps(
+            {
+                "parameter_id": self.parameter_id,
+                "parameter_source": self.source,
+                "parameters": self.parameters,
+                "parameter_index": 0,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class NoMoreTrials:
+    """The tuner had nothing (for now) for the last request: NNI's NO_MORE_TRIAL_JOBS."""
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """The assessor judged the trial Bad: NNI's KILL_TRIAL_JOB, with why."""
+
+    trial_id: str
+    reason: str
+
+
+Output = NewTrial | NoMoreTrials | EarlyStop
+
+
+class Dispatcher(Protocol):
+    def initialize(self, search_space: dict[str, Any]) -> list[Output]: ...
+
+    def request_trials(self, count: int) -> list[Output]: ...
+
+    def final_result(self, trial_id: str, parameter_id: Any, value: Any) -> list[Output]: ...
+
+    def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]: ...
+
+    def trial_end(self, trial_id: str, parameter_id: Any, status: str) -> list[Output]: ...
+
+    def ran(self, parameter_id: Any, parameters: Any) -> None:
+        """Replay: the parameters the log says the trial ran with, whatever the tuner proposes now."""
+
+
+class TunerDispatcher:
+    """NNI's MsgDispatcher semantics for a Tuner and an optional Assessor, with ids of our own."""
+
+    def __init__(self, tuner: Any, assessor: Any = None, assessor_name: str = "") -> None:
+        self.tuner = tuner
+        self.assessor = assessor
+        self.assessor_name = assessor_name
+        self._next_parameter_id = 0
+        self._parameters: dict[Any, Any] = {}
+        self._histories: dict[str, dict[int, Any]] = {}  # trial -> sequence -> intermediate value
+        self._ended: set[str] = set()
+        self._outputs: list[Output] = []
+
+    def initialize(self, search_space: dict[str, Any]) -> list[Output]:
+        self.tuner.update_search_space(search_space)
+        return []
+
+    def request_trials(self, count: int) -> list[Output]:
+        ids = list(range(self._next_parameter_id, self._next_parameter_id + count))
+        self._next_parameter_id += count
+        with self._collecting() as outputs:
+            try:
+                generated = self.tuner.generate_multiple_parameters(ids, st_callback=self._new_trial)
+            except Exception as error:
+                if not is_no_more_trials(error):
+                    raise
+                generated = []
+            for parameter_id, parameters in zip(ids, generated, strict=False):
+                self._new_trial(parameter_id, parameters)
+            if len(generated) < count:
+                outputs.append(NoMoreTrials())
+        return outputs
+
+    def final_result(self, trial_id: str, parameter_id: Any, value: Any) -> list[Output]:
+        """NNI's tuners take the reported value as it is (a dict's `default` is theirs to read); one
+        without a number there is not given to them, since every built-in would fail on it."""
+        if parameter_id not in self._parameters or metric_score(value) is None:
+            return []
+        with self._collecting() as outputs:
+            self.tuner.receive_trial_result(
+                parameter_id, self._parameters[parameter_id], value, customized=False, trial_job_id=trial_id
+            )
+        return outputs
+
+    def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]:
+        """As NNI: the assessor sees the trial's results in sequence order, once none is missing."""
+        if self.assessor is None or trial_id in self._ended:
+            return []
+        history = self._histories.setdefault(trial_id, {})
+        history[sequence] = value
+        ordered: list[Any] = []
+        while len(ordered) in history:
+            ordered.append(history[len(ordered)])
+        if len(ordered) < sequence:
+            return []
+        verdict = self.assessor.assess_trial(trial_id, ordered)
+        if verdict is False or getattr(verdict, "name", None) == "Bad":
+            self._ended.add(trial_id)  # one kill is enough; further results are the dying trial's
+            reason = (
+                f"early-stopped by the {self.assessor_name} assessor after intermediate result "
+                f"#{len(ordered)} ({json.dumps(ordered[-1])})"
+            )
+            return [EarlyStop(trial_id, reason)]
+        return []
+
+    def trial_end(self, trial_id: str, parameter_id: Any, status: str) -> list[Output]:
+        success = status == "SUCCEEDED"
+        self._ended.add(trial_id)
+        if self._histories.pop(trial_id, None) is not None and self.assessor is not None:
+            self.assessor.trial_end(trial_id, success)
+        if parameter_id not in self._parameters:
+            return []
+        with self._collecting() as outputs:
+            self.tuner.trial_end(parameter_id, success)
+        return outputs
+
+    def ran(self, parameter_id: Any, parameters: Any) -> None:
+        self._parameters[parameter_id] = parameters
+
+    def _new_trial(self, parameter_id: Any, parameters: Any) -> None:
+        self._parameters[parameter_id] = parameters
+        self._outputs.append(NewTrial(parameter_id, parameters))
+
+    @contextlib.contextmanager
+    def _collecting(self) -> Iterator[list[Output]]:
+        """Gather the NewTrials a call makes, directly or through st_callback (PBT sends later ones so)."""
+        outputs: list[Output] = []
+        self._outputs = outputs
+        yield outputs
+
+
+class AdvisorDispatcher:
+    """An advisor (a subclass of NNI's MsgDispatcherBase) handling NNI's commands itself; what it
+    `send`s is taken as output instead of going to a websocket."""
+
+    def __init__(self, advisor: Any) -> None:
+        self.advisor = advisor
+        self._outputs: list[Output] = []
+        advisor.send = self._receive
+        # trialstream resumes by replay, never by NNI's recovered-parameter path, whose check
+        # compares Hyperband's string ids with an int and fails (TypeError) in NNI 3.0.
+        advisor.is_created_in_previous_exp = lambda parameter_id: False
+
+    def initialize(self, search_space: dict[str, Any]) -> list[Output]:
+        return self._call("handle_initialize", search_space)
+
+    def request_trials(self, count: int) -> list[Output]:
+        return self._call("handle_request_trial_jobs", count)
+
+    def final_result(self, trial_id: str, parameter_id: Any, value: Any) -> list[Output]:
+        if metric_score(value) is None:
+            return []
+        return self._metric(trial_id, parameter_id, "FINAL", 0, value)
+
+    def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]:
+        if metric_score(value) is None:
+            return []
+        return self._metric(trial_id, parameter_id, "PERIODICAL", sequence, value)
+
+    def trial_end(self, trial_id: str, parameter_id: Any, status: str) -> list[Output]:
+        hyper_params = json.dumps({"parameter_id": parameter_id, "parameter_source": "algorithm", "parameters": {}})
+        return self._call("handle_trial_end", {"trial_job_id": trial_id, "event": status, "hyper_params": hyper_params})
+
+    def ran(self, parameter_id: Any, parameters: Any) -> None:
+        """An advisor keeps its configurations to itself: a replay's differences stay with it."""
+
+    def _metric(self, trial_id: str, parameter_id: Any, type_: str, sequence: int, value: Any) -> list[Output]:
+        data = {
+            "parameter_id": parameter_id,
+            "trial_job_id": trial_id,
+            "type": type_,
+            "sequence": sequence,
+            "value": json.dumps(value),
+        }
+        return self._call("handle_report_metric_data", data)
+
+    def _call(self, handler: str, data: Any) -> list[Output]:
+        outputs: list[Output] = []
+        self._outputs = outputs
+        getattr(self.advisor, handler)(data)
+        return outputs
+
+    def _receive(self, command: Any, data: str) -> None:
+        name = getattr(command, "name", str(command))
+        if name == "NewTrialJob":
+            packed = json.loads(data)
+            self._outputs.append(NewTrial(packed["parameter_id"], packed["parameters"]))
+        elif name == "NoMoreTrialJobs":
+            self._outputs.append(NoMoreTrials())
+        elif name == "KillTrialJob":
+            self._outputs.append(EarlyStop(json.loads(data), "stopped by the advisor"))
+
+
+def build_dispatcher(tuner: Algorithm, assessor: Algorithm | None) -> Dispatcher:
+    """The dispatcher for a checked config: built here, in the runner, not while checking the config."""
+    if tuner.kind == "advisor":
+        with _offline_channel():
+            return AdvisorDispatcher(tuner.build())
+    return TunerDispatcher(tuner.build(), assessor.build() if assessor else None, assessor.label if assessor else "")
+
+
+@contextlib.contextmanager
+def _offline_channel() -> Iterator[None]:
+    """NNI's MsgDispatcherBase connects to a websocket when built, unless its URL is a unit-test one.
+    Advisors are driven in process here, so they are built with such a URL and never connect."""
+    from nni.runtime import msg_dispatcher_base  # an advisor is NNI's class: nni is installed
+
+    original = msg_dispatcher_base.dispatcher_env_vars
+    msg_dispatcher_base.dispatcher_env_vars = original._replace(NNI_TUNER_COMMAND_CHANNEL="ws://_unittest_trialstream")
+    try:
+        yield
+    finally:
+        msg_dispatcher_base.dispatcher_env_vars = original
