@@ -274,6 +274,18 @@ def is_no_more_trials(error: BaseException) -> bool:
     return type(error).__name__ == "NoMoreTrialError"
 
 
+def optimize_mode_of(section: AlgorithmConfig) -> str:
+    """The direction an experiment's results are better in, for showing them: its classArg, else its
+    class's default, else maximize (when the class cannot be imported where the results are read)."""
+    mode = (section.class_args or {}).get("optimize_mode")
+    if mode in OPTIMIZE_MODES:
+        return str(mode)
+    try:
+        return resolve(section, "tuner").optimize_mode
+    except AlgorithmError:
+        return "maximize"
+
+
 def create_tuner(name: str, class_args: dict[str, Any] | None, search_space: dict[str, Any]) -> Any:
     """A built-in tuner, built and given the search space: what the dispatcher starts from."""
     tuner = resolve(AlgorithmConfig(name=name, class_args=class_args), "tuner").build()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from manager.algorithms import Algorithm, is_no_more_trials
@@ -36,8 +38,16 @@ class NewTrial:
                 "parameter_source": self.source,
                 "parameters": self.parameters,
                 "parameter_index": 0,
-            }
+            },
+            default=_plain,
         )
+
+
+def _plain(value: Any) -> Any:
+    """NumPy scalars and arrays, which NNI's tuners return and its own `nni.dump` writes as plain JSON."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"parameter value {value!r} of type {type(value).__name__} is not JSON")
 
 
 @dataclass(frozen=True)
@@ -224,8 +234,17 @@ class AdvisorDispatcher:
             self._outputs.append(EarlyStop(json.loads(data), "stopped by the advisor"))
 
 
-def build_dispatcher(tuner: Algorithm, assessor: Algorithm | None) -> Dispatcher:
-    """The dispatcher for a checked config: built here, in the runner, not while checking the config."""
+def build_dispatcher(tuner: Algorithm, assessor: Algorithm | None, log_file: Path | None = None) -> Dispatcher:
+    """The dispatcher for a checked config: built here, in the runner, not while checking the config.
+
+    NNI's classes log to stdout, which is the runner's (`--json` prints the result there): their
+    logs go to `log_file` instead, as NNI's own dispatcher.log."""
+    if log_file is not None and "nni" in sys.modules:
+        from nni.runtime import log
+
+        log.silence_stdout()
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log.start_experiment_logging(log_file.parent.parent.name, log_file, "info")
     if tuner.kind == "advisor":
         with _offline_channel():
             return AdvisorDispatcher(tuner.build())

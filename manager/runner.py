@@ -90,8 +90,9 @@ class Progress:
     started_at: float
     counts: Counter[str] = field(default_factory=Counter)
     best: float | None = None
-    best_trial: str | None = None  # the trial with `best`, in the tuner's optimize_mode direction
+    best_trial: str | None = None  # the trial with `best`
     max_trials: int | None = None
+    optimize_mode: str = "maximize"  # the tuner's: which way `best` is better
 
     @property
     def elapsed_s(self) -> float:
@@ -158,7 +159,12 @@ class ExperimentRunner:
         self.on_progress = on_progress
         tuner, assessor = spec.algorithms(checkpoint_dir=experiment_dir / "checkpoint")
         self.maximize = tuner.optimize_mode != "minimize"
-        self.progress = Progress(experiment_id, time.monotonic() - elapsed_s, max_trials=self.config.max_trial_number)
+        self.progress = Progress(
+            experiment_id,
+            time.monotonic() - elapsed_s,
+            max_trials=self.config.max_trial_number,
+            optimize_mode=tuner.optimize_mode,
+        )
         self._client = client
         self._rq_connection = rq_connection
         self._tuner_algorithms = (tuner, assessor)
@@ -328,7 +334,7 @@ class ExperimentRunner:
         log has no trial for (the runner died before submitting it) is submitted now.
         """
         tuner, assessor = self._tuner_algorithms
-        self._tuner = TunerThread(build_dispatcher(tuner, assessor))
+        self._tuner = TunerThread(build_dispatcher(tuner, assessor, self.experiment_dir / "log" / "dispatcher.log"))
         self._tuner.call("initialize", self.spec.search_space)
         requests = deque(
             entry.event

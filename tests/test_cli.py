@@ -222,7 +222,7 @@ def test_no_worker_serving_the_queue_is_said_clearly(tmp_path: Path, processes: 
     [
         ({"trialConcurency": 2}, "trialConcurency: unknown key"),
         ({"trainingService": {"platform": "nowhere"}}, "unknown platform 'nowhere'; available platforms: local"),
-        ({"tuner": {"name": "TPE"}}, "tuner.name"),
+        ({"tuner": {"name": "TPEE"}}, "tuner.name"),
     ],
 )
 def test_invalid_config_names_the_key(tmp_path: Path, overrides: dict, expected: str) -> None:

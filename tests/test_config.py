@@ -439,7 +439,8 @@ def test_an_nni_tuner_class_arg_is_checked_against_its_class(tmp_path: Path) -> 
     message = rejection(tmp_path, minimal(tuner={"name": "TPE", "classArgs": {"optimise_mode": "minimize"}}))
 
     assert problem_lines(message, tmp_path / "config.yml") == [
-        "tuner.classArgs: unknown classArg 'optimise_mode' for TPE; accepted classArgs are optimize_mode, seed, tpe_args"
+        "tuner.classArgs: unknown classArg 'optimise_mode' for TPE; "
+        "accepted classArgs are optimize_mode, seed, tpe_args"
     ]
 
 

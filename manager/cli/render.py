@@ -33,11 +33,19 @@ def note(message: str) -> None:
 
 def progress_table(progress: Progress) -> Table:
     table = Table(title=Text(f"experiment {progress.experiment_id}"), title_justify="left", show_edge=False)
-    for column in ("waiting", "running", "succeeded", "failed", "stopped", "best", "elapsed"):
+    for column in (
+        "waiting",
+        "running",
+        "succeeded",
+        "failed",
+        "stopped",
+        f"best ({progress.optimize_mode})",
+        "elapsed",
+    ):
         table.add_column(column, justify="right")
     counts = progress.counts
     stopped = counts["USER_CANCELED"] + counts["SYS_CANCELED"] + counts["EARLY_STOPPED"]
-    best = "-" if progress.best is None else f"{progress.best:.6g}"
+    best = "-" if progress.best is None else f"{progress.best:.6g} ({progress.best_trial})"
     table.add_row(
         str(counts["WAITING"]),
         str(counts["RUNNING"] + counts["UNKNOWN"]),

@@ -6,9 +6,12 @@ import argparse
 import json
 
 from core.settings import Settings
+from manager.algorithms import optimize_mode_of
 from manager.cli import render
 from manager.cli.access import opened_experiment
 from manager.replay import describe, read_log
+from schemas.config import ExperimentConfig
+from schemas.trial import TrialJobDetail, metric_score
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -26,17 +29,35 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--json", action="store_true")
         if name == "show":
             sub.add_argument("--history", action="store_true", help="also every event of the trial, in log order")
+        if name == "list":
+            sub.add_argument(
+                "--sort",
+                choices=("sequence", "metric"),
+                default="sequence",
+                help="metric: best first, in the tuner's optimize_mode (trials without a result last)",
+            )
         sub.set_defaults(handler=handler)
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
     with opened_experiment(settings, args.experiment) as (service, experiment_id):
         trials = service.list_trial_jobs()
+        if args.sort == "metric":
+            config = ExperimentConfig.model_validate(service.experiment_view().config)
+            trials = by_metric(trials, optimize_mode_of(config.tuner_section))
     if args.json:
         print(json.dumps([json.loads(trial.to_json()) for trial in trials]))
     else:
         render.print_trials(trials, title=f"experiment {experiment_id}")
     return 0
+
+
+def by_metric(trials: list[TrialJobDetail], optimize_mode: str) -> list[TrialJobDetail]:
+    """Best result first in `optimize_mode`'s direction; trials without a numeric result after them."""
+    sign = -1.0 if optimize_mode == "maximize" else 1.0
+    scored = [(metric_score(trial.final_metric), trial) for trial in trials]
+    ranked = sorted((pair for pair in scored if pair[0] is not None), key=lambda pair: sign * (pair[0] or 0.0))
+    return [trial for _, trial in ranked] + [trial for score, trial in scored if score is None]
 
 
 def _show(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,0 +1,243 @@
+"""Every built-in tuner and assessor runs a short experiment end to end: NNI's own classes from the
+real `nni` package, a real worker, real trial processes. One whose extra is missing is refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from manager.algorithms import BUILTINS, AlgorithmError, resolve
+from manager.config import load_experiment_config
+from manager.runner import ExperimentResult, ExperimentRunner
+from schemas.config import AlgorithmConfig
+from tests.conftest import Processes
+
+QUADRATIC_TRIAL = """
+import json, os, trialstream_sdk as nni
+params = nni.get_next_parameter()
+with open(os.path.join(os.environ["NNI_OUTPUT_DIR"], "params.json"), "w") as out:
+    json.dump(params, out)
+x = params.get("x", 0.5)
+for step in range(2):
+    nni.report_intermediate_result((x - 0.3) ** 2 + 1 - step)
+nni.report_final_result({"default": (x - 0.3) ** 2, "x": x})
+"""
+
+SPACE: dict[str, Any] = {
+    "x": {"_type": "uniform", "_value": [0, 1]},
+    "c": {"_type": "choice", "_value": [1, 2, 3]},
+}
+
+
+@pytest.fixture
+def served(processes: Processes) -> Processes:
+    processes.projector()
+    processes.worker(args=("--concurrency", "4"))
+    return processes
+
+
+def run_experiment(
+    tmp_path: Path,
+    client: redis.Redis,
+    rq_connection: redis.Redis,
+    trial: str = QUADRATIC_TRIAL,
+    **config: Any,
+) -> ExperimentResult:
+    (tmp_path / "trial.py").write_text(trial)
+    full = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "maxExperimentDuration": "5m",
+        "searchSpace": SPACE,
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "trainingService": {"platform": "local"},
+        **config,
+    }
+    (tmp_path / "config.yml").write_text(json.dumps(full))
+    runner = ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
+    return runner.run()
+
+
+def ran_parameters(result: ExperimentResult) -> list[dict[str, Any]]:
+    return [trial["hyperParameters"] for trial in json.loads(result.to_json())["trials"]]
+
+
+def statuses(result: ExperimentResult) -> list[str]:
+    return [str(trial.status) for trial in result.trials]
+
+
+def in_space(parameters: dict[str, Any]) -> bool:
+    return 0 <= parameters["x"] <= 1 and parameters["c"] in (1, 2, 3)
+
+
+def importable(name: str) -> bool:
+    builtin = next(builtin for builtin in BUILTINS if builtin.name == name)
+    try:
+        resolve(AlgorithmConfig(name=name), "assessor" if builtin.kind == "assessor" else "tuner")
+    except AlgorithmError as error:
+        return "not installed" not in str(error) and "cannot run here" not in str(error)
+    return True
+
+
+# Real classArgs for each tuner, small enough for a few trials.
+TUNERS: dict[str, dict[str, Any]] = {
+    "TPE": {"optimize_mode": "minimize", "seed": 1},
+    "Random": {"seed": 2},
+    "Anneal": {"optimize_mode": "minimize"},
+    "Evolution": {"optimize_mode": "minimize", "population_size": 3},
+    "Metis": {"optimize_mode": "minimize", "cold_start_num": 2, "selection_num_starting_points": 5},
+    "GP": {
+        "optimize_mode": "minimize",
+        "cold_start_num": 2,
+        "selection_num_warm_up": 50,
+        "selection_num_starting_points": 3,
+    },
+    "DNGO": {"optimize_mode": "minimize"},
+    "RegularizedEvolution": {"optimize_mode": "minimize", "population_size": 3, "sample_size": 2},
+    "PPO": {"optimize_mode": "minimize", "trials_per_update": 2, "epochs_per_update": 1, "minibatch_size": 2},
+}
+
+
+CHOICES_ONLY = {"x": {"_type": "choice", "_value": [0.1, 0.3, 0.7]}, "c": {"_type": "choice", "_value": [1, 2, 3]}}
+SPACES = {"RegularizedEvolution": CHOICES_ONLY}  # it takes choices only, as NNI documents
+
+
+@pytest.mark.parametrize("name", sorted(TUNERS))
+def test_a_builtin_tuner_runs_an_experiment(
+    name: str, tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    if not importable(name):
+        pytest.skip(f"{name}'s extra is not installed; test_a_tuner_with_a_missing_extra_is_refused covers it")
+    tuner = {"name": name, "classArgs": TUNERS[name]}
+    result = run_experiment(tmp_path, client, rq_connection, tuner=tuner, searchSpace=SPACES.get(name, SPACE))
+
+    assert statuses(result) == ["SUCCEEDED"] * 4, served.logs()
+    assert all(in_space(parameters) for parameters in ran_parameters(result))
+
+
+def test_the_tuner_receives_the_default_of_a_dict_metric_and_the_best_follows_optimize_mode(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    tuner = {"name": "TPE", "classArgs": {"optimize_mode": "minimize", "seed": 3}}
+    runner_result = run_experiment(tmp_path, client, rq_connection, tuner=tuner)
+    finals = [(trial.final_metric["default"], trial.id) for trial in runner_result.trials]
+    assert len(finals) == 4
+    # `trials list --sort metric` ranks in the tuner's direction: smallest first for minimize
+    from manager.cli.trials import by_metric
+
+    ranked = by_metric(runner_result.trials, "minimize")
+    assert [trial.id for trial in ranked] == [trial_id for _, trial_id in sorted(finals)]
+
+
+def test_batch_tuner_runs_each_listed_set_once_then_the_search_ends(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    """NNI's BatchTuner example: a choice of plain dicts, each run as a whole parameter set; then
+    no-more-trials ends the search without error."""
+    sets = [{"x": 0.1, "c": 1}, {"x": 0.5, "c": 2}, {"x": 0.9, "c": 3}]
+    result = run_experiment(
+        tmp_path,
+        client,
+        rq_connection,
+        searchSpace={"combine_params": {"_type": "choice", "_value": sets}},
+        tuner={"name": "BatchTuner"},
+        maxTrialNumber=10,
+    )
+    assert statuses(result) == ["SUCCEEDED"] * 3
+    assert sorted(ran_parameters(result), key=lambda p: p["x"]) == sets
+
+
+def test_grid_search_runs_out_and_the_experiment_is_done(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    result = run_experiment(
+        tmp_path,
+        client,
+        rq_connection,
+        searchSpace={"c": {"_type": "choice", "_value": [1, 2, 3]}},
+        tuner={"name": "GridSearch"},
+        maxTrialNumber=10,
+    )
+    assert sorted(p["c"] for p in ran_parameters(result)) == [1, 2, 3]
+
+
+def test_hyperband_hands_out_trial_budgets_and_promotes_the_best(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    """An advisor: its parameter ids are its own ('0-1_0_0'), and each set carries TRIAL_BUDGET."""
+    result = run_experiment(
+        tmp_path,
+        client,
+        rq_connection,
+        advisor={"name": "Hyperband", "classArgs": {"optimize_mode": "minimize", "R": 3, "eta": 3}},
+        maxTrialNumber=6,
+    )
+    assert statuses(result) == ["SUCCEEDED"] * 6
+    parameters = ran_parameters(result)
+    assert all("TRIAL_BUDGET" in p for p in parameters)
+    budgets = [p["TRIAL_BUDGET"] for p in parameters]
+    assert max(budgets) > min(budgets)  # a later rung runs the survivors with more budget
+    ids = [json.loads(trial.form.hyper_parameters.value)["parameter_id"] for trial in result.trials]
+    assert all(isinstance(parameter_id, str) and parameter_id.count("_") == 2 for parameter_id in ids)
+
+
+def test_pbt_runs_generations_that_load_the_checkpoints_of_the_last(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    trial = """
+import os, trialstream_sdk as nni
+p = nni.get_next_parameter()
+load, save = p["load_checkpoint_dir"], p["save_checkpoint_dir"]
+previous = float(open(os.path.join(load, "score")).read()) if os.path.exists(os.path.join(load, "score")) else 0.0
+os.makedirs(save, exist_ok=True)
+score = previous + p["x"]
+open(os.path.join(save, "score"), "w").write(str(score))
+nni.report_final_result(score)
+"""
+    result = run_experiment(
+        tmp_path,
+        client,
+        rq_connection,
+        trial=trial,
+        searchSpace={"x": {"_type": "uniform", "_value": [0.5, 1]}},
+        tuner={"name": "PBT", "classArgs": {"optimize_mode": "maximize", "population_size": 2}},
+        maxTrialNumber=6,
+    )
+    assert statuses(result) == ["SUCCEEDED"] * 6
+    parameters = ran_parameters(result)
+    first, later = parameters[:2], parameters[2:]
+    saved_first = {p["save_checkpoint_dir"] for p in first}
+    assert all(p["load_checkpoint_dir"] in saved_first for p in later[:2])  # generation 2 goes on from 1
+    assert all(str(tmp_path / "experiments") in p["save_checkpoint_dir"] for p in parameters)
+    scores = [trial.final_metric for trial in result.trials]
+    assert min(scores[2:4]) > min(scores[:2])  # it built on checkpoints, not from scratch
+
+
+@pytest.mark.parametrize("name", [builtin.name for builtin in BUILTINS if builtin.unavailable])
+def test_a_tuner_that_cannot_work_on_this_python_is_refused_with_why(name: str) -> None:
+    with pytest.raises(AlgorithmError) as refused:
+        resolve(AlgorithmConfig(name=name), "tuner")
+    assert refused.value.key == "name"
+    assert f"{name} cannot run here: " in str(refused.value)
+
+
+@pytest.mark.parametrize("builtin", [b for b in BUILTINS if b.pip and not b.unavailable], ids=lambda b: b.name)
+def test_a_tuner_with_a_missing_extra_is_refused(builtin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without its packages (hidden from import here), the name is refused with the pip line that fixes it."""
+    hidden = ["nni", "hyperopt", "ConfigSpace", "torch", "pybnn", "gym", "statsmodels"]
+    for module in list(sys.modules):
+        if module.split(".")[0] in hidden:
+            monkeypatch.delitem(sys.modules, module)
+    for module in hidden:
+        monkeypatch.setitem(sys.modules, module, None)
+    role = "assessor" if builtin.kind == "assessor" else "tuner"
+    with pytest.raises(AlgorithmError) as refused:
+        resolve(AlgorithmConfig(name=builtin.name), role)
+    assert str(refused.value).endswith(f"which is not installed: {builtin.pip}")
