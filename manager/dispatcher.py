@@ -89,7 +89,8 @@ class TunerDispatcher:
         self.assessor = assessor
         self.assessor_name = assessor_name
         self._next_parameter_id = 0
-        self._parameters: dict[Any, Any] = {}
+        self._parameters: dict[Any, Any] = {}  # what each parameter id ran with
+        self._generated: set[Any] = set()  # the ids this tuner proposed (not so a log's older trials)
         self._histories: dict[str, dict[int, Any]] = {}  # trial -> sequence -> intermediate value
         self._ended: set[str] = set()
         self._outputs: list[Output] = []
@@ -119,10 +120,14 @@ class TunerDispatcher:
         without a number there is not given to them, since every built-in would fail on it."""
         if parameter_id not in self._parameters or metric_score(value) is None:
             return []
+        parameters = self._parameters[parameter_id]
         with self._collecting() as outputs:
-            self.tuner.receive_trial_result(
-                parameter_id, self._parameters[parameter_id], value, customized=False, trial_job_id=trial_id
-            )
+            if parameter_id in self._generated:
+                self.tuner.receive_trial_result(
+                    parameter_id, parameters, value, customized=False, trial_job_id=trial_id
+                )
+            else:  # a trial from before requests were logged: NNI's own resume path
+                self.tuner.import_data([{"parameter": parameters, "value": value}])
         return outputs
 
     def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]:
@@ -151,7 +156,7 @@ class TunerDispatcher:
         self._ended.add(trial_id)
         if self._histories.pop(trial_id, None) is not None and self.assessor is not None:
             self.assessor.trial_end(trial_id, success)
-        if parameter_id not in self._parameters:
+        if parameter_id not in self._generated:
             return []
         with self._collecting() as outputs:
             self.tuner.trial_end(parameter_id, success)
@@ -159,9 +164,12 @@ class TunerDispatcher:
 
     def ran(self, parameter_id: Any, parameters: Any) -> None:
         self._parameters[parameter_id] = parameters
+        if isinstance(parameter_id, int):  # new ids never reuse a logged one
+            self._next_parameter_id = max(self._next_parameter_id, parameter_id + 1)
 
     def _new_trial(self, parameter_id: Any, parameters: Any) -> None:
         self._parameters[parameter_id] = parameters
+        self._generated.add(parameter_id)
         self._outputs.append(NewTrial(parameter_id, parameters))
 
     @contextlib.contextmanager
@@ -179,6 +187,7 @@ class AdvisorDispatcher:
     def __init__(self, advisor: Any) -> None:
         self.advisor = advisor
         self._outputs: list[Output] = []
+        self._generated: set[Any] = set()  # results of other ids (a log's older trials) would break it
         advisor.send = self._receive
         # trialstream resumes by replay, never by NNI's recovered-parameter path, whose check
         # compares Hyperband's string ids with an int and fails (TypeError) in NNI 3.0.
@@ -191,16 +200,18 @@ class AdvisorDispatcher:
         return self._call("handle_request_trial_jobs", count)
 
     def final_result(self, trial_id: str, parameter_id: Any, value: Any) -> list[Output]:
-        if metric_score(value) is None:
+        if metric_score(value) is None or parameter_id not in self._generated:
             return []
         return self._metric(trial_id, parameter_id, "FINAL", 0, value)
 
     def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]:
-        if metric_score(value) is None:
+        if metric_score(value) is None or parameter_id not in self._generated:
             return []
         return self._metric(trial_id, parameter_id, "PERIODICAL", sequence, value)
 
     def trial_end(self, trial_id: str, parameter_id: Any, status: str) -> list[Output]:
+        if parameter_id not in self._generated:
+            return []
         hyper_params = json.dumps({"parameter_id": parameter_id, "parameter_source": "algorithm", "parameters": {}})
         return self._call("handle_trial_end", {"trial_job_id": trial_id, "event": status, "hyper_params": hyper_params})
 
@@ -227,6 +238,7 @@ class AdvisorDispatcher:
         name = getattr(command, "name", str(command))
         if name == "NewTrialJob":
             packed = json.loads(data)
+            self._generated.add(packed["parameter_id"])
             self._outputs.append(NewTrial(packed["parameter_id"], packed["parameters"]))
         elif name == "NoMoreTrialJobs":
             self._outputs.append(NoMoreTrials())

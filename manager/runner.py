@@ -388,7 +388,8 @@ class ExperimentRunner:
                     self._ended(after)
 
     def _submitted(self, trial: TrialJobDetail) -> None:
-        self._parameter_ids[trial.id] = json.loads(trial.form.hyper_parameters.value)["parameter_id"]
+        packed = json.loads(trial.form.hyper_parameters.value)
+        self._parameter_ids[trial.id] = packed.get("parameter_id") if isinstance(packed, dict) else None
         self._tuner_call("ran", self._parameter_ids[trial.id], trial.form.hyper_parameters.parameters)
         self._next_sequence_id = max(self._next_sequence_id, trial.sequence_id + 1)
         self._active.add(trial.id)

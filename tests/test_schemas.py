@@ -28,6 +28,7 @@ from schemas.events import (
     TrialMetricReported,
     TrialReattached,
     TrialRequeued,
+    TrialsRequested,
     TrialStarted,
     TrialSubmitted,
 )
@@ -309,6 +310,7 @@ EVENTS: list[Any] = [
     ExperimentResumed(**COMMON),
     ExperimentImported(**COMMON),
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
+    TrialsRequested(**COMMON, count=2, seen="1700000000000-0"),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e/trials/jl7ty", launch=launch()),
     TrialDeferred(**TRIAL, reason="GPUs busy"),
     TrialRequeued(**TRIAL, attempt=1, reason="its job was lost"),

@@ -116,7 +116,7 @@ def served(processes: Processes) -> Processes:
 
 
 def test_a_custom_tuner_from_its_code_directory_is_driven_like_nni_drives_it(
-    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis, redis_url: str
 ) -> None:
     config = write_experiment(tmp_path, tuner=recorder_config(tmp_path))
     result = ExperimentRunner.create(load_experiment_config(config), client, rq_connection).run()
@@ -131,6 +131,9 @@ def test_a_custom_tuner_from_its_code_directory_is_driven_like_nni_drives_it(
         )
         assert result_at < made.index(["end", parameter_id, True])
     assert [trial.form.hyper_parameters.parameters for trial in result.trials] == [{"x": i / 10} for i in range(4)]
+    # best first: the Recorder takes no optimize_mode, so NNI's default, maximize, holds
+    output, _ = run_cli(redis_url, "trials", "list", "-e", result.experiment_id, "--sort", "metric", "--json")
+    assert [trial["sequenceId"] for trial in json.loads(output)] == [3, 2, 1, 0]
 
 
 def test_a_tuner_error_stops_the_experiment_cleanly_with_its_traceback_in_the_log(
