@@ -224,6 +224,9 @@ def _custom_class(class_name: str, code_directory: str | None) -> type:
     module_path = directory / Path(*module_name.split("."))
     if not (module_path.with_suffix(".py").is_file() or (module_path / "__init__.py").is_file()):
         raise AlgorithmError("className", f"no module {module_name!r} in {directory}")
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(f"{directory}/"):
+        del sys.modules[module_name]  # a module of that name from another code directory
     return _import(class_name, "", f"{class_name} needs")
 
 

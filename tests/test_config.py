@@ -689,3 +689,71 @@ def test_event_config_omits_unset_keys(tmp_path: Path) -> None:
     assert "maxExperimentDuration" not in data
     assert "assessor" not in data
     assert data["trainingService"] == {"platform": "local", "maxTrialNumberPerGpu": 1}
+
+
+# ---------------------------------------------------------------- custom algorithms and own search spaces
+
+CUSTOM_TUNER = """
+from nni.tuner import Tuner
+
+
+class Mine(Tuner):
+    def __init__(self, width=3):
+        self.width = width
+
+    def update_search_space(self, search_space):
+        self.space = search_space
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        return {"layers": [self.width] * parameter_id}
+"""
+
+
+def test_a_custom_tuner_loads_from_its_code_directory_and_may_define_its_own_space(tmp_path: Path) -> None:
+    (tmp_path / "tuners").mkdir()
+    (tmp_path / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+    tuner = {"codeDirectory": "tuners", "className": "mine.Mine", "classArgs": {"width": 5}}
+
+    spec = load(tmp_path, minimal(searchSpace=None, tuner=tuner))
+
+    assert spec.search_space == {}
+    section = spec.config.tuner_section
+    assert section.code_directory == str(tmp_path / "tuners")  # stored absolute: resume finds it anywhere
+    algorithm, assessor = spec.algorithms()
+    assert (algorithm.label, algorithm.kind, assessor) == ("mine.Mine", "tuner", None)
+    assert algorithm.build().generate_parameters(2) == {"layers": [5, 5]}
+
+
+@pytest.mark.parametrize(
+    ("tuner", "expected"),
+    [
+        ({"codeDirectory": "missing", "className": "mine.Mine"}, "tuner.codeDirectory: "),
+        ({"codeDirectory": "tuners", "className": "Mine"}, "tuner.className: expected module.Class"),
+        ({"codeDirectory": "tuners", "className": "other.Mine"}, "tuner.className: no module 'other' in "),
+        ({"codeDirectory": "tuners", "className": "mine.Yours"}, "tuner.className: mine has no class 'Yours'"),
+        ({"codeDirectory": "tuners", "className": "mine.Mine", "classArgs": {"depth": 1}}, "unknown classArg 'depth'"),
+    ],
+)
+def test_a_broken_custom_tuner_section_names_the_key(tmp_path: Path, tuner: dict[str, Any], expected: str) -> None:
+    (tmp_path / "tuners").mkdir()
+    (tmp_path / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+
+    message = rejection(tmp_path, minimal(tuner=tuner))
+
+    assert expected in message
+
+
+def test_a_custom_tuner_whose_module_needs_a_missing_package_says_what_to_install(tmp_path: Path) -> None:
+    (tmp_path / "tuners").mkdir()
+    (tmp_path / "tuners" / "needy.py").write_text("import no_such_package_here\n")
+
+    message = rejection(tmp_path, minimal(tuner={"codeDirectory": "tuners", "className": "needy.Tuner"}))
+
+    assert "needy.Tuner needs the 'no_such_package_here' package, which is not installed: " in message
+    assert message.endswith("pip install no_such_package_here")
+
+
+def test_a_builtin_tuner_still_needs_a_search_space(tmp_path: Path) -> None:
+    message = rejection(tmp_path, minimal(searchSpace=None, tuner={"name": "TPE"}))
+
+    assert "searchSpace: required key is missing" in message
