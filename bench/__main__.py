@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import ingestion, overhead, report, scale, scaling, versus_nni
+from bench import ingestion, overhead, report, scale, scaling, tuners, versus_nni
 from bench.harness import REPO, Section, machine_description
 
 GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
@@ -23,6 +23,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "ingestion": ingestion.run,
     "scale": scale.run,
     "scaling": scaling.run,
+    "tuners": tuners.run,
 }
 
 
