@@ -256,11 +256,20 @@ def build_dispatcher(tuner: Algorithm, assessor: Algorithm | None, log_file: Pat
 
         log.silence_stdout()
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        log.start_experiment_logging(log_file.parent.parent.name, log_file, "info")
+        log.start_experiment_logging(str(log_file), log_file, "info")
     if tuner.kind == "advisor":
         with _offline_channel():
             return AdvisorDispatcher(tuner.build())
     return TunerDispatcher(tuner.build(), assessor.build() if assessor else None, assessor.label if assessor else "")
+
+
+def stop_nni_logging(log_file: Path) -> None:
+    """Close the experiment's dispatcher.log: a process that runs several experiments (tests, the
+    benchmarks) must not write one's NNI logs into the others'."""
+    if "nni" in sys.modules:
+        from nni.runtime import log
+
+        log.stop_experiment_logging(str(log_file))
 
 
 @contextlib.contextmanager

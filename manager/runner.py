@@ -27,7 +27,7 @@ from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
-from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher
+from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
 from manager.experiments import create_experiment, finish_experiment
 from manager.projection import apply_to_trial, metric_record
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
@@ -176,6 +176,7 @@ class ExperimentRunner:
         self._active: set[str] = set()
         self._ready: deque[NewTrial] = deque()  # parameter sets the tuner gave, not yet submitted
         self._no_more = False  # the tuner had nothing for the last request, and nothing ended since
+        self._asking = False  # a request is queued or running on the tuner's thread
         self._next_sequence_id = 0
         self._reaped_at = 0.0
         self._claimed_at = 0.0
@@ -295,6 +296,7 @@ class ExperimentRunner:
             raise
         finally:
             tuner.close()
+            stop_nni_logging(self.experiment_dir / "log" / "dispatcher.log")
             self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
 
     def _claim(self, wait_s: float) -> None:
@@ -432,12 +434,16 @@ class ExperimentRunner:
             free -= 1
         if budget is not None:
             free = min(free, budget - self._next_sequence_id - len(self._ready))
-        if free <= 0 or self._no_more or not self._tuner.idle:
+        if self._asking and self._tuner.idle:
+            self._asking = False
+        if free <= 0 or self._no_more or self._asking:
             return
         self._keep_claim()
         self.service.store.append(TrialsRequested(experiment_id=self.experiment_id, count=free, seen=self._cursor))
-        self._tuner.call("request_trials", free)
+        self._tuner.call("request_trials", free)  # after the inputs up to `seen`, still queued or not
+        self._asking = True
         if self._tuner.wait(_QUICK_TUNER_S):  # most tuners answer at once: submit in this round
+            self._asking = False
             self._take_outputs()
             free = self.config.trial_concurrency - len(self._active)
             while self._ready and free > 0 and (budget is None or self._next_sequence_id < budget):
