@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import re
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from manager.tuners import OPTIMIZE_MODES
+from manager.tuners import OPTIMIZE_MODES, SearchSpaceError, validate_search_space
 from schemas.config import AlgorithmConfig
 
 Role = Literal["tuner", "assessor"]
@@ -37,13 +40,22 @@ class Builtin:
     fixed_args: dict[str, Any] = field(default_factory=dict)  # NNI's table sets these; users cannot
     validator: str | None = None  # NNI's classArgsValidator, run on the user's classArgs
     own_space: bool = False  # builds its own search space: an empty searchSpace is fine
+    nas: bool = False  # takes NNI's architecture choices (layer_choice, input_choice)
     unavailable: str | None = None  # why it cannot work here, whatever is installed
+    below: tuple[tuple[str, str], ...] = ()  # (distribution, version) it fails from, measured on NNI 3.0
+    environment: dict[str, str] = field(default_factory=dict)  # set in the runner before it is imported
 
 
 def _nni(name: str, target: str, kind: Kind = "tuner", **extra: Any) -> Builtin:
     return Builtin(name, f"{_HPO}.{target}", kind, **extra)
 
 
+_SMAC_PIP = (
+    "apt-get install swig; pip install nni 'numpy<1.24' 'scipy<1.10' 'scikit-learn<1.3' 'pandas<2.1' 'cython<3' "
+    "setuptools wheel; pip install --no-build-isolation ConfigSpaceNNI smac4nni"
+)
+
+# What each needs was measured on Python 3.11 in clean environments with NNI 3.0 (README, "Tuners").
 BUILTINS: tuple[Builtin, ...] = (
     Builtin("Random", "manager.tuners.RandomTuner", "tuner", pip=""),
     Builtin("GridSearch", "manager.tuners.GridSearchTuner", "tuner", pip=""),
@@ -51,9 +63,10 @@ BUILTINS: tuple[Builtin, ...] = (
     _nni(
         "Anneal",
         "hyperopt_tuner.HyperoptTuner",
-        pip="pip install nni hyperopt",
+        pip="pip install nni hyperopt 'numpy<2.4'",
         fixed_args={"algorithm_name": "anneal"},
         validator="hyperopt_tuner.HyperoptClassArgsValidator",
+        below=(("numpy", "2.4"),),
     ),
     _nni("Evolution", "evolution_tuner.EvolutionTuner", validator="evolution_tuner.EvolutionClassArgsValidator"),
     _nni("BatchTuner", "batch_tuner.BatchTuner", aliases=("Batch",)),
@@ -64,18 +77,35 @@ BUILTINS: tuple[Builtin, ...] = (
         "BOHB",
         "bohb_advisor.BOHB",
         "advisor",
-        pip="pip install nni 'ConfigSpace<1' statsmodels",
+        pip="pip install nni ConfigSpace statsmodels",
         validator="bohb_advisor.BOHBClassArgsValidator",
     ),
     _nni(
         "SMAC",
         "smac_tuner.SMACTuner",
-        pip="pip install nni 'smac<1'",
+        pip=_SMAC_PIP,
         validator="smac_tuner.SMACClassArgsValidator",
-        unavailable="NNI's SMAC tuner needs smac 0.x, whose pyrfr does not build on Python 3.11",
+        below=(("numpy", "1.24"),),
     ),
-    _nni("Metis", "metis_tuner.MetisTuner", aliases=("MetisTuner",), validator="metis_tuner.MetisClassArgsValidator"),
-    _nni("GP", "gp_tuner.GPTuner", aliases=("GPTuner",), validator="gp_tuner.GPClassArgsValidator"),
+    _nni(
+        "Metis",
+        "metis_tuner.MetisTuner",
+        aliases=("MetisTuner",),
+        pip="pip install nni 'scipy<1.11' 'numpy<2' 'scikit-learn<1.6'",
+        validator="metis_tuner.MetisClassArgsValidator",
+        below=(("scipy", "1.11"),),
+    ),
+    _nni(
+        "GP",
+        "gp_tuner.GPTuner",
+        aliases=("GPTuner",),
+        validator="gp_tuner.GPClassArgsValidator",
+        unavailable=(
+            "NNI 3.0's GP tuner fails after its cold start with every SciPy that supports Python 3.11 "
+            "(SciPy >= 1.11 refuses its 2-D x0; older ones return a float it indexes); use TPE, or "
+            "Metis with old SciPy"
+        ),
+    ),
     _nni("PBT", "pbt_tuner.PBTTuner", aliases=("PBTTuner",), validator="pbt_tuner.PBTClassArgsValidator"),
     _nni(
         "DNGO",
@@ -89,20 +119,24 @@ BUILTINS: tuple[Builtin, ...] = (
         "regularized_evolution_tuner.RegularizedEvolutionTuner",
         aliases=("RegularizedEvolutionTuner",),
         validator="regularized_evolution_tuner.EvolutionClassArgsValidator",
+        nas=True,
     ),
     _nni(
         "NetworkMorphism",
         "networkmorphism_tuner.NetworkMorphismTuner",
-        pip="pip install nni torch",
+        pip="pip install nni torch 'numpy<2.4'",
         validator="networkmorphism_tuner.NetworkMorphismClassArgsValidator",
         own_space=True,
+        below=(("numpy", "2.4"),),
     ),
     _nni(
         "PPO",
         "ppo_tuner.PPOTuner",
         aliases=("PPOTuner",),
-        pip="pip install nni gym",
+        pip="pip install nni gym tensorflow tf-keras",
         validator="ppo_tuner.PPOClassArgsValidator",
+        environment={"TF_USE_LEGACY_KERAS": "1"},  # NNI's PPO uses tf.layers, gone from Keras 3
+        nas=True,
     ),
     _nni(
         "Medianstop",
@@ -136,6 +170,14 @@ class Algorithm:
     class_args: dict[str, Any]
     kind: Kind
     own_space: bool
+    space: Literal["standard", "nas", "own"]  # what its searchSpace may hold: custom ones read theirs alone
+
+    def check_search_space(self, search_space: dict[str, Any]) -> None:
+        if self.space == "own":
+            if not isinstance(search_space, dict):
+                raise SearchSpaceError(f"searchSpace: expected a mapping; got {type(search_space).__name__}")
+            return
+        validate_search_space(search_space, allow_empty=self.own_space, nas=self.space == "nas")
 
     @property
     def optimize_mode(self) -> str:
@@ -174,18 +216,22 @@ def resolve(section: AlgorithmConfig, role: Role, defaults: dict[str, Any] | Non
     if section.class_name is not None:
         cls = _custom_class(section.class_name, section.code_directory)
         kind: Kind = "assessor" if role == "assessor" else "advisor" if _is_advisor(cls) else "tuner"
-        return Algorithm(section.class_name, cls, _checked_args(cls, args, {}, section.class_name), kind, True)
+        return Algorithm(section.class_name, cls, _checked_args(cls, args, {}, section.class_name), kind, True, "own")
     builtin = find_builtin(section.name or "", role)
     if builtin.unavailable:
         raise AlgorithmError("name", f"{builtin.name} cannot run here: {builtin.unavailable}")
+    for variable, value in builtin.environment.items():
+        os.environ.setdefault(variable, value)
     cls = _import(builtin.target, builtin.pip, f"{builtin.name} needs")
+    _check_versions(builtin)
     checked = _checked_args(cls, args, builtin.fixed_args, builtin.name)
     _nni_validation(builtin, args)
     accepted = _parameters(cls)
     for key, value in (defaults or {}).items():
         if key in accepted and checked.get(key) is None:
             checked[key] = value
-    return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space)
+    space: Literal["standard", "nas"] = "nas" if builtin.nas else "standard"
+    return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space, space)
 
 
 def _a(kind: str) -> str:
@@ -228,6 +274,25 @@ def _custom_class(class_name: str, code_directory: str | None) -> type:
     if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(f"{directory}/"):
         del sys.modules[module_name]  # a module of that name from another code directory
     return _import(class_name, "", f"{class_name} needs")
+
+
+def _check_versions(builtin: Builtin) -> None:
+    """NNI 3.0's code predates some releases of what it imports: refuse those before a run fails."""
+    for distribution, limit in builtin.below:
+        try:
+            installed = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+        if _release(installed) >= _release(limit):
+            raise AlgorithmError(
+                "name",
+                f"{builtin.name} fails with {distribution} {installed} (NNI 3.0's code needs "
+                f"{distribution} < {limit}): {builtin.pip}",
+            )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def _is_advisor(cls: type) -> bool:

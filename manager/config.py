@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from core.registry import UnknownPlatform, platform_class
 from manager.algorithms import Algorithm, AlgorithmError, resolve
-from manager.tuners import SearchSpaceError, validate_search_space
+from manager.tuners import SearchSpaceError
 from schemas.config import (
     AlgorithmConfig,
     ConfigError,
@@ -83,7 +83,7 @@ def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec
         _algorithm(config, source, "assessor")
     search_space = _search_space(config, base, tuner.own_space)
     try:
-        validate_search_space(search_space, allow_empty=tuner.own_space)
+        tuner.check_search_space(search_space)
     except SearchSpaceError as error:
         raise ConfigError(f"{source}: {error}") from None
     return ExperimentSpec(config, search_space, code_directory, platform, source)

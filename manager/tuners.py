@@ -146,11 +146,41 @@ _Param: TypeAlias = _Choice | _RandInt | _Numeric
 _Space: TypeAlias = tuple[tuple[str, _Param], ...]
 
 
-def validate_search_space(space: dict[str, Any], allow_empty: bool = False) -> None:
+NAS_TYPES = ("layer_choice", "input_choice")  # NNI's classic NAS space: RegularizedEvolution and PPO take it
+
+
+def validate_search_space(space: dict[str, Any], allow_empty: bool = False, nas: bool = False) -> None:
     """Reject a search space NNI tuners could not sample, naming the parameter path and the fix.
 
-    Only a tuner that defines its own space (NetworkMorphism, a custom tuner) may take an empty one."""
+    Only a tuner that defines its own space (NetworkMorphism, a custom tuner) may take an empty one;
+    only one that searches architectures (`nas`) takes layer_choice and input_choice."""
+    if nas and isinstance(space, dict):
+        architecture = {name: spec for name, spec in space.items() if _nas_type(spec)}
+        for name, spec in architecture.items():
+            _check_nas(spec, f"searchSpace.{name}")
+        space = {name: spec for name, spec in space.items() if name not in architecture}
+        allow_empty = allow_empty or bool(architecture)
     _parse_space(space, allow_empty)
+
+
+def _nas_type(spec: Any) -> bool:
+    return isinstance(spec, dict) and spec.get("_type") in NAS_TYPES
+
+
+def _check_nas(spec: dict[str, Any], path: str) -> None:
+    value = spec.get("_value")
+    if spec["_type"] == "layer_choice":
+        if not isinstance(value, list) or not value:
+            raise SearchSpaceError(f"{path}._value: layer_choice needs a non-empty list of layers; got {_show(value)}")
+        return
+    candidates = value.get("candidates") if isinstance(value, dict) else None
+    chosen = value.get("n_chosen") if isinstance(value, dict) else None
+    counted = isinstance(candidates, list) and _is_int(chosen)
+    if not counted or not 0 < int(chosen or 0) <= len(candidates or []):
+        raise SearchSpaceError(
+            f"{path}._value: input_choice needs candidates (a non-empty list) and n_chosen (1 to their number); "
+            f"got {_show(value)}"
+        )
 
 
 def _parse_space(space: Any, allow_empty: bool = False) -> _Space:
@@ -177,6 +207,10 @@ def _parse_param(spec: Any, path: str) -> _Param:
     if not isinstance(spec, dict) or "_type" not in spec or "_value" not in spec:
         raise SearchSpaceError(f'{path}: expected {{"_type": ..., "_value": [...]}}; got {_show(spec)}')
     type_, value = spec["_type"], spec["_value"]
+    if type_ in NAS_TYPES:
+        raise SearchSpaceError(
+            f"{path}._type: {type_} is an architecture choice: only RegularizedEvolution and PPO take it"
+        )
     if not isinstance(type_, str) or type_ not in _TYPES:
         raise SearchSpaceError(f"{path}._type: unknown type {_show(type_)}; supported types are {', '.join(_TYPES)}")
     if type_ == "choice":

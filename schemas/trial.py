@@ -63,8 +63,9 @@ class HyperParameters(CamelModel):
     index: int = 0
 
     @property
-    def parameters(self) -> dict[str, Any]:
-        return dict(json.loads(self.value).get("parameters", {}))
+    def parameters(self) -> Any:
+        """Usually a mapping of names to values; NetworkMorphism hands out a model as a JSON string."""
+        return json.loads(self.value).get("parameters", {})
 
 
 class JobApplicationForm(CamelModel):

@@ -508,3 +508,17 @@ def test_a_reversed_or_malformed_range_names_what_it_needs_in_full(spec: dict[st
         validate_search_space({"lr": spec})
     assert str(error.value) == message
     assert Text.from_markup(str(error.value)).plain == message
+
+
+def test_architecture_choices_are_only_for_the_tuners_that_search_architectures() -> None:
+    layers = {"conv": {"_type": "layer_choice", "_value": ["conv3x3", "conv5x5"]}}
+    with pytest.raises(SearchSpaceError, match=r"^searchSpace.conv._type: layer_choice is an architecture choice"):
+        validate_search_space(layers)
+    validate_search_space(layers, nas=True)
+    validate_search_space(
+        {"skip": {"_type": "input_choice", "_value": {"candidates": [0, 1], "n_chosen": 1}}}, nas=True
+    )
+    with pytest.raises(SearchSpaceError, match=r"^searchSpace.skip._value: input_choice needs candidates"):
+        validate_search_space(
+            {"skip": {"_type": "input_choice", "_value": {"candidates": [0], "n_chosen": 2}}}, nas=True
+        )
