@@ -13,5 +13,5 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 extras="nni"
-[ "${1:-}" = "--test" ] && extras="nni,test,dev"
+[ "${1:-}" = "--test" ] && extras="nni,tuners,test,dev"
 python3 -m pip install -q --disable-pip-version-check -e ".[${extras}]"

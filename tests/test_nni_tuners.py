@@ -283,3 +283,27 @@ nni.report_final_result(0.5 if graph else 0.0)
     )
     assert statuses(result) == ["SUCCEEDED"] * 2
     assert all(trial.final_metric == 0.5 for trial in result.trials)  # each got a model description
+
+
+def test_curvefitting_judges_trials_from_their_learning_curves(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    trial = """
+import trialstream_sdk as nni
+x = nni.get_next_parameter()["x"]
+for epoch in range(1, 6):
+    nni.report_intermediate_result(x * (1 - 0.5 ** epoch))
+nni.report_final_result(x)
+"""
+    curvefitting = {"epoch_num": 6, "start_step": 3, "threshold": 0.9, "gap": 1}
+    result = run_experiment(
+        tmp_path,
+        client,
+        rq_connection,
+        trial=trial,
+        tuner={"name": "Random", "classArgs": {"seed": 4}},
+        assessor={"name": "Curvefitting", "classArgs": curvefitting},
+        maxTrialNumber=4,
+    )
+    assert set(statuses(result)) <= {"SUCCEEDED", "EARLY_STOPPED"}
+    assert len(result.trials) == 4
