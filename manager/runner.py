@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+import traceback
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
@@ -286,7 +287,7 @@ class ExperimentRunner:
                 wait = _WAIT_S if tuner.idle else _TUNER_POLL_S
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - (time.monotonic() - started)))
-                self._follow(self.service.store.wait(self._cursor, block_ms=int(wait * 1000)))
+                self._follow(self.service.store.wait(self._cursor, block_ms=max(1, int(wait * 1000))))  # 0: forever
                 self._reap([self._trials[trial_id] for trial_id in self._active])
         except ClaimLost:
             raise  # the trials and the experiment are the new runner's now
@@ -336,7 +337,13 @@ class ExperimentRunner:
         log has no trial for (the runner died before submitting it) is submitted now.
         """
         tuner, assessor = self._tuner_algorithms
-        self._tuner = TunerThread(build_dispatcher(tuner, assessor, self.experiment_dir / "log" / "dispatcher.log"))
+        try:
+            dispatcher = build_dispatcher(tuner, assessor, self.experiment_dir / "log" / "dispatcher.log")
+        except Exception as error:  # a constructor that refuses its classArgs: the experiment ends here
+            finish_experiment(self._client, self.experiment_id, "ERROR", f"the tuner failed:\n{traceback.format_exc()}")
+            self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
+            raise RunnerError(f"{tuner.label} could not be built: {error}") from None
+        self._tuner = TunerThread(dispatcher)
         self._tuner.call("initialize", self.spec.search_space)
         requests = deque(
             entry.event

@@ -18,7 +18,7 @@ from core import keys
 from manager.algorithms import resolve
 from manager.config import load_experiment_config
 from manager.dispatcher import NewTrial, TunerDispatcher, build_dispatcher
-from manager.runner import ExperimentRunner
+from manager.runner import ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
 from manager.views import ViewStore
 from schemas.config import AlgorithmConfig
@@ -310,3 +310,23 @@ def test_a_resumed_seeded_tpe_suggests_what_an_uninterrupted_run_does(
     resumed = [trial["hyperParameters"]["x"] for trial in json.loads(output)["trials"]]
 
     assert resumed == straight
+
+
+def test_a_tuner_whose_constructor_fails_ends_its_experiment_with_the_traceback(
+    tmp_path: Path, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    (tmp_path / "algorithms").mkdir()
+    (tmp_path / "algorithms" / "picky.py").write_text(
+        "class Picky:\n    def __init__(self, width):\n        raise ValueError(f'width {width} is too wide')\n"
+    )
+    tuner = {"codeDirectory": "algorithms", "className": "picky.Picky", "classArgs": {"width": 9}}
+    config = write_experiment(tmp_path, tuner=tuner)
+
+    with pytest.raises(RunnerError, match=r"^picky.Picky could not be built: width 9 is too wide$"):
+        ExperimentRunner.create(load_experiment_config(config), client, rq_connection)
+
+    (experiment_id,) = client.zrange(keys.EXPERIMENTS, 0, -1)
+    experiment = TrainingService(client, rq_connection, experiment_id).experiment_view()
+    assert experiment.status == "ERROR"
+    assert experiment.message is not None and "ValueError: width 9 is too wide" in experiment.message
+    assert not client.exists(keys.runner(experiment_id))  # nothing holds it: `experiments delete` may take it
