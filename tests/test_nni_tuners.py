@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from manager.algorithms import BUILTINS, AlgorithmError, resolve
+from manager.cli.trials import by_metric
 from manager.config import load_experiment_config
-from manager.runner import ExperimentResult, ExperimentRunner
+from manager.runner import ExperimentResult, ExperimentRunner, Progress
 from schemas.config import AlgorithmConfig, ConfigError
 from tests.conftest import Processes
 
@@ -49,6 +50,16 @@ def run_experiment(
     trial: str = QUADRATIC_TRIAL,
     **config: Any,
 ) -> ExperimentResult:
+    return runner_for(tmp_path, client, rq_connection, trial, **config).run()
+
+
+def runner_for(
+    tmp_path: Path,
+    client: redis.Redis,
+    rq_connection: redis.Redis,
+    trial: str = QUADRATIC_TRIAL,
+    **config: Any,
+) -> ExperimentRunner:
     (tmp_path / "trial.py").write_text(trial)
     full = {
         "trialCommand": f"{sys.executable} trial.py",
@@ -62,8 +73,7 @@ def run_experiment(
         **config,
     }
     (tmp_path / "config.yml").write_text(json.dumps(full))
-    runner = ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
-    return runner.run()
+    return ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
 
 
 def ran_parameters(result: ExperimentResult) -> list[dict[str, Any]]:
@@ -110,18 +120,19 @@ def test_a_builtin_tuner_runs_an_experiment(
         assert all(in_space(parameters) for parameters in ran_parameters(result))
 
 
-def test_the_tuner_receives_the_default_of_a_dict_metric_and_the_best_follows_optimize_mode(
+def test_progress_shows_the_best_trial_in_the_tuners_direction(
     tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
 ) -> None:
-    tuner = {"name": "TPE", "classArgs": {"optimize_mode": "minimize", "seed": 3}}
-    runner_result = run_experiment(tmp_path, client, rq_connection, tuner=tuner)
-    finals = [(trial.final_metric["default"], trial.id) for trial in runner_result.trials]
-    assert len(finals) == 4
-    # `trials list --sort metric` ranks in the tuner's direction: smallest first for minimize
-    from manager.cli.trials import by_metric
+    """TPE defaults to minimize: the best is the smallest `default`, and --sort metric lists it first."""
+    seen: list[Progress] = []
+    runner = runner_for(tmp_path, client, rq_connection, tuner={"name": "TPE", "classArgs": {"seed": 3}})
+    runner.on_progress = seen.append
+    result = runner.run()
 
-    ranked = by_metric(runner_result.trials, "minimize")
-    assert [trial.id for trial in ranked] == [trial_id for _, trial_id in sorted(finals)]
+    finals = sorted((trial.final_metric["default"], trial.id) for trial in result.trials)
+    assert len(finals) == 4
+    assert (seen[-1].optimize_mode, seen[-1].best, seen[-1].best_trial) == ("minimize", *finals[0])
+    assert [trial.id for trial in by_metric(result.trials, "minimize")] == [trial_id for _, trial_id in finals]
 
 
 def test_batch_tuner_runs_each_listed_set_once_then_the_search_ends(
