@@ -120,6 +120,14 @@ def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
 
 
 @pytest.fixture
+def served(processes: Processes) -> Processes:
+    """A projector and a worker following up to 4 trials: enough to run a whole experiment."""
+    processes.projector()
+    processes.worker(args=("--concurrency", "4"))
+    return processes
+
+
+@pytest.fixture
 def code_dir(tmp_path: Path) -> Path:
     path = tmp_path / "code"
     path.mkdir()

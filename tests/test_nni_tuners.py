@@ -36,13 +36,6 @@ SPACE: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def served(processes: Processes) -> Processes:
-    processes.projector()
-    processes.worker(args=("--concurrency", "4"))
-    return processes
-
-
 def run_experiment(
     tmp_path: Path,
     client: redis.Redis,

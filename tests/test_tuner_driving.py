@@ -108,13 +108,6 @@ def calls(directory: Path) -> list[list[Any]]:
     return [json.loads(line) for line in (directory / "calls.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture
-def served(processes: Processes) -> Processes:
-    processes.projector()
-    processes.worker(args=("--concurrency", "4"))
-    return processes
-
-
 def test_a_custom_tuner_from_its_code_directory_is_driven_like_nni_drives_it(
     tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis, redis_url: str
 ) -> None:
