@@ -51,11 +51,13 @@ def run_experiment(tmp_path: Path, env: dict[str, str], name: str) -> str:
 
 def test_list_and_delete_on_a_shared_redis(tmp_path: Path, processes: Processes, client: redis.Redis) -> None:
     processes.projector()
-    processes.worker()
+    worker = processes.worker()
     env = {"TRIALSTREAM_REDIS_URL": processes.redis_url}
     gone, kept = run_experiment(tmp_path, env, "one"), run_experiment(tmp_path, env, "two")
     projected(client, gone)
     projected(client, kept)
+    worker.terminate()  # its housekeeping would wake the parked attempts planted below while we compare
+    worker.wait(30)
     for experiment_id in (gone, kept):  # state of attempts that a crash could leave behind
         client.zadd(keys.LEASES, {f"{experiment_id}/t0001/1": 1})
         client.zadd(keys.parked("local"), {json.dumps([experiment_id, "t0001", 1, 0, ""]): 1})
