@@ -1,13 +1,15 @@
 """Real OpenSSH sshd hosts for tests of a platform that runs trials over SSH: no mocked SSH.
 
-Each host is an unprivileged-config `/usr/sbin/sshd` started by pytest, in its own network namespace (a veth pair
-on a private /30, port 22, so hosts are truly separate and can be taken off the network) or, where `ip netns` is not
-available, on its own loopback address (127.0.0.N). Either way each host also gets its own mount and UTS namespace:
-its own hostname and its own copy of the test user's home directory, so two hosts never share files by accident.
+Each host is a `/usr/sbin/sshd -D` with its own config, started by pytest (as root), in its own network namespace
+(a veth pair on a private /30, port 22, so hosts are truly separate and can be taken off the network) or, where
+`ip netns` is not available (or TRIALSTREAM_SSHD_MODE=loopback), on its own loopback address (127.0.0.N). Either way
+each host also gets its own mount and UTS namespace: its own hostname and its own copy of the test user's home
+directory, so two hosts never share files by accident.
 
-Sessions log in as a dedicated user (`tstrial`) rather than root, whose shell start-up here is slow. Its PATH is set
-by sshd (`SetEnv PATH=...`): the host's own bin directory (for fakes such as `nvidia-smi`), then the directory of the
-python3 running the tests, then the system directories.
+Sessions log in as a dedicated user (`tstrial`, created once per machine) rather than root, whose shell start-up here
+is slow. Its PATH is set by sshd (`SetEnv PATH=...`, no shell start-up file involved): the host's own bin directory
+(for fakes such as `nvidia-smi`), then the directory of the python3 running the tests, then the system directories.
+Where that python lives under a directory the user cannot traverse (pyenv under /root), an ACL grants it `x` there.
 """
 
 from __future__ import annotations
