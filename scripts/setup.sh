@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs what trialstream and its tests need on a fresh Debian machine: redis-server from Debian's
-# packages when it is missing, and the Python package with its extras (`--test` adds test and dev).
+# packages when it is missing (and, for tests, OpenSSH's server and acl), and the Python package with its extras (`--test` adds test and dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+if [ "${1:-}" = "--test" ]; then  # real sshd hosts for the remote platform's tests (tests/sshd.py)
+  [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+  command -v setfacl >/dev/null || need_apt+=(acl)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
