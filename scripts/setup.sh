@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what trialstream and its tests need on a fresh Debian machine: redis-server from Debian's
-# packages when it is missing (and, for tests, OpenSSH's server and acl), and the Python package with its extras (`--test` adds test and dev).
+# packages when it is missing (for tests also OpenSSH's server and acl), and the Python package with
+# its extras (`--test` adds the tuners' extras, test and dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
