@@ -8,11 +8,13 @@ class does not take, or a missing package is refused with the fix (`pip install 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -43,7 +45,8 @@ class Builtin:
     nas: bool = False  # takes NNI's architecture choices (layer_choice, input_choice)
     unavailable: str | None = None  # why it cannot work here, whatever is installed
     below: tuple[tuple[str, str], ...] = ()  # (distribution, version) it fails from, measured on NNI 3.0
-    environment: dict[str, str] = field(default_factory=dict)  # set in the runner before it is imported
+    environment: dict[str, str] = field(default_factory=dict)  # set while its module is imported
+    default_mode: str = "maximize"  # its optimize_mode when classArgs give none (NNI's class default)
 
 
 def _nni(name: str, target: str, kind: Kind = "tuner", **extra: Any) -> Builtin:
@@ -59,13 +62,14 @@ _SMAC_PIP = (
 BUILTINS: tuple[Builtin, ...] = (
     Builtin("Random", "manager.tuners.RandomTuner", "tuner", pip=""),
     Builtin("GridSearch", "manager.tuners.GridSearchTuner", "tuner", pip=""),
-    _nni("TPE", "tpe_tuner.TpeTuner"),
+    _nni("TPE", "tpe_tuner.TpeTuner", default_mode="minimize"),
     _nni(
         "Anneal",
         "hyperopt_tuner.HyperoptTuner",
         pip="pip install nni hyperopt 'numpy<2.4'",
         fixed_args={"algorithm_name": "anneal"},
         validator="hyperopt_tuner.HyperoptClassArgsValidator",
+        default_mode="minimize",
         below=(("numpy", "2.4"),),
     ),
     _nni("Evolution", "evolution_tuner.EvolutionTuner", validator="evolution_tuner.EvolutionClassArgsValidator"),
@@ -179,14 +183,13 @@ class Algorithm:
             return
         validate_search_space(search_space, allow_empty=self.own_space, nas=self.space == "nas")
 
+    default_mode: str = "maximize"
+
     @property
     def optimize_mode(self) -> str:
-        """The direction results are better in: the classArg, else the class's own default."""
+        """The direction results are better in: the classArg, else NNI's default for the class."""
         mode = self.class_args.get("optimize_mode")
-        if mode is None:
-            default = _parameters(self.cls).get("optimize_mode")
-            mode = default.default if default is not None and isinstance(default.default, str) else "maximize"
-        return str(mode)
+        return str(mode) if mode in OPTIMIZE_MODES else self.default_mode
 
     def build(self) -> Any:
         return self.cls(**self.class_args)
@@ -220,9 +223,8 @@ def resolve(section: AlgorithmConfig, role: Role, defaults: dict[str, Any] | Non
     builtin = find_builtin(section.name or "", role)
     if builtin.unavailable:
         raise AlgorithmError("name", f"{builtin.name} cannot run here: {builtin.unavailable}")
-    for variable, value in builtin.environment.items():
-        os.environ.setdefault(variable, value)
-    cls = _import(builtin.target, builtin.pip, f"{builtin.name} needs")
+    with _environment(builtin.environment):
+        cls = _import(builtin.target, builtin.pip, f"{builtin.name} needs")
     _check_versions(builtin)
     checked = _checked_args(cls, args, builtin.fixed_args, builtin.name)
     _nni_validation(builtin, args)
@@ -231,7 +233,7 @@ def resolve(section: AlgorithmConfig, role: Role, defaults: dict[str, Any] | Non
         if key in accepted and checked.get(key) is None:
             checked[key] = value
     space: Literal["standard", "nas"] = "nas" if builtin.nas else "standard"
-    return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space, space)
+    return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space, space, builtin.default_mode)
 
 
 def _a(kind: str) -> str:
@@ -254,6 +256,19 @@ def _import(target: str, pip: str, needs: str) -> type:
     return cls
 
 
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set while a module is imported, then put back: trials inherit the runner's environment."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update({name: value for name, value in variables.items() if saved[name] is None})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+
+
 def _custom_class(class_name: str, code_directory: str | None) -> type:
     """NNI v2's customized algorithm: `className` is `module.Class` inside `codeDirectory`."""
     module_name, _, short = class_name.rpartition(".")
@@ -265,14 +280,16 @@ def _custom_class(class_name: str, code_directory: str | None) -> type:
     if not directory.is_dir():
         raise AlgorithmError("codeDirectory", f"{directory} is not a directory")
     if str(directory) not in sys.path:
-        sys.path.insert(0, str(directory))
+        sys.path.append(str(directory))  # as NNI: the code directory never shadows installed modules
     importlib.invalidate_caches()
     module_path = directory / Path(*module_name.split("."))
     if not (module_path.with_suffix(".py").is_file() or (module_path / "__init__.py").is_file()):
         raise AlgorithmError("className", f"no module {module_name!r} in {directory}")
-    loaded = sys.modules.get(module_name)
-    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(f"{directory}/"):
-        del sys.modules[module_name]  # a module of that name from another code directory
+    parts = module_name.split(".")
+    for package in (".".join(parts[: length + 1]) for length in range(len(parts))):
+        loaded = sys.modules.get(package)
+        if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(f"{directory}/"):
+            del sys.modules[package]  # that name from another code directory (an experiment run before)
     return _import(class_name, "", f"{class_name} needs")
 
 
@@ -343,15 +360,17 @@ def is_no_more_trials(error: BaseException) -> bool:
 
 
 def optimize_mode_of(section: AlgorithmConfig) -> str:
-    """The direction an experiment's results are better in, for showing them: its classArg, else its
-    class's default, else maximize (when the class cannot be imported where the results are read)."""
+    """The direction an experiment's results are better in: its classArg, else the built-in's default
+    (TPE and Anneal minimize), else maximize. Nothing is imported: `trials list` runs no tuner code."""
     mode = (section.class_args or {}).get("optimize_mode")
     if mode in OPTIMIZE_MODES:
         return str(mode)
-    try:
-        return resolve(section, "tuner").optimize_mode
-    except AlgorithmError:
-        return "maximize"
+    if section.name is not None:
+        try:
+            return find_builtin(section.name, "tuner").default_mode
+        except AlgorithmError:
+            pass
+    return "maximize"
 
 
 def create_tuner(name: str, class_args: dict[str, Any] | None, search_space: dict[str, Any]) -> Any:

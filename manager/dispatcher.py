@@ -73,7 +73,9 @@ class Dispatcher(Protocol):
 
     def final_result(self, trial_id: str, parameter_id: Any, value: Any) -> list[Output]: ...
 
-    def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]: ...
+    def intermediate_result(
+        self, trial_id: str, attempt: int, parameter_id: Any, sequence: int, value: Any
+    ) -> list[Output]: ...
 
     def trial_end(self, trial_id: str, parameter_id: Any, status: str) -> list[Output]: ...
 
@@ -92,6 +94,7 @@ class TunerDispatcher:
         self._parameters: dict[Any, Any] = {}  # what each parameter id ran with
         self._generated: set[Any] = set()  # the ids this tuner proposed (not so a log's older trials)
         self._histories: dict[str, dict[int, Any]] = {}  # trial -> sequence -> intermediate value
+        self._attempts: dict[str, int] = {}  # trial -> the attempt its history is of
         self._ended: set[str] = set()
         self._outputs: list[Output] = []
 
@@ -130,10 +133,16 @@ class TunerDispatcher:
                 self.tuner.import_data([{"parameter": parameters, "value": value}])
         return outputs
 
-    def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]:
-        """As NNI: the assessor sees the trial's results in sequence order, once none is missing."""
+    def intermediate_result(
+        self, trial_id: str, attempt: int, parameter_id: Any, sequence: int, value: Any
+    ) -> list[Output]:
+        """As NNI: the assessor sees the trial's results in sequence order, once none is missing; a
+        retried trial's history starts again with its new attempt."""
         if self.assessor is None or trial_id in self._ended:
             return []
+        if self._attempts.setdefault(trial_id, attempt) != attempt:
+            self._attempts[trial_id] = attempt
+            self._histories.pop(trial_id, None)
         history = self._histories.setdefault(trial_id, {})
         history[sequence] = value
         ordered: list[Any] = []
@@ -142,6 +151,8 @@ class TunerDispatcher:
         if len(ordered) < sequence:
             return []
         verdict = self.assessor.assess_trial(trial_id, ordered)
+        if not isinstance(verdict, bool) and getattr(verdict, "name", None) not in ("Good", "Bad"):
+            raise RuntimeError(f"Assessor.assess_trial must return an AssessResult, not {type(verdict).__name__}")
         if verdict is False or getattr(verdict, "name", None) == "Bad":
             self._ended.add(trial_id)  # one kill is enough; further results are the dying trial's
             reason = (
@@ -204,7 +215,9 @@ class AdvisorDispatcher:
             return []
         return self._metric(trial_id, parameter_id, "FINAL", 0, value)
 
-    def intermediate_result(self, trial_id: str, parameter_id: Any, sequence: int, value: Any) -> list[Output]:
+    def intermediate_result(
+        self, trial_id: str, attempt: int, parameter_id: Any, sequence: int, value: Any
+    ) -> list[Output]:
         if metric_score(value) is None or parameter_id not in self._generated:
             return []
         return self._metric(trial_id, parameter_id, "PERIODICAL", sequence, value)

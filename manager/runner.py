@@ -48,6 +48,7 @@ _STOP_DEADLINE_S = 60.0
 _WAIT_S = 0.5  # longest wait on the log: the runner re-checks its claim and deadline this often
 _TUNER_POLL_S = 0.02  # while the tuner thinks, how soon what it says is picked up
 _QUICK_TUNER_S = 0.05  # a request answered within this is submitted in the same round
+_DRAIN_S = 10.0  # at the end, how long the tuner may take over the inputs still queued
 RUNNER_LEASE_S = 5.0
 RUNNER_RENEW_S = 1.0
 
@@ -178,6 +179,8 @@ class ExperimentRunner:
         self._ready: deque[NewTrial] = deque()  # parameter sets the tuner gave, not yet submitted
         self._no_more = False  # the tuner had nothing for the last request, and nothing ended since
         self._asking = False  # a request is queued or running on the tuner's thread
+        self._ends = 0  # trials seen ending: a "no more" from before the latest end is stale
+        self._ends_at_request = 0
         self._next_sequence_id = 0
         self._reaped_at = 0.0
         self._claimed_at = 0.0
@@ -282,6 +285,8 @@ class ExperimentRunner:
                     self._stop_all("experiment reached maxExperimentDuration")
                     return self._finish("DONE")
                 if not self._active and (out_of_time or self._search_over()):
+                    if tuner.error is not None:  # it failed on the last trial's end
+                        return self._tuner_failed(tuner.error)
                     return self._finish("DONE")
                 self.on_progress(self.progress)
                 wait = _WAIT_S if tuner.idle else _TUNER_POLL_S
@@ -357,10 +362,14 @@ class ExperimentRunner:
         for request in requests:
             self._tuner.call("request_trials", request.count)
         if replay:
-            self._tuner.wait(timeout_s=None)
+            while not self._tuner.wait(RUNNER_RENEW_S):  # a long replay must not lose the claim
+                self._keep_claim()
             ran = set(self._parameter_ids.values())
-            outputs = self._tuner.outputs()
-            self._ready.extend(new for new in outputs if isinstance(new, NewTrial) and new.parameter_id not in ran)
+            for output in self._tuner.outputs():
+                if isinstance(output, NewTrial) and output.parameter_id not in ran:
+                    self._ready.append(output)  # asked for, never submitted: the runner died in between
+                elif isinstance(output, EarlyStop) and output.trial_id in self._active:
+                    self._early_stop(output)  # decided, never logged: the runner died in between
 
     def _follow(self, entries: list[LogEntry]) -> None:
         """Fold the log into the runner's trials and give the tuner what NNI's manager gives its
@@ -377,8 +386,9 @@ class ExperimentRunner:
             if isinstance(event, TrialMetricReported) and event.metric_type == "PERIODICAL":
                 if before is not None and not before.status.is_terminal and event.attempt == before.attempt:
                     value = metric_record(event).value
+                    parameter_id = self._parameter_ids[trial_id]
                     self._tuner.call(
-                        "intermediate_result", trial_id, self._parameter_ids[trial_id], event.sequence, value
+                        "intermediate_result", trial_id, event.attempt, parameter_id, event.sequence, value
                     )
                 continue
             after = apply_to_trial(before, event)
@@ -406,6 +416,7 @@ class ExperimentRunner:
 
     def _ended(self, trial: TrialJobDetail) -> None:
         self._active.discard(trial.id)
+        self._ends += 1
         self._no_more = False  # NNI asks again when a trial ends: PBT and Hyperband may have more now
         self._tuner_call("trial_end", trial.id, self._parameter_ids[trial.id], str(trial.status))
         score = metric_score(trial.final_metric)
@@ -424,38 +435,47 @@ class ExperimentRunner:
             match output:
                 case NewTrial():
                     self._ready.append(output)
-                case NoMoreTrials():
-                    self._no_more = True
-                case EarlyStop(trial_id=trial_id, reason=reason) if trial_id in self._active:
-                    self.service.request_stop(trial_id, TrialJobStatus.EARLY_STOPPED, reason)
+                case NoMoreTrials():  # for the last request; stale if a trial ended since it was made
+                    self._no_more = self._ends == self._ends_at_request
+                case EarlyStop() if output.trial_id in self._active:
+                    self._early_stop(output)
+
+    def _early_stop(self, verdict: EarlyStop) -> None:
+        self.service.request_stop(verdict.trial_id, TrialJobStatus.EARLY_STOPPED, verdict.reason)
 
     def _refill(self) -> None:
         """Submit ready parameter sets into free slots, and ask the tuner for one per slot still free,
         as NNI's manager does; never past maxTrialNumber. The request is logged with the position
         the tuner has seen, then asked on the tuner's thread: a slow tuner holds nothing up."""
         assert self._tuner is not None
+        if self._asking and self._tuner.idle:  # the last request is answered: count its answer first
+            self._asking = False
+            self._take_outputs()
+        self._submit_ready()
         budget = self.config.max_trial_number
-        free = self.config.trial_concurrency - len(self._active)
-        while self._ready and free > 0 and (budget is None or self._next_sequence_id < budget):
-            self._submit(self._ready.popleft())
-            free -= 1
+        free = self.config.trial_concurrency - len(self._active) - len(self._ready)
         if budget is not None:
             free = min(free, budget - self._next_sequence_id - len(self._ready))
-        if self._asking and self._tuner.idle:
-            self._asking = False
         if free <= 0 or self._no_more or self._asking:
             return
         self._keep_claim()
         self.service.store.append(TrialsRequested(experiment_id=self.experiment_id, count=free, seen=self._cursor))
         self._tuner.call("request_trials", free)  # after the inputs up to `seen`, still queued or not
         self._asking = True
+        self._ends_at_request = self._ends
         if self._tuner.wait(_QUICK_TUNER_S):  # most tuners answer at once: submit in this round
             self._asking = False
             self._take_outputs()
-            free = self.config.trial_concurrency - len(self._active)
-            while self._ready and free > 0 and (budget is None or self._next_sequence_id < budget):
-                self._submit(self._ready.popleft())
-                free -= 1
+            self._submit_ready()
+
+    def _submit_ready(self) -> None:
+        budget = self.config.max_trial_number
+        while (
+            self._ready
+            and len(self._active) < self.config.trial_concurrency
+            and (budget is None or self._next_sequence_id < budget)
+        ):
+            self._submit(self._ready.popleft())
 
     def _search_over(self) -> bool:
         """The budget is spent, or the tuner, idle, has no more and nothing it gave is left to run."""
@@ -507,6 +527,8 @@ class ExperimentRunner:
         return self._finish("ERROR", f"the tuner failed:\n{error}")
 
     def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
+        if self._tuner is not None:
+            self._tuner.wait(_DRAIN_S)  # the last trials' ends reach the tuner (and a custom tuner's log)
         self.on_progress(self.progress)
         finish_experiment(self.service.store.client, self.experiment_id, status, message)
         self.service.clean_up()

@@ -52,6 +52,7 @@ class TunerThread:
             return self._changed.wait_for(lambda: self._busy == 0, timeout_s)
 
     def close(self) -> None:
+        """Stop; calls still queued are dropped (wait() first to have them run)."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
@@ -65,12 +66,13 @@ class TunerThread:
                     return
                 method, args = self._calls.popleft()
             outputs: list[Output] = []
-            if self.error is None:
-                try:
+            try:
+                if self.error is None:
                     outputs = getattr(self.dispatcher, method)(*args) or []
-                except Exception:
-                    self.error = traceback.format_exc()
-            with self._changed:
-                self._outputs.extend(outputs)
-                self._busy -= 1
-                self._changed.notify_all()
+            except BaseException:  # SystemExit from a tuner too: it must not leave the runner waiting
+                self.error = traceback.format_exc()
+            finally:
+                with self._changed:
+                    self._outputs.extend(outputs)
+                    self._busy -= 1
+                    self._changed.notify_all()

@@ -65,7 +65,8 @@ class HyperParameters(CamelModel):
     @property
     def parameters(self) -> Any:
         """Usually a mapping of names to values; NetworkMorphism hands out a model as a JSON string."""
-        return json.loads(self.value).get("parameters", {})
+        packed = json.loads(self.value)
+        return packed.get("parameters", {}) if isinstance(packed, dict) else {}
 
 
 class JobApplicationForm(CamelModel):

@@ -4,6 +4,7 @@ real `nni` package, a real worker, real trial processes. One whose extra is miss
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,7 @@ def test_a_tuner_that_cannot_work_here_is_refused_at_config_time_with_why(name: 
     with pytest.raises(ConfigError) as refused:
         load_experiment_config(tmp_path / "config.yml")
     assert f": tuner.name: {why}" in str(refused.value)
+    assert "TF_USE_LEGACY_KERAS" not in os.environ  # PPO's import setting never reaches trials
 
 
 @pytest.mark.parametrize("builtin", [b for b in BUILTINS if b.pip and not b.unavailable], ids=lambda b: b.name)

@@ -323,3 +323,59 @@ def test_a_tuner_whose_constructor_fails_ends_its_experiment_with_the_traceback(
     assert experiment.status == "ERROR"
     assert experiment.message is not None and "ValueError: width 9 is too wide" in experiment.message
     assert not client.exists(keys.runner(experiment_id))  # nothing holds it: `experiments delete` may take it
+
+
+BATCHES = '''
+import time
+import redis
+from nni.tuner import Tuner
+
+
+class Batches(Tuner):
+    """Fills every slot asked for, but only once every set it proposed has a result; else it says
+    "no more for now", and only after all its trials have ended in the log (and the runner has had
+    time to read that): the answer is then stale."""
+
+    def __init__(self, redis_url):
+        self.client = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.proposed, self.without_result = 0, set()
+
+    def update_search_space(self, search_space):
+        pass
+
+    def generate_multiple_parameters(self, parameter_id_list, **kwargs):
+        if not self.without_result:
+            self.proposed += len(parameter_id_list)
+            self.without_result = set(parameter_id_list)
+            return [{"x": parameter_id / 10} for parameter_id in parameter_id_list]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self._ends() < self.proposed:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        return []
+
+    def _ends(self):
+        return sum(
+            fields.get("type") == "TrialEnded"
+            for key in self.client.scan_iter("ts:exp:*:events")
+            for _, fields in self.client.xrange(key)
+        )
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        self.without_result.discard(parameter_id)
+'''
+
+
+def test_a_no_more_answered_after_a_trial_ended_does_not_end_the_search(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis, redis_url: str
+) -> None:
+    """The tuner says "no more" to a request made while a trial ran; that trial ended meanwhile, so
+    the answer is stale: the runner asks again instead of ending the experiment with budget left."""
+    (tmp_path / "algorithms").mkdir()
+    (tmp_path / "algorithms" / "batches.py").write_text(BATCHES)
+    tuner = {"codeDirectory": "algorithms", "className": "batches.Batches", "classArgs": {"redis_url": redis_url}}
+    config = write_experiment(tmp_path, tuner=tuner, maxTrialNumber=4)
+
+    result = ExperimentRunner.create(load_experiment_config(config), client, rq_connection).run()
+
+    assert [str(trial.status) for trial in result.trials] == ["SUCCEEDED"] * 4
