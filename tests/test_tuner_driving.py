@@ -379,3 +379,27 @@ def test_a_no_more_answered_after_a_trial_ended_does_not_end_the_search(
     result = ExperimentRunner.create(load_experiment_config(config), client, rq_connection).run()
 
     assert [str(trial.status) for trial in result.trials] == ["SUCCEEDED"] * 4
+
+
+def test_a_log_from_before_requests_were_logged_resumes_through_import_data(
+    tmp_path: Path, served: Processes, client: redis.Redis, redis_url: str
+) -> None:
+    """An older log has no TrialsRequested: its trials reach the new tuner as NNI's resume gives
+    them (import_data), and new parameter ids never reuse a logged one."""
+    config = write_experiment(tmp_path, sleep=0.5, tuner=recorder_config(tmp_path), maxTrialNumber=6)
+    experiment_id = kill_runner_after(redis_url, client, config, succeeded=2)
+    stream = keys.events(experiment_id)
+    requests = [entry_id for entry_id, fields in client.xrange(stream) if fields["type"] == "TrialsRequested"]
+    assert requests
+    client.xdel(stream, *requests)
+    first_run = len(calls(tmp_path))
+
+    output, _ = run_cli(redis_url, "resume", experiment_id, "--json")
+
+    trials = json.loads(output)["trials"]
+    assert {trial["status"] for trial in trials} == {"SUCCEEDED"} and len(trials) == 6
+    xs = [trial["hyperParameters"]["x"] for trial in trials]
+    assert len(set(xs)) == 6  # the Recorder proposes id / 10: no id was reused
+    resumed = calls(tmp_path)[first_run:]
+    old_ids = {round(x * 10) for x in xs} - {call[1] for call in resumed if call[0] == "generate"}
+    assert not {call[1] for call in resumed if call[0] in ("result", "end")} & old_ids  # not as its own
