@@ -375,7 +375,6 @@ class ExperimentRunner:
         """Fold the log into the runner's trials and give the tuner what NNI's manager gives its
         dispatcher: each trial's final result when it arrives, intermediate results for the
         assessor, and each trial's end."""
-        assert self._tuner is not None
         for entry in entries:
             self._cursor = entry.id
             if not isinstance(entry, StoredEvent) or not isinstance(entry.event, TrialEvent):
@@ -387,7 +386,7 @@ class ExperimentRunner:
                 if before is not None and not before.status.is_terminal and event.attempt == before.attempt:
                     value = metric_record(event).value
                     parameter_id = self._parameter_ids[trial_id]
-                    self._tuner.call(
+                    self._tuner_call(
                         "intermediate_result", trial_id, event.attempt, parameter_id, event.sequence, value
                     )
                 continue
@@ -399,7 +398,7 @@ class ExperimentRunner:
                 self._submitted(after)
             if after.final_metric_data and trial_id not in self._reported:
                 self._reported.add(trial_id)
-                self._tuner.call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
+                self._tuner_call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
             if before is not None and after.status is not before.status:
                 self.progress.counts[str(before.status)] -= 1
                 self.progress.counts[str(after.status)] += 1
@@ -407,9 +406,10 @@ class ExperimentRunner:
                     self._ended(after)
 
     def _submitted(self, trial: TrialJobDetail) -> None:
-        packed = json.loads(trial.form.hyper_parameters.value)
-        self._parameter_ids[trial.id] = packed.get("parameter_id") if isinstance(packed, dict) else None
-        self._tuner_call("ran", self._parameter_ids[trial.id], trial.form.hyper_parameters.parameters)
+        packed = json.loads(trial.form.hyper_parameters.value)  # parsed once: this runs for every trial
+        packed = packed if isinstance(packed, dict) else {}
+        self._parameter_ids[trial.id] = packed.get("parameter_id")
+        self._tuner_call("ran", self._parameter_ids[trial.id], packed.get("parameters", {}))
         self._next_sequence_id = max(self._next_sequence_id, trial.sequence_id + 1)
         self._active.add(trial.id)
         self.progress.counts[str(trial.status)] += 1

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -85,7 +84,6 @@ class TrainingService:
         self._rq_connection = rq_connection
         self._listeners: list[MetricListener] = []
         self._stopped = threading.Event()
-        self._change_cursor = self.store.head()
         self._parsed: dict[str, TrialJobDetail] = {}  # view JSON -> the view (frozen, so safe to hand out again)
         self._tail = _Tail("0-0")
         self._tail_lock = threading.Lock()
@@ -101,7 +99,7 @@ class TrainingService:
         return self.get_trial_jobs([trial_id])[0]
 
     def get_trial_jobs(self, trial_ids: list[str]) -> list[TrialJobDetail]:
-        """Several trials, in one read of the views and one of the log (the runner follows all it started)."""
+        """Several trials, in one read of the views and one of the log."""
         position, trials = self._snapshot(trial_ids)
         wanted = set(trial_ids)
         self._fold_tail(trials, position, wanted)
@@ -207,14 +205,6 @@ class TrainingService:
                     metric = TrialJobMetric(id=event.trial_id, data=event.data)
                     for listener in list(self._listeners):
                         listener(metric)
-
-    def wait_for_change(self, timeout_s: float) -> bool:
-        """Block until the log grows (a trial started, ended, reported...) or the timeout passes."""
-        answer: Any = self._client.xread({self.store.stream: self._change_cursor}, block=int(timeout_s * 1000))
-        if not answer:
-            return False
-        self._change_cursor = answer[0][1][-1][0]
-        return True
 
     def clean_up(self) -> None:
         """Stop every trial that has not ended (SYS_CANCELED) and end run()."""

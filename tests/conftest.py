@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import redis
@@ -27,21 +27,9 @@ from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingServ
 from schemas.events import TrialMetricReported
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
 from tests.sshd import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
+from tests.waiting import wait_until
 
-T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
-
-
-def wait_until(probe: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "condition") -> T:
-    """Poll `probe` until it returns something truthy, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture

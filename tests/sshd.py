@@ -28,15 +28,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import pytest
 
-T = TypeVar("T")
+from tests.waiting import wait_until
+
 Mode = Literal["netns", "loopback"]
 
 TEST_USER = "tstrial"
@@ -48,18 +48,6 @@ BASE_PREFIX = "trialstream-sshd-"  # temp dirs are /tmp/trialstream-sshd-<pytest
 SUBNET = "10.234"  # host n of the machine gets 10.234.<k>.2/30, the root side 10.234.<k>.1
 DEADLINE_S = 10.0
 _host_numbers = itertools.count()
-
-
-def wait_for(probe: Callable[[], T], timeout: float = DEADLINE_S, what: str = "condition") -> T:
-    """Poll `probe` until it returns something truthy; fail after `timeout` seconds (never sleep-and-hope)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -106,7 +94,7 @@ def _kill_all(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: all(map(process_gone, pids)), what=f"{pids} to die")
+    wait_until(lambda: all(map(process_gone, pids)), DEADLINE_S, what=f"{pids} to die")
 
 
 def _is_zombie(pid: int) -> bool:
@@ -413,7 +401,7 @@ class SshHost:
                 raise AssertionError(f"sshd on {self.hostname} exited: {self.log_path.read_text()[-1500:]}")
             return self.pid_path.exists() and _banner(self.address, self.port)
 
-        wait_for(answers, what=f"sshd on {self.hostname} ({self.address}:{self.port})")
+        wait_until(answers, DEADLINE_S, what=f"sshd on {self.hostname} ({self.address}:{self.port})")
         self.listener_pid = int(self.pid_path.read_text())
         self._mount_ns = _mount_ns(self.listener_pid)
         assert self._mount_ns is not None and self._mount_ns != _mount_ns(os.getpid())

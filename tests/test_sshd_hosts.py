@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd import MuteHost, SshEnvironment, SshHost, SshUser, process_gone, wait_for, write_known_hosts
+from tests.sshd import MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
+from tests.waiting import wait_until
 
 paramiko = pytest.importorskip("paramiko")
 
@@ -135,12 +136,12 @@ def test_kill_sessions_drops_connections_but_host_accepts_new_ones(
     host = ssh_hosts[0]
     client = connect(clients, host, ssh_user, known_hosts)
     client.exec_command("exec sleep 300")  # a trial still running when the connection drops
-    wait_for(lambda: host.run("pgrep -x -u tstrial sleep", check=False).returncode == 0, what="sleep to start")
+    wait_until(lambda: host.run("pgrep -x -u tstrial sleep", check=False).returncode == 0, what="sleep to start")
     transport = client.get_transport()
     assert transport is not None and transport.is_active()
 
     assert host.kill_sessions() >= 2  # the privileged monitor and the user's side, at least
-    wait_for(lambda: not transport.is_active(), what="paramiko to see the connection drop")
+    wait_until(lambda: not transport.is_active(), what="paramiko to see the connection drop")
     with pytest.raises((paramiko.SSHException, OSError)):
         client.exec_command("true")
     assert host.run("pgrep -x -u tstrial sleep").returncode == 0  # the command outlives its connection
@@ -205,7 +206,7 @@ def test_mute_host_times_out_within_banner_timeout(mute_host: MuteHost, clients:
             mute_host.address, port=mute_host.port, username="x", password="x", banner_timeout=banner_timeout
         )
     assert time.monotonic() - started >= banner_timeout
-    wait_for(lambda: mute_host.accepted, what="the mute host to have accepted the connection")
+    wait_until(lambda: mute_host.accepted, what="the mute host to have accepted the connection")
 
 
 def test_destroy_leaves_nothing_behind(ssh_environment: SshEnvironment, ssh_user: SshUser, clients: list) -> None:
