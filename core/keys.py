@@ -39,6 +39,17 @@ def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"
 
 
+def secrets(experiment_id: str) -> str:
+    """Hash: dotted config path -> secret value (an SSH password): kept out of the log, which holds
+    the config masked, and read by the workers of the experiment's platform."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:secrets"
+
+
+def read_offsets(experiment_id: str, trial_id: str, attempt: int) -> str:
+    """Hash: output file -> how far the attempt's follower has read it, written with the metrics read."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:offsets:{trial_id}:{attempt}"
+
+
 def runner(experiment_id: str) -> str:
     """The runner driving the experiment, with a short TTL it keeps renewing: one runner at a time."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:runner"

@@ -6,9 +6,9 @@ A platform runs one trial to its end and says how it ended. It reports what happ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import redis
 
@@ -59,12 +59,36 @@ class Deferred:
     reason: str
 
 
+@dataclass(frozen=True)
+class Lost:
+    """The attempt can no longer be followed where it ran (its host stayed unreachable): it is lost,
+    as if its worker had died, so it is retried (elsewhere) when maxTrialRetries allows, else FAILED."""
+
+    reason: str
+
+
+OutputStream = Literal["stdout", "stderr"]
+
+
+class OutputUnavailable(LookupError):
+    """A trial's output cannot be read (never written, removed, or its host unreachable); says why."""
+
+
 class TrialControl(Protocol):
     def started(self, working_directory: str, url: str | None = None, gpu_indices: list[int] | None = None) -> None:
         """The trial is running."""
 
-    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
-        """The trial reported these metrics (all those read at once: they are stored in one round trip)."""
+    def metrics(self, metrics: Sequence[ParsedMetric], offsets: Mapping[str, int] | None = None) -> None:
+        """The trial reported these metrics (all those read at once: they are stored in one round trip).
+        `offsets`: how far the platform has read the trial's output files, committed with the metrics
+        (see `offsets()`); given without metrics, they are committed alone."""
+
+    def offsets(self) -> dict[str, int]:
+        """The read offsets last committed for this attempt: where a re-attached follower resumes
+        reading, so that no metric is lost or read twice."""
+
+    def unreachable(self, reason: str | None) -> None:
+        """Where the trial runs cannot be reached (it is UNKNOWN, with `reason`); None: reachable again."""
 
     def rejected(self, reason: str) -> None:
         """The trial wrote a metric record that could not be read."""
@@ -101,18 +125,32 @@ class Platform(Protocol):
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None: ...
 
+    @classmethod
+    def check(cls, config: PlatformConfig, settings: Settings) -> list[str]:
+        """Before an experiment starts: can its trials run there (hosts reachable, credentials right,
+        cluster answering)? One line per problem, naming what and why; [] when all is well."""
+        ...
+
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
         """Make the experiment's code available where its trials run. Called before every trial (and
         before every re-attachment): cheap when the code is staged already."""
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
+    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost:
         """Run the trial to its end (blocking); a stop request must end it promptly."""
         ...
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | None:
+    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | None:
         """Follow to its end an attempt that a worker, since lost, launched; None when nothing of it
         runs any more (its worker took it along: the attempt is lost)."""
         ...
+
+    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+        """What the trial wrote to `stream` from byte `offset` on (b"" when nothing more, so far), wherever
+        it ran; `url` is where its latest attempt ran (TrialStarted.url). Raises OutputUnavailable."""
+        ...
+
+    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+        """The experiment ended: remove what its trials left where they ran (unless the config keeps it)."""
 
     def release(self, trial: TrialAssignment) -> None:
         """Free what a lost attempt still holds (GPUs, a process on a host, a pod). Runs as a job of
