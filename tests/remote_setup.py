@@ -9,18 +9,20 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.conftest import Processes
 from tests.sshd import SshHost, SshUser, write_known_hosts
+
+if TYPE_CHECKING:
+    from tests.conftest import Processes
 
 
 @pytest.fixture
-def tmp_path() -> Iterator[Path]:
-    """Replaces pytest's tmp_path (under a root-only directory) with one the hosts' user can reach too:
-    trials on the hosts read and write markers the tests create there."""
+def shared_tmp_path() -> Iterator[Path]:
+    """A temporary directory the hosts' user can reach too (pytest's tmp_path is under a root-only
+    one): remote tests make it their tmp_path, so trials on the hosts see the markers tests create."""
     path = Path(tempfile.mkdtemp(prefix="trialstream-remote-"))
     path.chmod(0o777)
     yield path
@@ -52,6 +54,7 @@ class RemoteWorkers:
 
 @pytest.fixture
 def remote_workers(processes: Processes, ssh_hosts: list[SshHost], tmp_path: Path) -> Iterator[RemoteWorkers]:
+    """Starts remote workers trusting the two hosts (known_hosts in the test's tmp_path)."""
     known_hosts = write_known_hosts(tmp_path / "known_hosts", ssh_hosts)
     os.chmod(known_hosts, 0o644)
     yield RemoteWorkers(processes, known_hosts)
