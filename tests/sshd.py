@@ -401,8 +401,7 @@ class SshHost:
             _sh("ip", "route", "del", "unreachable", self.subnet, check=False)
             _sh("ip", "link", "set", self.veth, "up")
         self.pid_path.unlink(missing_ok=True)
-        # own mount + UTS namespace: own hostname, own home and boot id (bind mounts), then exec sshd (Popen's pid
-        # is sshd)
+        # own mount + UTS namespace: own hostname, home and boot id (bind mounts); exec sshd (Popen's pid is sshd)
         script = 'hostname "$1" && mount --bind "$2" "$3" && mount --bind "$6" "$7" && exec "$4" -D -e -f "$5"'
         args = [self.hostname, str(self.home), self.user.home, SSHD, str(self.config_path)]
         args += [str(self.boot_id_path), BOOT_ID]
