@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import textwrap
@@ -118,6 +119,33 @@ def test_follow_prints_output_as_it_is_written_and_returns_when_the_trial_ends(
         wait_until(lambda: has(b"before [i]go[/i]\nafter go \xff\n"), what="the whole output")
         assert service.get_trial_job(trial_id).status is TrialJobStatus.SUCCEEDED
     finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+
+
+def test_ctrl_c_ends_a_follow_quietly(
+    served: Processes, make_service: ServiceFactory, trial_script: str, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    service = make_service(f"{trial_script} wait {go}")
+    trial_id = service.submit_trial_job(form(0)).id
+    wait_for_status(service, trial_id, "RUNNING")
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "trials", "logs", trial_id, "--follow"],
+        cwd=REPO,
+        env={**os.environ, "TRIALSTREAM_REDIS_URL": served.redis_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert follower.stdout is not None and follower.stderr is not None
+        assert follower.stdout.readline() == b"before [i]go[/i]\n"  # following: the trial waits for `go`
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 130
+        assert follower.stderr.read() == b""
+    finally:
+        go.touch()  # the trial ends, so the worker stops promptly at teardown
         if follower.poll() is None:
             follower.kill()
             follower.wait()
