@@ -161,7 +161,7 @@ class LocalPlatform:
         self.kill_grace_s = settings.kill_grace_s
 
     @classmethod
-    def check(cls, config: PlatformConfig, settings: Settings) -> list[str]:
+    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
         """Nothing to reach: trials run on the workers' own machines."""
         return []
 

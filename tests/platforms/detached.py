@@ -55,7 +55,7 @@ class DetachedPlatform:
         self.grace_s = settings.kill_grace_s
 
     @classmethod
-    def check(cls, config: PlatformConfig, settings: Settings) -> list[str]:
+    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
         return []
 
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
