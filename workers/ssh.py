@@ -177,13 +177,16 @@ def classify(error: BaseException, target: SshTarget) -> SshError:
 
 
 def _open_socket(target: SshTarget) -> socket.socket:
-    """TCP with a deadline on unacknowledged data, so the SSH keepalive exposes a host that went silent.
+    """TCP without Nagle, and with a deadline on unacknowledged data so the keepalive exposes a silent host.
 
+    paramiko leaves Nagle's algorithm on: a channel open or exec then waits out the peer's delayed ACK, and a
+    ``run`` on loopback takes ~50 ms instead of ~5 ms (connect: ~70 ms instead of ~30 ms), measured here.
     paramiko's keepalive only sends (it never waits for an answer); without TCP_USER_TIMEOUT the kernel would
     retransmit for ~15 minutes before giving up on a host that vanished without closing the connection.
     """
     sock = socket.create_connection((target.host, target.port), timeout=target.timeout_s)
     try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         if hasattr(socket, "TCP_USER_TIMEOUT"):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_AFTER_S * 1000)
