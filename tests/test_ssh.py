@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import secrets
 import socket
 import stat
@@ -93,6 +94,12 @@ def test_wrong_password_is_an_auth_error_naming_the_host(
     assert ssh_hosts[0].address in str(error)
     for text in (str(error), repr(error), str(target), repr(target), repr(SshConnection(target))):
         assert wrong not in text and ssh_user.password not in text
+
+
+def test_ssh_error_keeps_its_kind_when_pickled() -> None:
+    error = SshError("u@h:22: connection refused", "refused")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.kind) == (str(error), "refused")
 
 
 def test_secrets_stay_out_of_reprs_and_messages(ssh_user: SshUser, tmp_path: Path) -> None:
@@ -211,8 +218,8 @@ def test_run_exit_code_stdout_stderr_stdin(connection: SshConnection) -> None:
     assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
     assert connection.run("tr a-z A-Z", stdin=b"hello\n").stdout == b"HELLO\n"
     assert connection.run("cat", stdin=None).stdout == b""  # EOF at once, no hang
-    quoted = connection.run("""printf '%s|' "$0" 'single '"'"'quote' "$HOME" `echo tick`; echo""")
-    assert quoted.stdout.decode().split("|")[1:3] == ["single 'quote", connection.run("echo $HOME").stdout.decode()[:-1]]
+    quoted = connection.run("""printf '%s|' 'single '"'"'quote' "$USER" `echo tick` "a  b"; echo""")
+    assert quoted.stdout.decode() == "single 'quote|tstrial|tick|a  b|\n"
 
 
 def test_run_reads_large_output_on_both_streams(connection: SshConnection) -> None:
@@ -285,9 +292,11 @@ def test_write_and_read_with_offsets(connection: SshConnection, ssh_hosts: list[
 
 
 def test_read_of_a_missing_file(connection: SshConnection) -> None:
+    connection.connect()
+    started = time.monotonic()
     with pytest.raises(FileNotFoundError):
         connection.read("no-such-file", 0)
-    assert connection.read  # the SFTP session survives the error
+    assert time.monotonic() - started < 0.2  # an answer from the host, not a suspected drop to wait out
     connection.write("now-there", b"x")
     assert connection.read("now-there", 0) == b"x"
 

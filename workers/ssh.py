@@ -25,7 +25,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +90,9 @@ class SshError(Exception):
 
     def __repr__(self) -> str:
         return f"SshError({str(self)!r}, kind={self.kind!r})"
+
+    def __reduce__(self) -> tuple[type[SshError], tuple[str, Kind]]:
+        return SshError, (str(self), self.kind)  # keeps `kind` across pickling (rq jobs, process pools)
 
 
 @dataclass(frozen=True)
@@ -476,7 +479,7 @@ class SshConnection:
             raise SshError(f"{self.target.label}: connection lost while the command ran", "disconnected")
         return RunResult(channel.exit_status, b"".join(stdout), b"".join(stderr))
 
-    def lines(self, script: str) -> Iterator[str]:
+    def lines(self, script: str) -> Generator[str, None, None]:
         """Runs ``sh -c script`` on a channel of its own and yields its stdout line by line as it arrives.
 
         Returns once the command exits. Closing the generator closes the channel: the command then sees EOF on
@@ -508,34 +511,36 @@ class SshConnection:
     def _sftp_session(self) -> Iterator[paramiko.SFTPClient]:
         """The connection's SFTP client, (re)opened on the current transport; one request at a time."""
         with self._sftp_lock:
-            link = self._current()
-            if self._sftp is None or self._sftp_link is not link or self._sftp.sock.closed:
-                self._open_sftp(link)
-            sftp = self._sftp
-            assert sftp is not None
+            sftp, link = self._sftp_client()
             try:
                 yield sftp
             except OSError as error:
-                if error.errno is not None and not self._lost(link):
-                    raise  # the remote file's own error (FileNotFoundError, PermissionError, ...)
+                if error.errno is not None:
+                    raise  # the host answered with the file's own error (FileNotFoundError, PermissionError, ...)
                 raise self._failure(error, link) from error
             except (paramiko.SSHException, EOFError) as error:
                 raise self._failure(error, link) from error
 
-    def _open_sftp(self, link: _Link) -> None:
-        if self._sftp is not None and self._sftp_link is not None:
-            self._sftp.close()
-            if self._sftp_link is link:
+    def _sftp_client(self) -> tuple[paramiko.SFTPClient, _Link]:
+        """The open SFTP client, or a new one on the current transport (called with the SFTP lock held)."""
+        link = self._current()
+        sftp, sftp_link = self._sftp, self._sftp_link
+        if sftp is not None and sftp_link is link and not sftp.sock.closed:
+            return sftp, link
+        if sftp is not None:
+            sftp.close()
+            if sftp_link is link:  # its channel died on a live transport: give its slot back
                 link.sessions.release()
         self._sftp = self._sftp_link = None
         channel, link = self._open_channel(time.monotonic() + self.target.timeout_s)
         try:
             channel.invoke_subsystem("sftp")
-            self._sftp = paramiko.SFTPClient(channel)
+            sftp = paramiko.SFTPClient(channel)
         except Exception as error:
             self._close_channel(channel, link)
             raise self._failure(error, link) from error
-        self._sftp_link = link
+        self._sftp, self._sftp_link = sftp, link
+        return sftp, link
 
     def read(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
         """Up to `limit` bytes from `offset`; b"" at or past the end; FileNotFoundError if the file is missing."""
