@@ -290,6 +290,17 @@ def _open_timed_out(error: BaseException) -> bool:
     return isinstance(error, paramiko.SSHException) and "Timeout opening channel" in str(error)
 
 
+def _packets_received(transport: paramiko.Transport) -> int | None:
+    """paramiko's count of packets read (private; reset by a rekey, so compare for change only).
+
+    Tells a host that went silent (nothing at all arrived while we waited) from one too busy to answer a channel
+    open in time while the other threads' channels still get data: dropping the shared transport in the busy
+    case would kill every command in flight on it.
+    """
+    count = getattr(transport.packetizer, "_Packetizer__received_packets", None)
+    return count if isinstance(count, int) else None
+
+
 def _open_refused(error: BaseException) -> bool:
     # paramiko keeps the host's refusal in one slot per transport: a thread whose refusal another thread took
     # gets the generic "Unable to open channel." instead of the ChannelException
@@ -391,16 +402,13 @@ class SshConnection:
         if self._lost(link):
             self._drop(link)
             return SshError(f"{self.target.label}: connection lost", "disconnected")
-        classified = classify(error, self.target)
-        if classified.kind == "timeout":  # the transport stopped answering: do not reuse it
-            self._drop(link)
-        return classified
+        return classify(error, self.target)
 
     def _open_channel(self, deadline: float) -> tuple[Channel, _Link]:
         """A session channel holding one of the link's slots (release it with `_close_channel`).
 
-        A transport found dead, or not answering a channel open within the target's timeout, is replaced once and
-        the open retried: nothing ran on that channel yet. So a host that went away silently (no FIN, no RST)
+        A transport found dead, or silent for a whole channel-open timeout, is replaced once and the open
+        retried: nothing ran on that channel yet. So a host that went away silently (no FIN, no RST)
         costs one timeout_s before the caller learns whether it is reachable at all. An open the host refuses on
         a live connection is retried until `deadline`: sshd frees a session only after it has processed our
         close, so right after a channel closes it can still count it against MaxSessions.
@@ -413,11 +421,13 @@ class SshConnection:
                 raise SshError(
                     f"{self.target.label}: no free session within the deadline ({self.max_sessions} in use)", "timeout"
                 )
+            heard = _packets_received(link.transport)
             try:
                 return link.transport.open_session(timeout=self.target.timeout_s), link
             except Exception as error:
                 link.sessions.release()
-                if not replaced and (_open_timed_out(error) or self._lost(link)):
+                silent = _open_timed_out(error) and (heard is None or heard == _packets_received(link.transport))
+                if not replaced and (silent or self._lost(link)):
                     self._drop(link)  # dead, or hung: a host that vanished without closing the connection
                     replaced = True
                     continue
