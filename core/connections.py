@@ -98,6 +98,11 @@ def _socket_options(url: str, decode: bool) -> dict[str, Any]:
     return options
 
 
+# Per pool. redis-py caps a pool at 100 unless told; a worker following a few hundred trials on a
+# remote platform holds a blocking command watcher and a lease renewer per trial.
+MAX_CONNECTIONS = 4096
+
+
 def connect(url: str, *, check: bool = True, decode: bool = True, retry_s: float | None = None) -> redis.Redis:
     """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here.
     Commands retry for `retry_s` seconds (`Settings.redis_retry_s`; default: `outage_budget_s()`).
@@ -118,6 +123,7 @@ def connect(url: str, *, check: bool = True, decode: bool = True, retry_s: float
         decode_responses=decode,
         health_check_interval=30,
         retry=retry_policy(retry_s),
+        max_connections=MAX_CONNECTIONS,
         **_socket_options(url, decode),
     )
 
@@ -141,7 +147,9 @@ def same_server(client: redis.Redis, *, decode: bool) -> redis.Redis:
             if "socket_timeout" in kwargs:  # only the bytes client issues RQ's long blocking dequeue
                 kwargs["socket_timeout"] = SOCKET_TIMEOUT_S if decode else RQ_SOCKET_TIMEOUT_S
             made[decode] = redis.Redis(
-                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+                connection_pool=redis.ConnectionPool(
+                    connection_class=pool.connection_class, max_connections=MAX_CONNECTIONS, **kwargs
+                )
             )
         return made[decode]
 
@@ -160,7 +168,9 @@ def quick_client(client: redis.Redis, timeout_s: float) -> redis.Redis:
             kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
             kwargs["retry"] = Retry(NoBackoff(), 1, _RETRIED_ERRORS)
             made[timeout_s] = redis.Redis(
-                connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+                connection_pool=redis.ConnectionPool(
+                    connection_class=pool.connection_class, max_connections=MAX_CONNECTIONS, **kwargs
+                )
             )
         return made[timeout_s]
 

@@ -24,6 +24,8 @@ from core.keys import LOG_PREFIX
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
 from schemas.events import (
+    PLATFORM_CONFIG,
+    TRIAL_CONFIG,
     ClusterMetadataSet,
     Event,
     StopStatus,
@@ -39,8 +41,6 @@ from schemas.trial import JobApplicationForm, TrialConfig, TrialJobDetail, Trial
 
 log = logging.getLogger(__name__)
 
-TRIAL_CONFIG = "trial_config"
-PLATFORM_CONFIG = "platform_config"
 _TRIAL_ID_ALPHABET = string.ascii_letters + string.digits
 
 PARSED_VIEWS_KEPT = 20_000

@@ -68,6 +68,10 @@ class TrialsRequested(BaseEvent):
     seen: str
 
 
+TRIAL_CONFIG = "trial_config"  # cluster metadata: the trial command, code directory, GPUs and limits
+PLATFORM_CONFIG = "platform_config"  # cluster metadata: the trainingService section (secrets masked)
+
+
 class ClusterMetadataSet(BaseEvent):
     type: Literal["ClusterMetadataSet"] = "ClusterMetadataSet"
     v: Literal[1] = 1

@@ -332,9 +332,7 @@ def test_trials_go_to_free_gpus_across_machines_and_wait_without_blocking_others
     waiting = next(t for t in trial_ids if service.get_trial_job(t).status is TrialJobStatus.WAITING)
     assert "free GPU" in (service.get_trial_job(waiting).message or "")
     running = [t for t in trial_ids if t != waiting]
-    placed = {
-        (host_of(ssh_hosts, service, t).hostname, tuple(service.get_trial_job(t).gpu_indices or [])) for t in running
-    }
+    placed = {(host_of(ssh_hosts, service, t).hostname, tuple(_started(service, t).gpu_indices or [])) for t in running}
     assert placed == {("trial-host-1", (0,)), ("trial-host-2", (0,)), ("trial-host-2", (1,))}
     gates[trial_ids.index(running[0])].touch()  # one ends: the waiting trial takes its GPU
     wait_for_status(service, waiting, "RUNNING", timeout=60)
@@ -357,6 +355,10 @@ def test_a_gpu_request_no_machine_can_meet_fails_at_once_saying_why(
     assert "no machine can ever run it" in (trial.message or "")
     assert all(host.address in (trial.message or "") for host in ssh_hosts)
     assert "asks for 2 GPUs" in (trial.message or "")
+
+
+def _started(service: TrainingService, trial_id: str) -> TrialStarted:
+    return next(e for e in history(service, trial_id) if isinstance(e, TrialStarted))
 
 
 def _statuses(service: TrainingService, trial_ids: list[str]) -> list[str]:
@@ -382,3 +384,26 @@ def test_the_trial_runs_detached_with_its_files_on_the_host(
 
 def directory_on_host(host: SshHost, directory: Path) -> str:
     return host.user.home + "/" + str(directory.relative_to(host.home))
+
+
+NNI_TRIAL = """
+import nni
+params = nni.get_next_parameter()
+nni.report_intermediate_result({"default": 0.25, "note": 'a "quoted" \\\\ value'})
+nni.report_final_result({"default": params["x"] * 2, "platform": "remote"})
+"""
+
+
+def test_unmodified_nni_trial_code_reports_through_stdout(
+    remote, remote_workers: RemoteWorkers, ssh_hosts: list[SshHost], code_dir: Path
+) -> None:
+    """NNI's SDK prints `NNISDK_MEb'<raw json>'` on platforms other than local: dicts with quotes too."""
+    (code_dir / "nni_trial.py").write_text(textwrap.dedent(NNI_TRIAL))
+    service = remote(hosts=ssh_hosts[:1], command=f"{sys.executable} nni_trial.py")
+    remote_workers.start()
+    trial = wait_for_status(service, service.submit_trial_job(form(0, x=0.5)).id, "SUCCEEDED", "FAILED", timeout=60)
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+    assert trial.final_metric == {"default": 1.0, "platform": "remote"}
+    Projector(service.store.client).catch_up(service.experiment_id)
+    [intermediate] = [m.value for m in service.views.metrics(trial.id) if m.type == "PERIODICAL"]
+    assert intermediate == {"default": 0.25, "note": 'a "quoted" \\ value'}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import (
-    ExperimentCreated,
+    PLATFORM_CONFIG,
+    ClusterMetadataSet,
     TrialDeferred,
     TrialEnded,
     TrialLaunchSpec,
@@ -142,11 +144,17 @@ def release_attempt(experiment_id: str, trial_id: str, attempt: int) -> str:
 def clean_up_experiment(experiment_id: str) -> str:
     """The experiment ended: its platform removes what its trials left where they ran."""
     runtime = current_runtime()
-    first = EventStore(runtime.client, experiment_id).read(count=1)
-    created = first[0].event if first and isinstance(first[0], StoredEvent) else None
-    if not isinstance(created, ExperimentCreated):
-        return "no ExperimentCreated in the log: nothing to clean up"
-    section = with_secrets(created.config["trainingService"], experiment_secrets(runtime.client, experiment_id))
+    store = EventStore(runtime.client, experiment_id)
+    settings = [
+        entry.event
+        for entry in store.read(where=lambda fields: fields.get("type") == "ClusterMetadataSet")
+        if isinstance(entry, StoredEvent)
+        and isinstance(entry.event, ClusterMetadataSet)
+        and entry.event.key == PLATFORM_CONFIG
+    ]
+    if not settings:
+        return "no platform config in the log: nothing to clean up"
+    section = with_secrets(json.loads(settings[-1].value), experiment_secrets(runtime.client, experiment_id))
     runtime.platform.clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
     return "cleaned up"
 

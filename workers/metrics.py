@@ -86,15 +86,29 @@ def parse_record(payload: bytes) -> ParsedMetric:
 
 
 def parse_stdout_line(line: bytes) -> ParsedMetric | None:
-    """The metric in a `NNISDK_MEb'...'` stdout line, or None for any other line."""
+    """The metric in a `NNISDK_MEb'...'` stdout line, or None for any other line.
+
+    NNI's SDK prints the record's JSON as it is between `b'` and `'` (its manager takes what the
+    quotes enclose and parses it as JSON), so that is read first; a Python bytes literal (`repr` of
+    the encoded record, as some trial code prints it) is the fallback when the raw text is not JSON.
+    """
     line = line.rstrip(b"\r\n")
     if not line.startswith(STDOUT_PREFIX):
         return None
     if len(line) > MAX_RECORD_BYTES:
         raise MetricRejected(f"metric line of {len(line)} bytes exceeds the {MAX_RECORD_BYTES}-byte limit")
+    literal = line[len(STDOUT_PREFIX) :]
+    if literal.startswith(b"b'") and literal.endswith(b"'") and len(literal) >= 3:
+        raw = literal[2:-1]
+        try:
+            json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            pass
+        else:
+            return parse_record(raw)
     try:
-        payload = ast.literal_eval(line[len(STDOUT_PREFIX) :].decode())
-    except (ValueError, SyntaxError, UnicodeDecodeError) as error:
+        payload = ast.literal_eval(literal.decode())
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as error:
         raise MetricRejected(f"metric line is not a bytes literal: {line[:80]!r}") from error
     if not isinstance(payload, bytes):
         raise MetricRejected(f"metric line is not a bytes literal: {line[:80]!r}")

@@ -94,10 +94,10 @@ alive() {
   done
   return 1
 }
-kill -TERM -- "-$g" 2>/dev/null || exit 0
+kill -s TERM -- "-$g" 2>/dev/null || exit 0
 i=0
 while alive && [ "$i" -lt "$grace" ]; do sleep 0.1; i=$((i + 1)); done
-kill -KILL -- "-$g" 2>/dev/null
+kill -s KILL -- "-$g" 2>/dev/null
 exit 0
 """
 
@@ -117,7 +117,7 @@ if [ -n "$o" ] && [ "$b" != "$o" ]; then echo rebooted; else echo vanished; fi
 _CLEAN_UP = r"""
 root="$1"; experiment="$2"; keep="$3"
 for p in "$root/experiments/$experiment"/*/attempt-*/pid; do
-  [ -e "$p" ] && read -r g < "$p" && kill -KILL -- "-$g" 2>/dev/null
+  [ -e "$p" ] && read -r g < "$p" && kill -s KILL -- "-$g" 2>/dev/null
 done
 rm -f "$root"/watch/*/"$experiment".*
 [ "$keep" = keep ] || rm -rf "$root/experiments/$experiment"
@@ -219,7 +219,7 @@ class RemotePlatform:
         if host is not None:
             directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
             with contextlib.suppress(SshError):
-                host.run('read -r g < "$1/pid" 2>/dev/null && kill -KILL -- "-$g" 2>/dev/null; exit 0', directory)
+                host.run('read -r g < "$1/pid" 2>/dev/null && kill -s KILL -- "-$g" 2>/dev/null; exit 0', directory)
         GpuLedger(self.client, "", NoGpuSource()).release_everywhere(attempt_member(trial))
 
     def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
@@ -284,6 +284,7 @@ class RemotePlatform:
             policy = _policy(trial, host.machine)
             ledger = self._ledger(host)
             try:
+                host.connection.connect()  # at once when connected; a host that went away is skipped
                 gpus = ledger.reserve(member, policy)
             except GpuRequestImpossible as error:
                 impossible.append(f"{host.label}: {error}")
