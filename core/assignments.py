@@ -40,7 +40,7 @@ def load_assignment(
 
 def experiment_secrets(client: redis.Redis, experiment_id: str) -> dict[str, str]:
     raw = client.hgetall(keys.secrets(experiment_id))
-    return {_text(name): _text(value) for name, value in raw.items()}  # type: ignore[union-attr]
+    return {_text(name): _text(value) for name, value in raw.items()}
 
 
 def _text(value: str | bytes) -> str:

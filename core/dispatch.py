@@ -27,10 +27,11 @@ from rq.serializers import JSONSerializer
 
 from core import keys
 from core.event_store import EventStore, StoredEvent
-from schemas.events import TrialAttemptLost, TrialRequeued, TrialSubmitted
+from schemas.events import ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
 
 RUN_TRIAL = "workers.job.run_trial"  # by name: the core never imports the workers that execute it
 RELEASE_ATTEMPT = "workers.job.release_attempt"
+CLEAN_UP_EXPERIMENT = "workers.job.clean_up_experiment"
 SERIALIZER = JSONSerializer  # never pickle: whoever can write a job must not run code on the workers
 RECHECK_FIRST_S = 1.0
 RECHECK_CAP_S = 30.0
@@ -62,17 +63,38 @@ class TrialJob:
         return attempt_job_prefix(self.experiment_id, self.trial_id, self.attempt)
 
 
+@dataclass(frozen=True)
+class ExperimentJob:
+    """A job about a whole experiment on one platform: clean up after it once it has ended."""
+
+    platform: str
+    experiment_id: str
+    function: str = CLEAN_UP_EXPERIMENT
+
+
 def dispatch(
     pipe: Pipeline,
     rq_connection: redis.Redis,
     store: EventStore,
-    record: TrialSubmitted | TrialAttemptLost | TrialRequeued,
-    jobs: Sequence[TrialJob],
+    record: TrialSubmitted | TrialAttemptLost | TrialRequeued | ExperimentFinished,
+    jobs: Sequence[TrialJob | ExperimentJob],
     idempotency_key: str | None = None,
 ) -> None:
     """Append `record` and queue `jobs` on `pipe` (a transaction the caller executes)."""
     store.append(record, idempotency_key=idempotency_key, pipeline=pipe)
     for job in jobs:
+        if isinstance(job, ExperimentJob):
+            trial_queue(job.platform, rq_connection).enqueue_call(
+                job.function,
+                args=(job.experiment_id,),
+                job_id=f"{job.experiment_id}--clean-up-{time.time_ns()}",
+                timeout=600,
+                result_ttl=600,
+                failure_ttl=7 * 24 * 3600,
+                description=f"clean-up of experiment {job.experiment_id}",
+                pipeline=pipe,
+            )
+            continue
         run = job.function == RUN_TRIAL
         trial_queue(job.platform, rq_connection).enqueue_call(
             job.function,

@@ -211,11 +211,19 @@ class EventStore:
         result = self._run_script(self._arguments([event], [idempotency_key]), pipeline)
         return "" if pipeline is not None else str(result[0])
 
-    def append_all(self, events: list[Event], idempotency_keys: list[str | None] | None = None) -> list[str]:
-        """Append several events in one round trip, in order (in batches of 1000, each one atomic)."""
+    def append_all(
+        self, events: list[Event], idempotency_keys: list[str | None] | None = None, pipeline: Pipeline | None = None
+    ) -> list[str]:
+        """Append several events in one round trip, in order (in batches of 1000, each one atomic).
+        With `pipeline`, they are queued there and the ids come with its results."""
         keys_ = idempotency_keys or [None] * len(events)
         if len(keys_) != len(events):
             raise ValueError(f"{len(events)} events but {len(keys_)} idempotency keys")
+        if pipeline is not None:
+            for start in range(0, len(events), _APPEND_BATCH):
+                batch = slice(start, start + _APPEND_BATCH)
+                self._run_script(self._arguments(events[batch], keys_[batch]), pipeline)
+            return []
         with self.client.pipeline(transaction=False) as pipe:
             for start in range(0, len(events), _APPEND_BATCH):
                 batch = slice(start, start + _APPEND_BATCH)

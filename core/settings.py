@@ -56,6 +56,10 @@ class Settings(BaseModel):
     machine_id: str = Field(default_factory=default_machine_id, min_length=1, description="the GPU ledger's host")
     fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")
     experiments_dir: Path = Path("~/trialstream-experiments")
+    known_hosts: Path = Field(
+        default=Path("~/.ssh/known_hosts"), description="host keys the remote platform trusts (OpenSSH format)"
+    )
+    ssh_timeout_s: float = Field(default=10.0, gt=0, description="connecting to a remote host, and each SSH step")
     platforms: Annotated[dict[str, str], BeforeValidator(_platform_targets)] = Field(
         default_factory=dict, description="extra platform adapters: name=module:Class, comma-separated"
     )

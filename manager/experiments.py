@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from core import keys
 from core.connections import same_server
+from core.dispatch import ExperimentJob, dispatch
 from core.event_store import EventStore
 from manager.training_service import TrainingService
 from schemas.events import ExperimentCreated, ExperimentFinished
@@ -30,8 +31,15 @@ def new_id(length: int) -> str:
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(length))
 
 
-def create_experiment(client: redis.Redis, config: dict[str, Any], root: Path, experiment_id: str | None = None) -> str:
-    """Append ExperimentCreated and register the experiment, atomically; returns its id (8 chars, as NNI)."""
+def create_experiment(
+    client: redis.Redis,
+    config: dict[str, Any],
+    root: Path,
+    experiment_id: str | None = None,
+    secrets: dict[str, str] | None = None,
+) -> str:
+    """Append ExperimentCreated and register the experiment, atomically; returns its id (8 chars, as NNI).
+    The config's `secrets` (masked in `config`) are kept beside the log, for the platform's workers."""
     while experiment_id is None:
         candidate = new_id(8)
         if client.zscore(keys.EXPERIMENTS, candidate) is None:
@@ -44,14 +52,29 @@ def create_experiment(client: redis.Redis, config: dict[str, Any], root: Path, e
         pipe.multi()
         EventStore(client, experiment_id).append(event, idempotency_key="created", pipeline=pipe)
         pipe.zadd(keys.EXPERIMENTS, {experiment_id: event.time})
+        for path, value in (secrets or {}).items():
+            pipe.hset(keys.secrets(experiment_id), path, value)
         pipe.execute()
     return experiment_id
 
 
-def finish_experiment(client: redis.Redis, experiment_id: str, status: str, message: str | None = None) -> None:
-    """A resumed experiment finishes again: the last ExperimentFinished holds."""
+def finish_experiment(
+    client: redis.Redis,
+    rq_connection: redis.Redis,
+    experiment_id: str,
+    platform: str,
+    status: str,
+    message: str | None = None,
+) -> None:
+    """A resumed experiment finishes again: the last ExperimentFinished holds. With it, the platform
+    is asked to clean up where the trials ran (a job of its queue: its workers hold its clients)."""
     event = ExperimentFinished(experiment_id=experiment_id, status=status, message=message)  # type: ignore[arg-type]
-    EventStore(client, experiment_id).append(event)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.multi()
+        dispatch(
+            pipe, rq_connection, EventStore(client, experiment_id), event, [ExperimentJob(platform, experiment_id)]
+        )
+        pipe.execute()
 
 
 def resolve_experiment(client: redis.Redis, experiment_id: str | None) -> str:

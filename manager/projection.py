@@ -25,6 +25,7 @@ from schemas.events import (
     TrialReattached,
     TrialStarted,
     TrialSubmitted,
+    TrialUnreachable,
 )
 from schemas.trial import CamelModel, MetricRecord, TrialJobDetail, TrialJobStatus, can_transition
 
@@ -138,6 +139,10 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
             )
         case TrialReattached() if event.attempt == view.attempt:
             return view.model_copy(update={"worker": event.source})
+        case TrialUnreachable(reason=None) if event.attempt == view.attempt and status is TrialJobStatus.UNKNOWN:
+            return view.model_copy(update={"status": TrialJobStatus.RUNNING, "message": None})
+        case TrialUnreachable() if event.attempt == view.attempt and event.reason and status is TrialJobStatus.RUNNING:
+            return view.model_copy(update={"status": TrialJobStatus.UNKNOWN, "message": event.reason})
         case TrialMetricReported(metric_type="FINAL") if event.attempt == view.attempt:
             record = metric_record(event)
             if any(known.dedup_key == record.dedup_key for known in view.final_metric_data):

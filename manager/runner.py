@@ -23,9 +23,11 @@ import redis
 from rq import Queue, Worker
 
 from core import keys
+from core.assignments import experiment_secrets
 from core.dispatch import queue_name
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
+from core.registry import platform_class
 from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
@@ -35,6 +37,7 @@ from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingServ
 from manager.transfer import end_imported_trials
 from manager.tuner_thread import TunerThread
 from schemas.events import ExperimentResumed, TrialEvent, TrialMetricReported, TrialsRequested
+from schemas.secrets import secret_values, with_secrets
 from schemas.trial import (
     HyperParameters,
     JobApplicationForm,
@@ -141,6 +144,14 @@ def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str,
         raise RunnerError(f"no projector serves {url_hint}: start one with `trialstream projector`")
 
 
+def check_platform(spec: ExperimentSpec, settings: Settings) -> None:
+    """The platform's own check before anything runs (hosts reachable, credentials right): every
+    problem at once, one line each; no experiment is created or trial submitted when there is one."""
+    problems = platform_class(spec.platform.platform).check(spec.platform, settings)
+    if problems:
+        raise RunnerError("trainingService: cannot run trials there:\n" + "\n".join(f"  {line}" for line in problems))
+
+
 class ExperimentRunner:
     def __init__(
         self,
@@ -203,8 +214,10 @@ class ExperimentRunner:
     ) -> ExperimentRunner:
         """A new experiment in the log, with its trial and platform config as cluster metadata."""
         settings = settings or Settings()
+        check_platform(spec, settings)
         root = experiments_root(spec, settings)
-        experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id)
+        secrets = secret_values(spec.platform)
+        experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id, secrets)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
         runner._claim(wait_s=0)
         trial_config = TrialConfig(
@@ -244,7 +257,10 @@ class ExperimentRunner:
             )
         if experiment.status == "DONE":
             raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
-        spec = stored_experiment_spec(experiment.config, experiment.working_directory)
+        config = dict(experiment.config)
+        config["trainingService"] = with_secrets(config["trainingService"], experiment_secrets(client, experiment_id))
+        spec = stored_experiment_spec(config, experiment.working_directory)
+        check_platform(spec, settings or Settings())
         elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)
         runner = cls(
             spec,
@@ -298,7 +314,7 @@ class ExperimentRunner:
             raise  # the trials and the experiment are the new runner's now
         except BaseException:
             self._stop_all("the experiment runner stopped")
-            finish_experiment(self.service.store.client, self.experiment_id, "STOPPED", "runner interrupted")
+            self._finish_experiment("STOPPED", "runner interrupted")
             raise
         finally:
             tuner.close()
@@ -345,7 +361,7 @@ class ExperimentRunner:
         try:
             dispatcher = build_dispatcher(tuner, assessor, self.experiment_dir / "log" / "dispatcher.log")
         except Exception as error:  # a constructor that refuses its classArgs: the experiment ends here
-            finish_experiment(self._client, self.experiment_id, "ERROR", f"the tuner failed:\n{traceback.format_exc()}")
+            self._finish_experiment("ERROR", f"the tuner failed:\n{traceback.format_exc()}")
             self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
             raise RunnerError(f"{tuner.label} could not be built: {error}") from None
         self._tuner = TunerThread(dispatcher)
@@ -526,10 +542,14 @@ class ExperimentRunner:
         self._stop_all("the tuner failed")
         return self._finish("ERROR", f"the tuner failed:\n{error}")
 
+    def _finish_experiment(self, status: str, message: str | None) -> None:
+        platform = self.spec.platform.platform
+        finish_experiment(self._client, self._rq_connection, self.experiment_id, platform, status, message)
+
     def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
         if self._tuner is not None:
             self._tuner.wait(_DRAIN_S)  # the last trials' ends reach the tuner (and a custom tuner's log)
         self.on_progress(self.progress)
-        finish_experiment(self.service.store.client, self.experiment_id, status, message)
+        self._finish_experiment(status, message)
         self.service.clean_up()
         return ExperimentResult(self.experiment_id, self.service.list_trial_jobs())

@@ -122,6 +122,16 @@ class TrialReattached(TrialEvent):
     attempt: int
 
 
+class TrialUnreachable(TrialEvent):
+    """Where the attempt runs cannot be reached (its host dropped off the network): the trial is
+    UNKNOWN until it is reached again (`reason` None) or given up as lost."""
+
+    type: Literal["TrialUnreachable"] = "TrialUnreachable"
+    v: Literal[1] = 1
+    attempt: int
+    reason: str | None
+
+
 class TrialStarted(TrialEvent):
     type: Literal["TrialStarted"] = "TrialStarted"
     v: Literal[2] = 2
@@ -224,6 +234,7 @@ Event = Annotated[
     | TrialRequeued
     | TrialReattached
     | TrialStarted
+    | TrialUnreachable
     | TrialMetricReported
     | TrialMetricRejected
     | TrialFormUpdated

@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from core import keys
+from core.connections import same_server
 from core.event_store import EventStore
 from core.keys import ViewKeys
 from manager.experiments import create_experiment, finish_experiment
@@ -174,7 +175,9 @@ def test_finished_experiments_leave_the_round_until_their_log_grows(client: redi
     finished = []
     for n in range(60):
         experiment_id = create_experiment(client, {"n": n}, tmp_path)
-        finish_experiment(client, experiment_id, ("DONE", "STOPPED", "ERROR")[n % 3])
+        finish_experiment(
+            client, same_server(client, decode=False), experiment_id, "local", ("DONE", "STOPPED", "ERROR")[n % 3]
+        )
         finished.append(experiment_id)
     active = [create_experiment(client, {"n": "live"}, tmp_path) for _ in range(2)]
     projector = Projector(client)

@@ -82,7 +82,7 @@ def finish_mixed_experiment(mixed: Mixed, rq_connection: redis.Redis) -> None:
     queue = Queue(queue_name("local"), connection=rq_connection)
     done = lambda: queue.finished_job_registry.count + queue.failed_job_registry.count  # noqa: E731
     wait_until(lambda: done() == len(mixed.trials), what="every trial's job to be done")
-    finish_experiment(service.store.client, mixed.experiment_id, "DONE")
+    finish_experiment(service.store.client, rq_connection, mixed.experiment_id, "local", "DONE")
     wait_projected(service)
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import redis
 
+from core import keys
 from core.connections import quick_client, until_redis_answers
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
@@ -35,6 +36,7 @@ from schemas.events import (
     TrialMetricReported,
     TrialStarted,
     TrialSubmitted,
+    TrialUnreachable,
 )
 from schemas.trial import JobApplicationForm, TrialJobStatus
 
@@ -62,6 +64,7 @@ class LogTrialControl:
         self._attempt = lease.ref.attempt
         self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
         self.metric_keys: list[str] = []  # idempotency keys of the metrics appended: dropped when the attempt ends
+        self.offsets_key = keys.read_offsets(store.experiment_id, self._trial_id, lease.ref.attempt)
         self._cancel: TrialCancelRequested | None = None
         self._lease_lost = False
         self._renewed_at = time.monotonic()
@@ -94,9 +97,9 @@ class LogTrialControl:
             f"started:{self._trial_id}:{self._attempt}",
         )
 
-    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
+    def metrics(self, metrics: Sequence[ParsedMetric], offsets: Mapping[str, int] | None = None) -> None:
         reported = [metric for metric in metrics if metric.metric_type != "REQUEST_PARAMETER"]
-        if not reported:
+        if not reported and not offsets:
             return
         events: list[Event] = [
             TrialMetricReported(
@@ -115,10 +118,32 @@ class LogTrialControl:
             f"metric:{self._trial_id}:{self._attempt}:{metric.parameter_id}:{metric.metric_type}:{metric.sequence}"
             for metric in reported
         ]
-        until_redis_answers(
-            lambda: self._appends.append_all(events, idempotency_keys), f"trial {self._trial_id}", self._cut_off
-        )
+
+        def commit() -> None:
+            with self._quick.pipeline(transaction=True) as pipe:
+                pipe.multi()
+                if events:
+                    self._appends.append_all(events, idempotency_keys, pipeline=pipe)
+                if offsets:
+                    pipe.hset(self.offsets_key, mapping={name: str(value) for name, value in offsets.items()})
+                pipe.execute()
+
+        until_redis_answers(commit, f"trial {self._trial_id}", self._cut_off)  # safe to repeat: keyed appends
         self.metric_keys.extend(key for key in idempotency_keys if key)
+
+    def offsets(self) -> dict[str, int]:
+        raw = until_redis_answers(lambda: self._store.client.hgetall(self.offsets_key), f"trial {self._trial_id}")
+        return {str(name): int(value) for name, value in raw.items()}
+
+    def unreachable(self, reason: str | None) -> None:
+        event = TrialUnreachable(
+            experiment_id=self._store.experiment_id,
+            trial_id=self._trial_id,
+            attempt=self._attempt,
+            source=self._worker,
+            reason=reason,
+        )
+        until_redis_answers(lambda: self._appends.append(event), f"trial {self._trial_id}", self._cut_off)
 
     def rejected(self, reason: str) -> None:
         log.warning("trial %s: %s", self._trial_id, reason)

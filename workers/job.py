@@ -10,15 +10,24 @@ import redis
 from redis.client import Pipeline
 
 from core import keys
+from core.assignments import assignment_of, experiment_secrets, load_assignment
 from core.connections import until_redis_answers
 from core.dispatch import TrialJob, load_submission, park, wake_parked, worker_name
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
-from core.platform import Deferred, Platform, TrialAssignment, TrialOutcome
+from core.platform import Deferred, Lost, Platform, TrialAssignment, TrialOutcome
 from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
-from schemas.events import TrialDeferred, TrialEnded, TrialLaunchSpec, TrialReattached, TrialSubmitted
+from schemas.events import (
+    ExperimentCreated,
+    TrialDeferred,
+    TrialEnded,
+    TrialLaunchSpec,
+    TrialReattached,
+    TrialSubmitted,
+)
+from schemas.secrets import with_secrets
 from schemas.trial import TrialJobStatus
 from workers.control import LogTrialControl
 
@@ -90,14 +99,16 @@ def run_trial(
             control.close()
             _end_attempt(runtime, store, lease, _ended(lease, stop.status, None, stop.reason), control)
             return "canceled before it started"
-        assignment = _assignment(runtime.platform, submitted, attempt)
+        assignment = assignment_of(
+            runtime.platform, submitted, attempt, experiment_secrets(runtime.client, experiment_id)
+        )
         try:
             runtime.stage(experiment_id, submission.launch, assignment.platform_config)
             if reattach:
                 found = _reattach(runtime, store, submitted, lease, assignment, control)
                 if found is None:
                     return "nothing left to re-attach to: declared lost"
-                outcome: TrialOutcome | Deferred = found
+                outcome: TrialOutcome | Deferred | Lost = found
             else:
                 outcome = runtime.platform.run_trial(assignment, control)
         except Exception as error:
@@ -109,6 +120,10 @@ def run_trial(
         if isinstance(outcome, Deferred):
             control.close()
             return _park(runtime, store, lease, outcome, deferrals, last_deferral)
+        if isinstance(outcome, Lost):
+            control.close()
+            _lose(runtime, store, submitted, lease, outcome.reason)
+            return f"lost: {outcome.reason}"
         control.close()  # no lease renewal may race the end of the attempt
         _end_attempt(runtime, store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message), control)
         return str(outcome.status)
@@ -119,10 +134,21 @@ def run_trial(
 def release_attempt(experiment_id: str, trial_id: str, attempt: int) -> str:
     """Free what a lost attempt still holds on this platform, then wake the trials waiting for it."""
     runtime = current_runtime()
-    submitted = load_submission(EventStore(runtime.client, experiment_id), trial_id)
-    runtime.platform.release(_assignment(runtime.platform, submitted, attempt))
+    runtime.platform.release(load_assignment(runtime.client, runtime.platform, experiment_id, trial_id, attempt))
     wake_parked(runtime.client, runtime.rq_connection, runtime.platform.name, "an attempt was released", False)
     return "released"
+
+
+def clean_up_experiment(experiment_id: str) -> str:
+    """The experiment ended: its platform removes what its trials left where they ran."""
+    runtime = current_runtime()
+    first = EventStore(runtime.client, experiment_id).read(count=1)
+    created = first[0].event if first and isinstance(first[0], StoredEvent) else None
+    if not isinstance(created, ExperimentCreated):
+        return "no ExperimentCreated in the log: nothing to clean up"
+    section = with_secrets(created.config["trainingService"], experiment_secrets(runtime.client, experiment_id))
+    runtime.platform.clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
+    return "cleaned up"
 
 
 def _reattach(
@@ -132,7 +158,7 @@ def _reattach(
     lease: Lease,
     assignment: TrialAssignment,
     control: LogTrialControl,
-) -> TrialOutcome | None:
+) -> TrialOutcome | Lost | None:
     """Take the attempt up where its lost worker left it; if nothing of it runs any more, it is lost."""
     ref = lease.ref
     record = TrialReattached(
@@ -143,30 +169,28 @@ def _reattach(
     if outcome is not None:
         return outcome
     control.close()
+    _lose(
+        runtime,
+        store,
+        submitted,
+        lease,
+        f"attempt {ref.attempt} was not running any more when worker {runtime.name} took it up",
+    )
+    return None
+
+
+def _lose(runtime: WorkerRuntime, store: EventStore, submitted: StoredEvent, lease: Lease, reason: str) -> None:
+    """Declare the attempt lost (retried when maxTrialRetries allows, else FAILED) and end its lease."""
+    ref = lease.ref
 
     def commit() -> None:
         with store.client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            reason = f"attempt {ref.attempt} was not running any more when worker {runtime.name} took it up"
             lose_attempt(pipe, runtime.rq_connection, store, submitted, ref, lease.worker, runtime.name, reason)
+            pipe.delete(keys.read_offsets(ref.experiment_id, ref.trial_id, ref.attempt))
             pipe.execute()
 
     until_redis_answers(commit, f"trial {ref.trial_id}")  # safe to repeat: keyed append, absolute writes
-    return None
-
-
-def _assignment(platform: Platform, submitted: StoredEvent, attempt: int) -> TrialAssignment:
-    submission = submitted.event
-    assert isinstance(submission, TrialSubmitted)
-    return TrialAssignment(
-        experiment_id=submission.experiment_id,
-        trial_id=submission.trial_id,
-        form=submission.form,
-        launch=submission.launch,
-        working_directory=submission.working_directory,
-        platform_config=platform.config_model.model_validate(submission.launch.platform_config),
-        attempt=attempt,
-    )
 
 
 def _park(
@@ -212,6 +236,7 @@ def _end_attempt(
             lease.end(pipe)
             if control.metric_keys:
                 pipe.hdel(keys.idempotency(store.experiment_id), *control.metric_keys)
+            pipe.delete(control.offsets_key)
             pipe.execute()
 
     until_redis_answers(commit, f"trial {lease.ref.trial_id}")  # safe to repeat: keyed append, absolute writes
