@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import pwd
 import re
@@ -43,11 +44,20 @@ from bench.harness import (
     median_of,
     percentile,
     repeat,
+    scratch_redis,
     stream_ms,
     wait_until,
 )
+from bench.overhead import form
 from bench.versus_nni import ANSI, NNI_TERMINAL, NniError, free_port, get_json, nni_manager_group, reap
-from core.settings import REDIS_URL_ENV
+from core.connections import connect
+from core.event_store import StoredEvent
+from core.settings import REDIS_URL_ENV, Settings
+from manager.config import load_experiment_config
+from manager.runner import ExperimentRunner
+from manager.stack import DATA_DIR, EmbeddedRedis, ServiceProcesses
+from manager.training_service import TrainingService
+from schemas.events import TrialEnded, TrialMetricReported, TrialStarted, TrialSubmitted
 
 TRIALS = 20
 CONCURRENCY = 2
@@ -116,7 +126,7 @@ class LoopbackHost:
         for path in (self.home, self.home / ".ssh", self.home / ".ssh" / "authorized_keys"):
             os.chown(path, user.pw_uid, user.pw_gid)
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.address, "-f", str(self.host_key))
-        path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
+        session_path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
         lines = [
             f"Port {self.port}",
             f"ListenAddress {self.address}",
@@ -133,7 +143,7 @@ class LoopbackHost:
             "PrintMotd no",
             "MaxSessions 200",
             "MaxStartups 200",
-            f"SetEnv PATH={path}",
+            f"SetEnv PATH={session_path}",
         ]
         self.config.write_text("\n".join(lines) + "\n")
 
@@ -386,7 +396,9 @@ def run_nni(directory: Path, name: str, hosts: Hosts) -> Run:
     finally:
         stop_nni(experiment_id, group if group is not None else nni_manager_group(port), directory.parent)
     log = directory / "experiments" / experiment_id / "log" / "nnimanager.log"
-    times = [(job["startTime"] / 1000, job.get("endTime", job["startTime"]) / 1000) for job in jobs if "startTime" in job]
+    times = [
+        (job["startTime"] / 1000, job.get("endTime", job["startTime"]) / 1000) for job in jobs if "startTime" in job
+    ]
     return Run(
         wall_s=wall_s,
         first_running_s=min(start for start, _ in times) - launched,
@@ -395,3 +407,418 @@ def run_nni(directory: Path, name: str, hosts: Hosts) -> Run:
         failed=sum(job["status"] != "SUCCEEDED" for job in jobs),
         stages=nni_stages(log, launched),
     )
+
+
+# --- trialstream ---------------------------------------------------------------------------------------------
+
+
+def remote_platform_ready() -> str | None:
+    """Why trialstream cannot run remote trials in this checkout, or None when it can."""
+    if not (REPO / "workers" / "remote.py").is_file():
+        return "trialstream's remote platform (workers/remote.py) is not in this checkout yet"
+    return None
+
+
+def trialstream_machines(hosts: Hosts) -> list[dict[str, Any]]:
+    """The machine list; host keys are checked against the known_hosts setting, or not at all where this
+    checkout has no such setting (a stand-in until it has)."""
+    return hosts.machine_list() if known_hosts_setting() else hosts.machine_list(checkHostKey=False)
+
+
+def known_hosts_setting() -> bool:
+
+    return "known_hosts" in Settings.model_fields
+
+
+def trialstream_environment(hosts: Hosts) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if key != REDIS_URL_ENV}
+    environment[KNOWN_HOSTS_ENV] = str(hosts.known_hosts)
+    return environment
+
+
+@contextlib.contextmanager
+def experiment_log(experiment_dir: Path, experiment_id: str) -> Iterator[list[tuple[str, Any]]]:
+    """The log an embedded `trialstream run` left in its experiment directory: (stream id, event) in order."""
+
+    server = EmbeddedRedis(experiment_dir / DATA_DIR)
+    url = server.start()
+    try:
+        service = TrainingService(connect(url), connect(url, decode=False), experiment_id)
+        yield [(entry.id, entry.event) for entry in service.store.read() if isinstance(entry, StoredEvent)]
+    finally:
+        server.stop()
+
+
+def trialstream_run(directory: Path, config: Path, hosts: Hosts) -> tuple[dict[str, Any], float, float]:
+    """`trialstream run CONFIG --json` (embedded stack) launch -> exit; (its result, wall s, launch epoch s)."""
+    launched = time.time()
+    started = time.perf_counter()
+    with (directory / "trialstream.stderr").open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
+            cwd=REPO,
+            env=trialstream_environment(hosts),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, _ = process.communicate(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    wall_s = time.perf_counter() - started
+    reap("-s", process.pid, "trialstream")
+    if process.returncode != 0:
+        tail = (directory / "trialstream.stderr").read_text()[-1500:]
+        raise RuntimeError(f"trialstream run exited with {process.returncode}: {tail}")
+    return json.loads(stdout), wall_s, launched
+
+
+def run_trialstream(directory: Path, name: str, hosts: Hosts) -> Run:
+
+    config = experiment_config(directory, name, trialstream_machines(hosts))
+    result, wall_s, launched = trialstream_run(directory, config, hosts)
+    experiment_dir = directory / "experiments" / result["experimentId"]
+    submitted: dict[str, int] = {}
+    started: dict[str, int] = {}
+    to_running, refills = [], []
+    last_ended, trigger = 0, {}
+    with experiment_log(experiment_dir, result["experimentId"]) as entries:
+        for entry_id, event in entries:
+            at = stream_ms(entry_id)
+            if isinstance(event, TrialSubmitted):
+                submitted[event.trial_id] = at
+                if event.form.sequence_id >= CONCURRENCY:
+                    trigger[event.trial_id] = last_ended  # the end that freed this trial's slot
+            elif isinstance(event, TrialStarted) and event.trial_id not in started:
+                started[event.trial_id] = at
+                to_running.append(float(at - submitted[event.trial_id]))
+                if event.trial_id in trigger:
+                    refills.append(float(at - trigger.pop(event.trial_id)))
+            elif isinstance(event, TrialEnded):
+                last_ended = at
+    if not started:
+        raise RuntimeError(f"no trial of {result['experimentId']} ever started: {result}")
+    return Run(
+        wall_s=wall_s,
+        first_running_s=min(started.values()) / 1000 - launched,
+        submit_to_running_ms=to_running,
+        refill_ms=refills,
+        failed=sum(trial["status"] != "SUCCEEDED" for trial in result["trials"]) + TRIALS - len(result["trials"]),
+        stages={},
+    )
+
+
+METRICS = 20
+
+
+def metric_latencies(directory: Path, hosts: Hosts) -> list[float]:
+    """One remote trial reports METRICS intermediate metrics 50 ms apart, each carrying its host-side time.time();
+    ms from that to the log time (its stream id) of its TrialMetricReported."""
+
+    code = directory / "code"  # the metrics trial imports the dependency-free SDK: upload it with the trial
+    code.mkdir(parents=True, exist_ok=True)
+    shutil.copy(TRIALS_DIR / "metrics.py", code)
+    shutil.copy(REPO / "trialstream_sdk.py", code)
+    config = experiment_config(directory, "metrics", trialstream_machines(hosts))
+    values = yaml.safe_load(config.read_text())
+    values.update(
+        trialCommand=f"{sys.executable} metrics.py {METRICS} 0.05",
+        trialCodeDirectory=str(code),
+        trialConcurrency=1,
+        maxTrialNumber=1,
+    )
+    config.write_text(yaml.safe_dump(values))
+    result, _, _ = trialstream_run(directory, config, hosts)
+    latencies = []
+    with experiment_log(directory / "experiments" / result["experimentId"], result["experimentId"]) as entries:
+        for entry_id, event in entries:
+            if isinstance(event, TrialMetricReported):
+                sent = float(json.loads(json.loads(event.data))["sent"])
+                latencies.append(stream_ms(entry_id) - sent * 1000)
+    if len(latencies) < METRICS:
+        raise RuntimeError(f"{len(latencies)} of {METRICS + 1} metrics reached the log: {result}")
+    return latencies
+
+
+QUIET_TRIALS = 100
+SAMPLE_S = 10.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise LookupError(f"no VmRSS for process {pid}")
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+@dataclass(frozen=True)
+class Footprint:
+    rss_mb: float
+    cpu_percent: float
+    children: int  # processes the worker started (ssh clients, ...), if any
+    children_rss_mb: float
+    to_all_running_s: float
+
+
+def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
+    """`trialstream worker --platform remote --concurrency 100` on a private redis-server; 100 `sleep` trials over
+    the hosts through TrainingService; once all are RUNNING, the worker's RSS and CPU over SAMPLE_S seconds."""
+
+    config = experiment_config(directory, "quiet", trialstream_machines(hosts))
+    values = yaml.safe_load(config.read_text())
+    values.update(trialCommand="sleep 600", trialConcurrency=QUIET_TRIALS, maxTrialNumber=QUIET_TRIALS)
+    config.write_text(yaml.safe_dump(values))
+    with scratch_redis(directory) as (client, url):
+        extra: dict[str, Any] = {"known_hosts": hosts.known_hosts} if known_hosts_setting() else {}
+        services = ServiceProcesses(Settings(redis_url=url, **extra), directory / "logs")
+        try:
+            services.start("worker", "--platform", "remote", "--concurrency", str(QUIET_TRIALS), log_name="worker")
+            pid = services.processes[-1].pid
+            service = ExperimentRunner.create(
+                load_experiment_config(config), client, connect(url, decode=False)
+            ).service
+            started = time.perf_counter()
+            trials = [service.submit_trial_job(form(index, {"x": index / 100, "y": 1})) for index in range(100)]
+
+            def all_running() -> bool:
+                jobs = service.list_trial_jobs()
+                failed = [job for job in jobs if job.status in ("FAILED", "SYS_CANCELED", "USER_CANCELED")]
+                if failed:
+                    raise RuntimeError(f"{len(failed)} quiet trials ended: {failed[0]}")
+                return sum(job.status == "RUNNING" for job in jobs) >= QUIET_TRIALS
+
+            wait_until(all_running, 180, f"{QUIET_TRIALS} remote trials to be RUNNING", interval=0.5)
+            to_all_running_s = time.perf_counter() - started
+            time.sleep(2.0)  # let the start-up burst settle
+            cpu_before, sampled = _cpu_seconds(pid), time.perf_counter()
+            time.sleep(SAMPLE_S)
+            cpu_percent = (_cpu_seconds(pid) - cpu_before) / (time.perf_counter() - sampled) * 100
+            children = _descendants(pid)
+            children_rss = 0.0
+            for child in children:
+                with contextlib.suppress(OSError, LookupError):
+                    children_rss += _rss_mb(child)
+            footprint = Footprint(_rss_mb(pid), cpu_percent, len(children), children_rss, to_all_running_s)
+            for trial in trials:
+                with contextlib.suppress(Exception):
+                    service.cancel_trial_job(trial.id)
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    lambda: not any(job.status == "RUNNING" for job in service.list_trial_jobs()),
+                    60,
+                    "the quiet trials to stop",
+                    interval=0.5,
+                )
+            return footprint
+        finally:
+            services.stop()
+
+
+# --- the section ---------------------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float | None:
+    return median_of(values) if values else None
+
+
+def _why(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip()[-600:]}"
+
+
+def run(root: Path, runs: int) -> Section:
+    section = Section("Remote hosts over SSH: NNI 3.0 against trialstream", "python -m bench --only remote")
+    nni_runs: list[Run] = []
+    ts_runs: list[Run] = []
+    failures: dict[str, str] = {}
+    latencies: list[list[float]] = []
+    footprint: Footprint | None = None
+    ts_blocked = remote_platform_ready()
+    if ts_blocked:
+        failures["trialstream"] = ts_blocked
+    if shutil.which("nnictl") is None:
+        failures["NNI"] = "nnictl is not on PATH"
+    try:
+        hosts_context = loopback_hosts(root / "hosts", 2)
+        hosts = hosts_context.__enter__()
+    except (RuntimeError, OSError, TimeoutError) as error:
+        failures["sshd"] = f"no loopback sshd hosts: {_why(error)}"
+        hosts_context = None
+    if hosts_context is not None:
+        try:
+            one = Hosts(hosts.hosts[:1], hosts.key, hosts.known_hosts)
+            print(f"  hosts: {', '.join(f'{h.address}:{h.port}' for h in hosts.hosts)} (user {USER})", flush=True)
+
+            def measure(index: int) -> None:
+                if "NNI" not in failures or index > 0:
+                    try:
+                        nni_runs.append(run_nni(root / "nni" / f"run{index}", f"nni-remote{index}", one))
+                        print(f"      NNI: {nni_runs[-1].wall_s:.1f}s", flush=True)
+                    except (NniError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
+                        failures.setdefault("NNI", _why(error))
+                        print(f"      NNI failed: {_why(error)}", flush=True)
+                if not ts_blocked:
+                    try:
+                        ts_runs.append(run_trialstream(root / "trialstream" / f"run{index}", f"ts-remote{index}", one))
+                        print(f"      trialstream: {ts_runs[-1].wall_s:.1f}s", flush=True)
+                    except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
+                        failures.setdefault("trialstream", _why(error))
+                        print(f"      trialstream failed: {_why(error)}", flush=True)
+
+            repeat(runs, measure)
+            if not ts_blocked:
+                try:
+                    latencies = repeat(runs, lambda index: metric_latencies(root / "metrics" / f"run{index}", one))
+                except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
+                    failures["metrics"] = _why(error)
+                try:
+                    footprint = worker_footprint(root / "quiet", hosts)
+                except (RuntimeError, OSError, ValueError, KeyError, TimeoutError) as error:
+                    failures["footprint"] = _why(error)
+        finally:
+            hosts_context.__exit__(None, None, None)
+
+    def why_not(system: str) -> str:
+        return f"not measured: {failures[system]}" if system in failures else ""
+
+    nni_s = _median([r.wall_s for r in nni_runs])
+    ts_s = _median([r.wall_s for r in ts_runs])
+    per_run = lambda rs: ", ".join(f"{r.wall_s:.1f}" for r in rs)  # noqa: E731
+    section.add(
+        Figure(
+            f"NNI remote: {TRIALS} trials at concurrency {CONCURRENCY}, wall time",
+            nni_s,
+            "s",
+            detail=f"median of {per_run(nni_runs)} s" if nni_runs else why_not("NNI"),
+        ),
+        Figure(
+            f"trialstream remote: {TRIALS} trials at concurrency {CONCURRENCY}, wall time",
+            ts_s,
+            "s",
+            detail=f"median of {per_run(ts_runs)} s" if ts_runs else why_not("trialstream"),
+        ),
+        Figure("NNI / trialstream wall time (speed-up)", nni_s / ts_s if nni_s and ts_s else None, "x", ">= 2"),
+        Figure(
+            "NNI remote: launch -> first trial RUNNING",
+            _median([r.first_running_s for r in nni_runs]),
+            "s",
+            detail="from `nnictl create` to the earliest `startTime` in /trial-jobs",
+        ),
+        Figure(
+            "trialstream remote: launch -> first trial RUNNING",
+            _median([r.first_running_s for r in ts_runs]),
+            "s",
+            "<= 1.5",
+            detail="from launching `trialstream run` to the first TrialStarted's log time",
+        ),
+        Figure(
+            "trialstream remote: submit -> RUNNING p50",
+            _median([percentile(r.submit_to_running_ms, 50) for r in ts_runs if r.submit_to_running_ms]),
+            "ms",
+            "<= 150",
+            detail="TrialSubmitted -> TrialStarted, log times, all trials of the 20-trial runs",
+        ),
+        Figure(
+            "trialstream remote: freed slot refill p50",
+            _median([percentile(r.refill_ms, 50) for r in ts_runs if r.refill_ms]),
+            "ms",
+            "<= 100",
+            detail="a trial's TrialEnded -> the next trial's TrialStarted, log times",
+        ),
+        Figure(
+            "NNI remote: freed slot refill p50",
+            _median([percentile(r.refill_ms, 50) for r in nni_runs if r.refill_ms]),
+            "ms",
+            detail="a trial's `endTime` -> the next trial's `startTime`, /trial-jobs",
+        ),
+        Figure(
+            "trialstream remote: metric on the host -> in the log p50",
+            _median([percentile(samples, 50) for samples in latencies]),
+            "ms",
+            "<= 250",
+            detail=f"{METRICS} intermediate metrics + the final one per run, 50 ms apart; "
+            "host time.time() -> TrialMetricReported's stream id"
+            if latencies
+            else why_not("metrics"),
+        ),
+        Figure(
+            "trialstream remote: metric on the host -> in the log p99",
+            _median([percentile(samples, 99) for samples in latencies]),
+            "ms",
+            "<= 1000",
+        ),
+        Figure(
+            f"one remote worker, {QUIET_TRIALS} quiet trials on 2 hosts: RSS",
+            footprint.rss_mb if footprint else None,
+            "MB",
+            "<= 300",
+            detail=(
+                f"VmRSS of the worker process; its {footprint.children} child processes hold "
+                f"{footprint.children_rss_mb:.0f} MB more; all {QUIET_TRIALS} RUNNING "
+                f"{footprint.to_all_running_s:.1f} s after the first submit"
+                if footprint
+                else why_not("footprint")
+            ),
+        ),
+        Figure(
+            f"one remote worker, {QUIET_TRIALS} quiet trials on 2 hosts: CPU",
+            footprint.cpu_percent if footprint else None,
+            "% of a core",
+            "<= 10",
+            detail=f"utime + stime of the worker process over {SAMPLE_S:.0f} s, /proc/<pid>/stat",
+        ),
+    )
+    section.notes.append(
+        f"Hosts: unprivileged OpenSSH sshd (`{SSHD} -D`) on 127.0.0.2 and 127.0.0.3, each in its own mount "
+        f"namespace with its own home for the plain user `{USER}`, ed25519 key auth; sshd sets PATH so the "
+        f"host's `python` is this machine's {sys.executable} (which has nni). The same NNI v2 YAML for both "
+        f"systems: {TRIALS} trials of `{NNI_TRIAL}` (the real `nni`), trialConcurrency {CONCURRENCY}, Random "
+        f"tuner (seed {SEED}), `trainingService: {{platform: remote, machineList: [{{host, port, user, "
+        "sshKeyFile}]}`, one host; alternating NNI then trialstream, runs: "
+        f"{runs}. NNI: `nnictl create` -> `check-status` DONE (or all trials terminal), polled every {POLL_S} s, "
+        "`nnictl stop` not timed in. trialstream: `trialstream run CONFIG --json` (embedded stack) launch -> exit; "
+        "its submit/start/end times are read afterwards from the log it left in the experiment directory."
+    )
+    if not known_hosts_setting():
+        section.notes.append(
+            f"This checkout has no {KNOWN_HOSTS_ENV} setting, so trialstream ran with `checkHostKey: false`."
+        )
+    stages = [r.stages for r in nni_runs if r.stages]
+    if stages:
+        medians = {stage: median_of([s[stage] for s in stages if stage in s]) for stage in NNI_STAGES}
+        section.notes.append(
+            "Where NNI's time goes before the first trial (median seconds after launch at which nnimanager.log "
+            "starts each step; the log has 1 s resolution): "
+            + ", ".join(f"{stage} {at:.0f} s" for stage, at in medians.items() if not math.isnan(at))
+            + ". See bench/FINDINGS.md (remote)."
+        )
+    failed = [r.failed for r in nni_runs + ts_runs if r.failed]
+    if failed:
+        section.notes.append(f"Some runs had trials that did not succeed: {failed}")
+    for system, why in failures.items():
+        section.notes.append(f"{system}: {why}")
+    return section
