@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -49,7 +50,16 @@ from bench.harness import (
     wait_until,
 )
 from bench.overhead import form
-from bench.versus_nni import ANSI, NNI_TERMINAL, NniError, free_port, get_json, nni_manager_group, reap
+from bench.versus_nni import (
+    ANSI,
+    NNI_TERMINAL,
+    NniError,
+    free_port,
+    get_json,
+    nni_manager_group,
+    reap,
+    trial_cpu_seconds,
+)
 from core.connections import connect
 from core.event_store import StoredEvent
 from core.settings import REDIS_URL_ENV, Settings
@@ -244,6 +254,7 @@ class Run:
     refill_ms: list[float]
     failed: int
     stages: dict[str, float]  # NNI: when its manager log says each host set-up stage began, s after launch
+    first_submitted_s: float | None = None  # trialstream: launch -> the first TrialSubmitted
 
 
 def experiment_config(directory: Path, name: str, machines: list[dict[str, Any]]) -> Path:
@@ -510,24 +521,37 @@ def run_trialstream(directory: Path, name: str, hosts: Hosts) -> Run:
         refill_ms=refills,
         failed=sum(trial["status"] != "SUCCEEDED" for trial in result["trials"]) + TRIALS - len(result["trials"]),
         stages={},
+        first_submitted_s=min(submitted.values()) / 1000 - launched,
     )
 
 
 METRICS = 20
+# Each metric is the host's time.time() itself: a plain number, as a dict metric ({"default": .., "sent": ..})
+# comes back from the stdout channel unreadable (see the note the section adds about it).
+METRICS_TRIAL = """
+import sys, time
+import trialstream_sdk as nni
+
+count, interval = int(sys.argv[1]), float(sys.argv[2])
+nni.get_next_parameter()
+for _ in range(count):
+    nni.report_intermediate_result(time.time())
+    time.sleep(interval)
+nni.report_final_result(time.time())
+"""
 
 
 def metric_latencies(directory: Path, hosts: Hosts) -> list[float]:
-    """One remote trial reports METRICS intermediate metrics 50 ms apart, each carrying its host-side time.time();
-    ms from that to the log time (its stream id) of its TrialMetricReported."""
-
-    code = directory / "code"  # the metrics trial imports the dependency-free SDK: upload it with the trial
+    """One remote trial reports METRICS intermediate metrics 50 ms apart and a final one, each its host-side
+    time.time(); ms from that to the log time (its stream id) of its TrialMetricReported."""
+    code = directory / "code"  # the trial imports the dependency-free SDK: upload it with the trial
     code.mkdir(parents=True, exist_ok=True)
-    shutil.copy(TRIALS_DIR / "metrics.py", code)
+    (code / "sent.py").write_text(METRICS_TRIAL)
     shutil.copy(REPO / "trialstream_sdk.py", code)
     config = experiment_config(directory, "metrics", trialstream_machines(hosts))
     values = yaml.safe_load(config.read_text())
     values.update(
-        trialCommand=f"{sys.executable} metrics.py {METRICS} 0.05",
+        trialCommand=f"{sys.executable} sent.py {METRICS} 0.05",
         trialCodeDirectory=str(code),
         trialConcurrency=1,
         maxTrialNumber=1,
@@ -538,7 +562,7 @@ def metric_latencies(directory: Path, hosts: Hosts) -> list[float]:
     with experiment_log(directory / "experiments" / result["experimentId"], result["experimentId"]) as entries:
         for entry_id, event in entries:
             if isinstance(event, TrialMetricReported):
-                sent = float(json.loads(json.loads(event.data))["sent"])
+                sent = float(json.loads(json.loads(event.data)))
                 latencies.append(stream_ms(entry_id) - sent * 1000)
     if len(latencies) < METRICS:
         raise RuntimeError(f"{len(latencies)} of {METRICS + 1} metrics reached the log: {result}")
@@ -595,13 +619,16 @@ def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
     config.write_text(yaml.safe_dump(values))
     with scratch_redis(directory) as (client, url):
         extra: dict[str, Any] = {"known_hosts": hosts.known_hosts} if known_hosts_setting() else {}
-        services = ServiceProcesses(Settings(redis_url=url, **extra), directory / "logs")
+        settings = Settings(redis_url=url, **extra)
+        services = ServiceProcesses(settings, directory / "logs")
         try:
             services.start("worker", "--platform", "remote", "--concurrency", str(QUIET_TRIALS), log_name="worker")
             pid = services.processes[-1].pid
-            service = ExperimentRunner.create(
-                load_experiment_config(config), client, connect(url, decode=False)
-            ).service
+            create_options: dict[str, Any] = {}
+            if "settings" in inspect.signature(ExperimentRunner.create).parameters:
+                create_options["settings"] = settings  # the known_hosts its pre-start check reads
+            spec = load_experiment_config(config)
+            service = ExperimentRunner.create(spec, client, connect(url, decode=False), **create_options).service
             started = time.perf_counter()
             trials = [service.submit_trial_job(form(index, {"x": index / 100, "y": 1})) for index in range(100)]
 
@@ -657,6 +684,7 @@ def run(root: Path, runs: int) -> Section:
     failures: dict[str, str] = {}
     latencies: list[list[float]] = []
     footprint: Footprint | None = None
+    bare_trial: tuple[float, float] | None = None
     ts_blocked = remote_platform_ready()
     if ts_blocked:
         failures["trialstream"] = ts_blocked
@@ -689,6 +717,7 @@ def run(root: Path, runs: int) -> Section:
                         failures.setdefault("trialstream", _why(error))
                         print(f"      trialstream failed: {_why(error)}", flush=True)
 
+            bare_trial = trial_cpu_seconds(root)
             repeat(runs, measure)
             if not ts_blocked:
                 try:
@@ -705,6 +734,7 @@ def run(root: Path, runs: int) -> Section:
     def why_not(system: str) -> str:
         return f"not measured: {failures[system]}" if system in failures else ""
 
+    first_submitted = _median([r.first_submitted_s for r in ts_runs if r.first_submitted_s is not None])
     nni_s = _median([r.wall_s for r in nni_runs])
     ts_s = _median([r.wall_s for r in ts_runs])
     per_run = lambda rs: ", ".join(f"{r.wall_s:.1f}" for r in rs)  # noqa: E731
@@ -733,7 +763,8 @@ def run(root: Path, runs: int) -> Section:
             _median([r.first_running_s for r in ts_runs]),
             "s",
             "<= 1.5",
-            detail="from launching `trialstream run` to the first TrialStarted's log time",
+            detail="from launching `trialstream run` to the first TrialStarted's log time"
+            + (f"; {first_submitted:.2f} s of it to the first TrialSubmitted" if first_submitted is not None else ""),
         ),
         Figure(
             "trialstream remote: submit -> RUNNING p50",
@@ -803,6 +834,14 @@ def run(root: Path, runs: int) -> Section:
         "`nnictl stop` not timed in. trialstream: `trialstream run CONFIG --json` (embedded stack) launch -> exit; "
         "its submit/start/end times are read afterwards from the log it left in the experiment directory."
     )
+    if bare_trial is not None:
+        cores = os.cpu_count() or 1
+        section.notes.append(
+            f"The trial command alone takes {bare_trial[0]:.2f} s, {bare_trial[1]:.2f} s of it CPU (mostly `import "
+            f"nni`): on this machine's {cores} cores {TRIALS} trials need at least {TRIALS * bare_trial[1] / cores:.0f}"
+            " s of CPU whatever runs them, and sshd, the hosts' sessions and each system's own processes share those "
+            "cores, so the trials bound trialstream's wall time here and cap the speed-up."
+        )
     if not known_hosts_setting():
         section.notes.append(
             f"This checkout has no {KNOWN_HOSTS_ENV} setting, so trialstream ran with `checkHostKey: false`."
