@@ -630,7 +630,10 @@ def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
             spec = load_experiment_config(config)
             service = ExperimentRunner.create(spec, client, connect(url, decode=False), **create_options).service
             started = time.perf_counter()
-            trials = [service.submit_trial_job(form(index, {"x": index / 100, "y": 1})) for index in range(100)]
+            trials = [
+                service.submit_trial_job(form(index, {"x": index / QUIET_TRIALS, "y": 1}))
+                for index in range(QUIET_TRIALS)
+            ]
 
             def all_running() -> bool:
                 jobs = service.list_trial_jobs()
