@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
 import redis
@@ -126,9 +127,9 @@ class Platform(Protocol):
     def __init__(self, settings: Settings, client: redis.Redis) -> None: ...
 
     @classmethod
-    def check(cls, config: PlatformConfig, settings: Settings) -> list[str]:
+    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
         """Before an experiment starts: can its trials run there (hosts reachable, credentials right,
-        cluster answering)? One line per problem, naming what and why; [] when all is well."""
+        code directory within what can be shipped)? One line per problem, naming what and why."""
         ...
 
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:

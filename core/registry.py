@@ -16,7 +16,7 @@ from typing import cast
 from core.platform import Platform
 
 ENTRY_POINT_GROUP = "trialstream.platforms"
-BUILTIN_PLATFORMS = {"local": "workers.local:LocalPlatform"}
+BUILTIN_PLATFORMS = {"local": "workers.local:LocalPlatform", "remote": "workers.remote:RemotePlatform"}
 
 
 class UnknownPlatform(LookupError):

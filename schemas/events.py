@@ -129,7 +129,7 @@ class TrialUnreachable(TrialEvent):
     type: Literal["TrialUnreachable"] = "TrialUnreachable"
     v: Literal[1] = 1
     attempt: int
-    reason: str | None
+    reason: str | None = None
 
 
 class TrialStarted(TrialEvent):

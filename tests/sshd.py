@@ -4,7 +4,8 @@ Each host is a `/usr/sbin/sshd -D` with its own config, started by pytest (as ro
 (a veth pair on a private /30, port 22, so hosts are truly separate and can be taken off the network) or, where
 `ip netns` is not available (or TRIALSTREAM_SSHD_MODE=loopback), on its own loopback address (127.0.0.N). Either way
 each host also gets its own mount and UTS namespace: its own hostname and its own copy of the test user's home
-directory, so two hosts never share files by accident.
+directory, so two hosts never share files by accident, and its own boot id (a file bind-mounted over
+/proc/sys/kernel/random/boot_id), which `reboot()` changes as a real reboot does.
 
 Sessions log in as a dedicated user (`tstrial`, created once per machine) rather than root, whose shell start-up here
 is slow. Its PATH is set by sshd (`SetEnv PATH=...`, no shell start-up file involved): the host's own bin directory
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ Mode = Literal["netns", "loopback"]
 
 TEST_USER = "tstrial"
 SSHD = "/usr/sbin/sshd"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # how a process tells a rebooted machine: this changes with each boot
 STATE_DIR = Path("/var/lib/trialstream-tests")  # root-only: the test user's password and the machine-wide lock
 MODE_ENV = "TRIALSTREAM_SSHD_MODE"  # "netns" or "loopback" forces a mode; unset: netns where `ip netns` works
 NAME_PREFIX = "tssh"  # network namespaces are named tssh-<pytest pid>-<n>: stale ones are found by a dead pid
@@ -275,6 +278,7 @@ class SshHost:
         self.host_key_path = self.dir / "ssh_host_ed25519_key"
         self.pid_path = self.dir / "sshd.pid"
         self.log_path = self.dir / "sshd.log"
+        self.boot_id_path = self.dir / "boot_id"  # what the host's processes read at BOOT_ID
         self.netns: str | None = None
         self.veth: str | None = None
         self.subnet: str | None = None  # netns: while the host is down, an `unreachable` route covers it
@@ -288,6 +292,7 @@ class SshHost:
         for path in (self.home, self.home / ".ssh", self.home / ".ssh" / "authorized_keys"):
             os.chown(path, self.user.uid, self.user.gid)
         self.home.chmod(0o755)
+        self._new_boot_id()
         self.new_host_key()
         try:
             self._attach_network(environment.mode, index)
@@ -330,6 +335,15 @@ class SshHost:
     def known_hosts_line(self) -> str:
         target = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
         return f"{target} {self.host_key}"
+
+    @property
+    def boot_id(self) -> str:
+        """The id the host's processes read at /proc/sys/kernel/random/boot_id: new after each reboot()."""
+        return self.boot_id_path.read_text().strip()
+
+    def _new_boot_id(self) -> None:
+        self.boot_id_path.write_text(f"{uuid.uuid4()}\n")  # as the kernel writes it
+        self.boot_id_path.chmod(0o444)
 
     @property
     def running(self) -> bool:
@@ -387,9 +401,10 @@ class SshHost:
             _sh("ip", "route", "del", "unreachable", self.subnet, check=False)
             _sh("ip", "link", "set", self.veth, "up")
         self.pid_path.unlink(missing_ok=True)
-        # own mount + UTS namespace: own hostname, own home (bind mount), then exec sshd (Popen's pid is sshd)
-        script = 'hostname "$1" && mount --bind "$2" "$3" && exec "$4" -D -e -f "$5"'
+        # own mount + UTS namespace: own hostname, home and boot id (bind mounts); exec sshd (Popen's pid is sshd)
+        script = 'hostname "$1" && mount --bind "$2" "$3" && mount --bind "$6" "$7" && exec "$4" -D -e -f "$5"'
         args = [self.hostname, str(self.home), self.user.home, SSHD, str(self.config_path)]
+        args += [str(self.boot_id_path), BOOT_ID]
         command = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script, "sh", *args]
         if self.netns is not None:
             command = ["ip", "netns", "exec", self.netns, *command]
@@ -457,6 +472,12 @@ class SshHost:
             # without the route, packets for the host would follow the default route (a gateway may answer them)
             _sh("ip", "link", "set", self.veth, "down")
             _sh("ip", "route", "replace", "unreachable", self.subnet)
+
+    def reboot(self) -> None:
+        """The host reboots: every process on it dies (stop()), it comes back (start()) with a new boot id."""
+        self.stop()
+        self._new_boot_id()
+        self.start()
 
     def run(self, command: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """`sh -c command` as the test user inside the running host, without SSH: for setting up and inspecting."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd import MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
+from tests.sshd import BOOT_ID, MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
 from tests.waiting import wait_until
 
 paramiko = pytest.importorskip("paramiko")
@@ -224,3 +224,42 @@ def test_destroy_leaves_nothing_behind(ssh_environment: SshEnvironment, ssh_user
         namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         assert host.netns not in namespaces
         assert subprocess.run(["ip", "link", "show", host.veth], capture_output=True).returncode != 0
+
+
+def test_each_host_has_its_own_boot_id(
+    ssh_hosts: list[SshHost], ssh_user: SshUser, known_hosts: Path, clients: list
+) -> None:
+    machine = Path(BOOT_ID).read_text().strip()
+    ids = [execute(connect(clients, host, ssh_user, known_hosts), f"cat {BOOT_ID}") for host in ssh_hosts]
+    assert ids == [(0, f"{host.boot_id}\n") for host in ssh_hosts]
+    assert len({machine, *(host.boot_id for host in ssh_hosts)}) == 3
+    assert ssh_hosts[0].run(f"cat {BOOT_ID}").stdout.strip() == ssh_hosts[0].boot_id
+
+
+def test_reboot_changes_the_boot_id_and_kills_every_process(
+    ssh_hosts: list[SshHost], ssh_user: SshUser, known_hosts: Path, clients: list
+) -> None:
+    host = ssh_hosts[0]
+    client = connect(clients, host, ssh_user, known_hosts)
+    client.exec_command("exec sleep 300")  # a trial running when the host goes down
+
+    def sleeping() -> list[int]:  # this host's own: `pgrep` would also see other hosts' sleeps
+        return [pid for pid in host.processes() if command_name(pid) == "sleep"]
+
+    sleeper = wait_until(sleeping, what="sleep to start")[0]
+    before_id, before_pids = host.boot_id, host.processes()
+
+    host.reboot()
+
+    assert host.boot_id != before_id
+    assert process_gone(sleeper) and all(map(process_gone, before_pids))
+    status, output = execute(connect(clients, host, ssh_user, known_hosts), f"cat {BOOT_ID}; hostname")
+    assert (status, output) == (0, f"{host.boot_id}\n{host.hostname}\n")
+    assert ssh_hosts[1].boot_id != host.boot_id
+
+
+def command_name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None  # exited meanwhile

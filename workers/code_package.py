@@ -83,6 +83,12 @@ def pack(code_directory: Path, destination: Path) -> CodePackage:
     return _write(entries, destination)
 
 
+def check_size(code_directory: Path) -> None:
+    """What `pack` refuses, without writing anything: before an experiment starts."""
+    root = _checked_root(code_directory)
+    _check_limits(root, _scan(root))
+
+
 def _checked_root(code_directory: Path) -> Path:
     """Fail with the path in the message rather than with a half-walked tree later."""
     root = Path(code_directory)

@@ -102,13 +102,46 @@ def _mib(field: str) -> int:
         return 0
 
 
+NVIDIA_SMI_GPUS = "--query-gpu=index,uuid,memory.used,memory.total"
+NVIDIA_SMI_APPS = "--query-compute-apps=gpu_uuid,pid"
+NVIDIA_SMI_FORMAT = "--format=csv,noheader,nounits"
+
+
+def parse_nvidia_smi(gpu_rows: str, app_rows: str) -> list[GpuInfo]:
+    """GPUs from the CSV of `nvidia-smi NVIDIA_SMI_GPUS` and `nvidia-smi NVIDIA_SMI_APPS` (both with
+    NVIDIA_SMI_FORMAT), wherever they ran: here, or on a remote host."""
+
+    def rows(text: str) -> list[list[str]]:
+        return [[field.strip() for field in line.split(",")] for line in text.splitlines() if line.strip()]
+
+    processes: dict[str, int] = {}
+    for app in rows(app_rows):
+        processes[app[0]] = processes.get(app[0], 0) + 1
+    gpus = rows(gpu_rows)
+    try:
+        return sorted(
+            (
+                GpuInfo(
+                    index=int(index),
+                    active_processes=processes.get(uuid, 0),
+                    memory_used_mib=_mib(used),
+                    memory_total_mib=_mib(total),
+                )
+                for index, uuid, used, total in gpus
+            ),
+            key=lambda info: info.index,
+        )
+    except ValueError as exc:
+        raise GpuQueryError(f"unexpected nvidia-smi output: {gpus!r}") from exc
+
+
 class NvidiaSmiGpuSource:
     """GPUs read by running ``nvidia-smi``; a missing binary means the machine has no GPU."""
 
-    def _query(self, executable: str, query: str) -> list[list[str]]:
+    def _query(self, executable: str, query: str) -> str:
         try:
             result = subprocess.run(
-                [executable, query, "--format=csv,noheader,nounits"],
+                [executable, query, NVIDIA_SMI_FORMAT],
                 capture_output=True,
                 text=True,
                 timeout=NVIDIA_SMI_TIMEOUT_S,
@@ -119,32 +152,13 @@ class NvidiaSmiGpuSource:
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip()
             raise GpuQueryError(f"nvidia-smi {query} exited {result.returncode}: {message}")
-        return [[field.strip() for field in line.split(",")] for line in result.stdout.splitlines() if line.strip()]
+        return result.stdout
 
     def gpus(self) -> list[GpuInfo]:
         executable = shutil.which("nvidia-smi")
         if executable is None:
             return []
-        rows = self._query(executable, "--query-gpu=index,uuid,memory.used,memory.total")
-        apps = self._query(executable, "--query-compute-apps=gpu_uuid,pid")
-        processes: dict[str, int] = {}
-        for app in apps:
-            processes[app[0]] = processes.get(app[0], 0) + 1
-        try:
-            return sorted(
-                (
-                    GpuInfo(
-                        index=int(index),
-                        active_processes=processes.get(uuid, 0),
-                        memory_used_mib=_mib(used),
-                        memory_total_mib=_mib(total),
-                    )
-                    for index, uuid, used, total in rows
-                ),
-                key=lambda info: info.index,
-            )
-        except ValueError as exc:
-            raise GpuQueryError(f"unexpected nvidia-smi output: {rows!r}") from exc
+        return parse_nvidia_smi(self._query(executable, NVIDIA_SMI_GPUS), self._query(executable, NVIDIA_SMI_APPS))
 
 
 def detect_gpu_source() -> GpuSource:

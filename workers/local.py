@@ -18,7 +18,15 @@ from inotify_simple import INotify, flags
 
 from core.connections import until_redis_answers
 from core.leases import AttemptRef
-from core.platform import Deferred, StopRequest, TrialAssignment, TrialControl, TrialOutcome
+from core.platform import (
+    Deferred,
+    OutputStream,
+    OutputUnavailable,
+    StopRequest,
+    TrialAssignment,
+    TrialControl,
+    TrialOutcome,
+)
 from core.settings import Settings
 from schemas.config import LocalConfig, PlatformConfig
 from schemas.events import TrialLaunchSpec
@@ -135,6 +143,7 @@ IDLE_WAIT_S = 0.5  # a safety net: the watch loop is woken by the trial's exit, 
 POLL_S = 0.005  # how often the metrics file is read where inotify is not available
 DRAIN_S = 1.0  # how long stdout is still read once the trial and its descendants are gone
 READ_BYTES = 65536
+OUTPUT_READ_BYTES = 1 << 20  # the most read_output returns at once: the caller loops for more
 
 
 class LocalPlatform:
@@ -151,6 +160,11 @@ class LocalPlatform:
         self.ledger = GpuLedger(client, settings.machine_id, source)
         self.kill_grace_s = settings.kill_grace_s
 
+    @classmethod
+    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+        """Nothing to reach: trials run on the workers' own machines."""
+        return []
+
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
         """Nothing to copy: trials run in the code directory itself, on the machine that has it."""
 
@@ -160,6 +174,13 @@ class LocalPlatform:
     def release(self, trial: TrialAssignment) -> None:
         """The GPUs the lost attempt held, on whichever machine's ledger holds them."""
         self.ledger.release_everywhere(attempt_member(trial))
+
+    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+        """From `<url>/stdout|stderr`: `url` is the trial's working directory on the machine that ran it."""
+        return read_output_file(Path(url) / stream, offset, f"trial {trial.trial_id}")
+
+    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+        """Nothing to remove: a local trial's files live in the experiment's own directory."""
 
     def close(self) -> None:
         pass
@@ -321,6 +342,21 @@ class _StdoutReader:
             except Exception:  # the pipe must keep being drained, or the trial blocks writing to it
                 log.exception("trial stdout: a chunk could not be handled; reading on")
         self._pump.close()
+
+
+def read_output_file(path: Path, offset: int, whose: str) -> bytes:
+    """Up to OUTPUT_READ_BYTES of `path` from byte `offset` on (b"" at its end, so far)."""
+    try:
+        with path.open("rb") as output:
+            output.seek(offset)
+            return output.read(OUTPUT_READ_BYTES)
+    except FileNotFoundError:
+        raise OutputUnavailable(
+            f"no {path.name} of {whose} at {path}: removed, or on another machine (a local trial's output"
+            " stays on the machine that ran it)"
+        ) from None
+    except OSError as error:
+        raise OutputUnavailable(f"the {path.name} of {whose} at {path} cannot be read: {error.strerror}") from None
 
 
 def attempt_member(trial: TrialAssignment) -> str:

@@ -124,13 +124,14 @@ class MetricFileReader:
         self.behind = len(chunk) == self.read_limit
         self._offset += len(chunk)
         buffer = self._buffer + chunk if self._buffer else chunk
-        position, metrics, problems = _parse_records(buffer, final and not self.behind)
+        position, metrics, problems = parse_records(buffer, final and not self.behind)
         self._buffer = buffer[position:]
         return metrics, problems
 
 
-def _parse_records(buffer: bytes, final: bool) -> tuple[int, list[ParsedMetric], list[str]]:
-    """Parse whole records from `buffer`: (where the unparsed rest starts, metrics, problems)."""
+def parse_records(buffer: bytes, final: bool) -> tuple[int, list[ParsedMetric], list[str]]:
+    """Parse whole records from `buffer`: (where the unparsed rest starts, metrics, problems). For
+    readers of a metrics file held elsewhere (over SSH): they keep the rest and their offset."""
     metrics: list[ParsedMetric] = []
     problems: list[str] = []
     position = 0

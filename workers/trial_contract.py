@@ -6,10 +6,10 @@ how its failure is told. A platform adds only how it runs processes where its tr
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from core.platform import ParsedMetric, TrialAssignment, TrialControl
 from core.settings import trial_environment
@@ -98,6 +98,14 @@ def forward_file_metrics(reader: MetricFileReader, control: TrialControl, final:
             return
 
 
+class MetricSink(Protocol):
+    """Where parsed metrics go: a TrialControl, or a batch a platform commits with its read offsets."""
+
+    def metrics(self, metrics: Sequence[ParsedMetric]) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+
 class StdoutMetricPump:
     """Turns a trial's stdout, fed in chunks of any size from any byte stream (a pipe, an SSH channel),
     into metrics: each `NNISDK_MEb'...'` line is one. Every other byte is only copied.
@@ -107,7 +115,7 @@ class StdoutMetricPump:
     stopped would leave the trial blocked on a full pipe.
     """
 
-    def __init__(self, control: TrialControl, copy: BinaryIO | None = None) -> None:
+    def __init__(self, control: MetricSink, copy: BinaryIO | None = None) -> None:
         self._control = control
         self._copy = copy
         self._line = bytearray()

@@ -1,4 +1,4 @@
-"""`trialstream trials list|show|cancel`: the trials of an experiment."""
+"""`trialstream trials list|show|cancel|logs`: the trials of an experiment."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 from core.settings import Settings
 from manager.algorithms import optimize_mode_of
-from manager.cli import render
+from manager.cli import logs, render
 from manager.cli.access import opened_experiment
 from manager.replay import describe, read_log
 from schemas.config import ExperimentConfig
@@ -37,6 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                 help="metric: best first, in the tuner's optimize_mode (trials without a result last)",
             )
         sub.set_defaults(handler=handler)
+    logs.register(trials)
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:

@@ -16,11 +16,12 @@ from typing import ClassVar, Literal
 
 import redis
 
-from core.platform import Deferred, TrialAssignment, TrialControl, TrialOutcome
+from core.platform import Deferred, OutputStream, TrialAssignment, TrialControl, TrialOutcome
 from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
+from workers.local import read_output_file
 from workers.metrics import MetricFileReader
 from workers.trial_contract import (
     StdoutMetricPump,
@@ -52,6 +53,10 @@ class DetachedPlatform:
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.grace_s = settings.kill_grace_s
+
+    @classmethod
+    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+        return []
 
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
         """Trials run in the code directory, on this machine."""
@@ -86,6 +91,13 @@ class DetachedPlatform:
     def release(self, trial: TrialAssignment) -> None:
         with contextlib.suppress(ProcessLookupError, FileNotFoundError, ValueError):
             os.killpg(_pid(self._run_dir(trial)), signal.SIGKILL)
+
+    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+        """From the attempt's own directory: `url` (None when it started) is not needed."""
+        return read_output_file(self._run_dir(trial) / stream, offset, f"trial {trial.trial_id}")
+
+    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+        """Nothing to remove: the trials' files live in the experiment's own directory."""
 
     def close(self) -> None:
         pass

@@ -1,0 +1,61 @@
+"""What the remote platform's tests share: a directory both the tests and the hosts' user can use, the
+trainingService section for a list of real sshd hosts, and remote workers trusting those hosts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.sshd import SshHost, SshUser, write_known_hosts
+
+if TYPE_CHECKING:
+    from tests.conftest import Processes
+
+
+@pytest.fixture
+def shared_tmp_path() -> Iterator[Path]:
+    """A temporary directory the hosts' user can reach too (pytest's tmp_path is under a root-only
+    one): remote tests make it their tmp_path, so trials on the hosts see the markers tests create."""
+    path = Path(tempfile.mkdtemp(prefix="trialstream-remote-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def machine(host: SshHost, user: SshUser, **extra: Any) -> dict[str, Any]:
+    return {"host": host.address, "port": host.port, "user": user.name, "sshKeyFile": str(user.private_key), **extra}
+
+
+def remote_section(hosts: list[SshHost], user: SshUser, **extra: Any) -> dict[str, Any]:
+    return {"platform": "remote", "machineList": [machine(host, user) for host in hosts], **extra}
+
+
+class RemoteWorkers:
+    """`trialstream worker --platform remote` processes that trust the hosts' keys (known_hosts setting)."""
+
+    def __init__(self, processes: Processes, known_hosts: Path) -> None:
+        self.processes = processes
+        self.known_hosts = known_hosts
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"TRIALSTREAM_KNOWN_HOSTS": str(self.known_hosts)}
+
+    def start(self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        return self.processes.worker("remote", env={**self.env, **(env or {})}, args=args)
+
+
+@pytest.fixture
+def remote_workers(processes: Processes, ssh_hosts: list[SshHost], tmp_path: Path) -> Iterator[RemoteWorkers]:
+    """Starts remote workers trusting the two hosts (known_hosts in the test's tmp_path)."""
+    known_hosts = write_known_hosts(tmp_path / "known_hosts", ssh_hosts)
+    os.chmod(known_hosts, 0o644)
+    yield RemoteWorkers(processes, known_hosts)
+    processes.stop()  # before the hosts go: a worker following trials there would see them vanish

@@ -1,0 +1,538 @@
+"""The remote platform: trials run on machines reached over SSH (NNI's `remote` training service).
+
+A trial goes to a machine of the list with free capacity (GPU-aware, by the local platform's rules,
+with each host's GPUs read from its own `nvidia-smi`), in its own directory there, detached from the
+SSH session. The worker follows it through its files (workers.remote_host): metrics from its stdout
+and metrics file, read from offsets committed with the metric events, so neither a dropped connection
+nor a restarted worker loses or repeats one. The host never connects back to anything.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import redis
+
+from core.leases import AttemptRef
+from core.platform import (
+    Deferred,
+    Lost,
+    OutputStream,
+    OutputUnavailable,
+    ParsedMetric,
+    TrialAssignment,
+    TrialControl,
+    TrialOutcome,
+)
+from core.settings import Settings
+from schemas.config import PlatformConfig, RemoteConfig, RemoteMachine
+from schemas.events import TrialLaunchSpec
+from schemas.trial import TrialJobStatus
+from workers.code_package import CodeDirectoryError, CodePackage, check_size, pack
+from workers.gpu import (
+    GpuLedger,
+    GpuPolicy,
+    GpuQueryError,
+    GpuRequestImpossible,
+    NoGpuSource,
+    cuda_visible_devices,
+)
+from workers.metrics import parse_records
+from workers.remote_host import RemoteHost, probe
+from workers.ssh import SshError, SshPool
+from workers.trial_contract import StdoutMetricPump, TrialPaths, failure_message, nni_environment, parameter_file_name
+
+log = logging.getLogger(__name__)
+
+FOLLOW_IDLE_S = 1.0  # a safety net: the host's monitor wakes a follower when its files change
+UNKNOWN_AFTER_S = 2.0  # a connection down this long makes the trial UNKNOWN (a quick reconnect does not)
+READ_LIMIT = 1 << 20
+STDERR_TAIL = 2000
+
+# $1 attempt dir, $2 staged code, $3 watch dir, $4 key, $5 command, $6 parameter.cfg, $7 pythonPath,
+# then NAME=VALUE for the trial's environment. The trial runs in a session of its own (it survives the
+# SSH session), its stdout and stderr in files; its exit code is written last, atomically.
+_LAUNCH = r"""
+set -e
+d="$1"; code="$2"; watch="$3"; key="$4"; command="$5"; parameters="$6"; python_path="$7"
+shift 7
+mkdir -p "$d/.nni" "$d/code" "$watch"
+cp -R "$code/." "$d/code/"
+printf '%s' "$parameters" > "$d/parameter.cfg"
+cat /proc/sys/kernel/random/boot_id > "$d/boot_id" 2>/dev/null || :
+[ -z "$python_path" ] || PATH="$python_path:$PATH"
+export PATH
+cd "$d/code"
+env "$@" setsid sh -c 'sh -c "$2" > "$1/stdout" 2> "$1/stderr" < /dev/null
+echo $? > "$1/exit.partial"; mv "$1/exit.partial" "$1/exit"' trial "$d" "$command" < /dev/null > /dev/null 2>&1 &
+echo $! > "$d/pid"
+ln -sfn "$d" "$watch/$key"
+echo $!
+"""
+
+# $1 the trial's process group, $2 tenths of a second to wait after SIGTERM before SIGKILL. Whether a
+# process of the group is left is read through /proc with builtins (zombies do not count).
+_KILL = r"""
+g="$1"; grace="$2"
+alive() {
+  for f in /proc/[0-9]*/stat; do
+    l=; read -r l < "$f" 2>/dev/null || continue
+    set -- ${l##*) }
+    [ "$3" = "$g" ] && [ "$1" != Z ] && return 0
+  done
+  return 1
+}
+kill -TERM -- "-$g" 2>/dev/null || exit 0
+i=0
+while alive && [ "$i" -lt "$grace" ]; do sleep 0.1; i=$((i + 1)); done
+kill -KILL -- "-$g" 2>/dev/null
+exit 0
+"""
+
+# $1 attempt dir: "running", "exited", or why nothing of the attempt runs there.
+_STATE = r"""
+d="$1"
+[ -e "$d/exit" ] && { echo exited; exit 0; }
+p=; read -r p < "$d/pid" 2>/dev/null || { echo "never started"; exit 0; }
+s=; read -r s < "/proc/$p/stat" 2>/dev/null
+case "$s" in ""|*") Z "*|*") X "*) ;; *) echo running; exit 0;; esac
+[ -e "$d/exit" ] && { echo exited; exit 0; }
+b=; read -r b < /proc/sys/kernel/random/boot_id 2>/dev/null
+o=; read -r o < "$d/boot_id" 2>/dev/null
+if [ -n "$o" ] && [ "$b" != "$o" ]; then echo rebooted; else echo vanished; fi
+"""
+
+_CLEAN_UP = r"""
+root="$1"; experiment="$2"; keep="$3"
+for p in "$root/experiments/$experiment"/*/attempt-*/pid; do
+  [ -e "$p" ] && read -r g < "$p" && kill -KILL -- "-$g" 2>/dev/null
+done
+rm -f "$root"/watch/*/"$experiment".*
+[ "$keep" = keep ] || rm -rf "$root/experiments/$experiment"
+exit 0
+"""
+
+
+class LaunchFailed(Exception):
+    """The host answered but could not start the trial (no space, a broken code directory): it fails."""
+
+
+class RemotePlatform:
+    name: ClassVar[str] = "remote"
+    config_model: ClassVar[type[RemoteConfig]] = RemoteConfig
+    trials_per_process: ClassVar[int] = 256
+    trials_outlive_worker: ClassVar[bool] = True
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.pool = SshPool()
+        self.watcher = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._hosts: dict[str, RemoteHost] = {}
+        self._hosts_lock = threading.Lock()
+        self._packages: dict[str, CodePackage] = {}
+        self._cache = Path(tempfile.mkdtemp(prefix="trialstream-code-"))
+
+    @classmethod
+    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+        """Every machine connected and probed at once (auth, host key, a shell, the tools, pythonPath),
+        and the code directory within what NNI lets a platform copy."""
+        assert isinstance(config, RemoteConfig)
+        problems: list[str] = []
+        try:
+            check_size(code_directory)
+        except (CodeDirectoryError, OSError) as error:
+            problems.append(f"trialCodeDirectory: {error}")
+        known_hosts = str(settings.known_hosts.expanduser())
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(config.machine_list))) as pool:
+            found = pool.map(lambda machine: probe(machine, known_hosts, settings.ssh_timeout_s), config.machine_list)
+            problems += [problem for problem in found if problem]
+        return problems
+
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+        """Pack the code directory once per experiment and worker; hosts get it when a trial goes there."""
+        self._packages[experiment_id] = pack(Path(launch.code_directory), self._cache / f"{experiment_id}.tgz")
+
+    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost:
+        config = trial.platform_config
+        assert isinstance(config, RemoteConfig)
+        placed = self._place(trial, config)
+        if not isinstance(placed, RemoteHost):
+            return placed
+        try:
+            follower = _RemoteAttempt(self, placed, trial, control, config)
+            url = follower.launch(self._packages[trial.experiment_id])
+        except SshError as error:  # placed, but the host went away meanwhile: try again, elsewhere if need be
+            self._ledger(placed).release(attempt_member(trial))
+            return Deferred(f"could not launch on {placed.label}: {error}")
+        except LaunchFailed as error:
+            self._ledger(placed).release(attempt_member(trial))
+            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
+        except BaseException:
+            self._ledger(placed).release(attempt_member(trial))
+            raise
+        gpus = self._held_gpus(placed, trial)
+        control.started(follower.directory, url=url, gpu_indices=gpus or None)
+        try:
+            return follower.follow()
+        finally:
+            self._ledger(placed).release(attempt_member(trial))
+
+    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | None:
+        config = trial.platform_config
+        assert isinstance(config, RemoteConfig)
+        host = self._host_holding(trial, config)
+        if host is None:
+            return None  # never placed, or its end was already recorded
+        follower = _RemoteAttempt(self, host, trial, control, config)
+        try:
+            state = follower.state()
+        except SshError as error:
+            host.mark_down(str(error))  # unreachable now: follow it as down (UNKNOWN, then lost)
+            state = "running"
+        if state == "never started":
+            self._ledger(host).release(attempt_member(trial))
+            return None
+        try:
+            follower.watch()
+            return follower.follow()
+        finally:
+            self._ledger(host).release(attempt_member(trial))
+
+    def release(self, trial: TrialAssignment) -> None:
+        """Kill what is left of a lost attempt on its host (if it can be reached) and free its place."""
+        config = trial.platform_config
+        assert isinstance(config, RemoteConfig)
+        host = self._host_holding(trial, config)
+        if host is not None:
+            directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
+            with contextlib.suppress(SshError):
+                host.run('read -r g < "$1/pid" 2>/dev/null && kill -KILL -- "-$g" 2>/dev/null; exit 0', directory)
+        GpuLedger(self.client, "", NoGpuSource()).release_everywhere(attempt_member(trial))
+
+    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+        config = trial.platform_config
+        assert isinstance(config, RemoteConfig)
+        for machine in config.machine_list:
+            prefix = f"ssh://{machine.user}@{machine.host}:{machine.port}"
+            if url.startswith(prefix + "/"):
+                host = self._host(machine)
+                path = f"{url.removeprefix(prefix)}/{stream}"
+                try:
+                    return host.connection.read(path, offset, READ_LIMIT)
+                except FileNotFoundError:
+                    raise OutputUnavailable(
+                        f"{host.label}: {path} does not exist (removed when the experiment was cleaned up?)"
+                    ) from None
+                except SshError as error:
+                    raise OutputUnavailable(str(error)) from None
+        raise OutputUnavailable(f"{url} is not on a machine of the experiment's machineList")
+
+    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+        assert isinstance(config, RemoteConfig)
+        keep = "keep" if config.keep_trial_files else "remove"
+        for machine in config.machine_list:
+            host = self._host(machine)
+            try:
+                host.run(_CLEAN_UP, host.root, experiment_id, keep)
+            except SshError as error:
+                log.warning("clean-up of experiment %s: %s", experiment_id, error)
+
+    def close(self) -> None:
+        self.pool.close()
+        for package in self._packages.values():
+            package.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._cache.rmdir()
+
+    # placement
+
+    def _host(self, machine: RemoteMachine) -> RemoteHost:
+        with self._hosts_lock:
+            host = self._hosts.get(machine.label)
+            if host is None or host.machine != machine:
+                known_hosts = str(self.settings.known_hosts.expanduser())
+                host = RemoteHost(machine, self.pool, known_hosts, self.settings.ssh_timeout_s, self.watcher)
+                self._hosts[machine.label] = host
+            return host
+
+    def _ledger(self, host: RemoteHost) -> GpuLedger:
+        return GpuLedger(self.client, f"remote:{host.label}", host)
+
+    def _place(self, trial: TrialAssignment, config: RemoteConfig) -> RemoteHost | Deferred | TrialOutcome:
+        """The machine with the fewest of our trials among those that can take this one now, its GPUs
+        reserved in the machine's ledger; else wait (Deferred) or, if no machine ever could, fail."""
+        member = attempt_member(trial)
+        hosts = [self._host(machine) for machine in config.machine_list]
+        load = {host.label: self.client.hlen(self._ledger(host).holders_key) for host in hosts}
+        impossible: list[str] = []
+        unreachable: list[str] = []
+        busy = 0
+        for host in sorted(hosts, key=lambda host: load[host.label]):
+            policy = _policy(trial, host.machine)
+            ledger = self._ledger(host)
+            try:
+                gpus = ledger.reserve(member, policy)
+            except GpuRequestImpossible as error:
+                impossible.append(f"{host.label}: {error}")
+                continue
+            except (SshError, GpuQueryError) as error:
+                unreachable.append(str(error))
+                continue
+            if gpus is None:
+                busy += 1
+                continue
+            if not gpus:
+                self.client.hset(ledger.holders_key, member, "[]")  # counted in the machine's load
+            return host
+        if len(impossible) == len(hosts):
+            return TrialOutcome(TrialJobStatus.FAILED, message="no machine can ever run it: " + "; ".join(impossible))
+        if busy:
+            count = trial.launch.gpu_number or 0
+            return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''} on any machine")
+        return Deferred("no machine can be reached: " + "; ".join(unreachable))
+
+    def _held_gpus(self, host: RemoteHost, trial: TrialAssignment) -> list[int]:
+        held = self.client.hget(self._ledger(host).holders_key, attempt_member(trial))
+        return [int(index) for index in json.loads(held)] if held else []
+
+    def _host_holding(self, trial: TrialAssignment, config: RemoteConfig) -> RemoteHost | None:
+        """Where the attempt was placed: the ledger entry written before it was launched."""
+        member = attempt_member(trial)
+        for machine in config.machine_list:
+            host = self._host(machine)
+            if self.client.hexists(self._ledger(host).holders_key, member):
+                return host
+        return None
+
+
+def _policy(trial: TrialAssignment, machine: RemoteMachine) -> GpuPolicy:
+    return GpuPolicy(
+        gpu_number=trial.launch.gpu_number,
+        gpu_indices=tuple(machine.gpu_indices) if machine.gpu_indices is not None else None,
+        max_trials_per_gpu=machine.max_trial_number_per_gpu,
+        use_active_gpu=bool(machine.use_active_gpu),
+    )
+
+
+def attempt_member(trial: TrialAssignment) -> str:
+    return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
+
+
+class _Batch:
+    """Collects what the stdout pump parses, so it is committed with the offset it was read up to."""
+
+    def __init__(self, control: TrialControl) -> None:
+        self.control = control
+        self.found: list[ParsedMetric] = []
+
+    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
+        self.found.extend(metrics)
+
+    def rejected(self, reason: str) -> None:
+        self.control.rejected(reason)
+
+
+class _RemoteAttempt:
+    """One attempt of a trial on its host: launched, then followed to its end."""
+
+    def __init__(
+        self,
+        platform: RemotePlatform,
+        host: RemoteHost,
+        trial: TrialAssignment,
+        control: TrialControl,
+        config: RemoteConfig,
+    ) -> None:
+        self.platform = platform
+        self.host = host
+        self.trial = trial
+        self.control = control
+        self.config = config
+        self.key = f"{trial.experiment_id}.{trial.trial_id}.{trial.attempt}"
+        self.directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
+        offsets = control.offsets()
+        self.stdout_offset = offsets.get("stdout", 0)
+        self.metrics_offset = offsets.get("metrics", 0)
+        self.metrics_rest = b""
+        self.batch = _Batch(control)
+        self.pump = StdoutMetricPump(self.batch)
+        self.pid: int | None = None
+        self.unknown = False
+
+    def launch(self, package: CodePackage) -> str:
+        code_dir = self.host.stage(package)
+        trial = self.trial
+        gpus = self.platform._held_gpus(self.host, trial)
+        policy = _policy(trial, self.host.machine)
+        paths = TrialPaths(sys_dir=self.directory, output_dir=self.directory, code_dir=f"{self.directory}/code")
+        environment = nni_environment({}, RemotePlatform.name, trial, paths, cuda_visible_devices(policy, gpus))
+        result = self.host.run(
+            _LAUNCH,
+            self.directory,
+            code_dir,
+            self.host.watch_dir,
+            self.key,
+            trial.launch.command,
+            trial.form.hyper_parameters.value,
+            self.host.machine.python_path or "",
+            *(f"{name}={value}" for name, value in environment.items()),
+        )
+        if result.exit_code != 0:
+            problem = result.stderr.decode(errors="replace").strip()
+            raise LaunchFailed(f"{self.host.label}: the trial could not be started: {problem}")
+        self.pid = int(result.stdout.split()[-1])
+        self.host.follow(self.key, self.control.wake)
+        return self.host.url(self.directory)
+
+    def watch(self) -> None:
+        """Follow an attempt launched by another worker: link it into this worker's watch directory."""
+        self.host.follow(self.key, self.control.wake)
+        with contextlib.suppress(SshError):
+            self.host.run('mkdir -p "$2" && ln -sfn "$1" "$2/$3"', self.directory, self.host.watch_dir, self.key)
+
+    def state(self) -> str:
+        return self.host.run(_STATE, self.directory).stdout.decode().strip()
+
+    def follow(self) -> TrialOutcome | Lost:
+        try:
+            return self._follow()
+        finally:
+            self.host.unfollow(self.key)
+            with contextlib.suppress(SshError):
+                self.host.run('rm -f "$1/$2"', self.host.watch_dir, self.key)
+
+    def _follow(self) -> TrialOutcome | Lost:
+        control = self.control
+        while True:
+            down_since = self.host.down_since
+            if down_since is not None:
+                ended = self._while_down(time.monotonic() - down_since)
+                if ended is not None:
+                    return ended
+                control.wait(FOLLOW_IDLE_S)
+                continue
+            try:
+                if self.unknown:
+                    control.unreachable(None)
+                    self.unknown = False
+                files = self.host.files(self.key)
+                self._pull(files.stdout, files.metrics, final=False)
+                for form in control.new_forms():
+                    name = parameter_file_name(form.hyper_parameters.index)
+                    self.host.connection.write(f"{self.directory}/{name}", form.hyper_parameters.value.encode())
+                if files.exited:
+                    return self._exited()
+                if files.dead:
+                    return self._vanished()
+                stop = control.stop_request()
+                if stop is not None:
+                    self._kill()
+                    self._pull(None, None, final=True)
+                    return TrialOutcome(stop.status, message=stop.reason)
+            except SshError as error:
+                if not self.host.connection.connected:
+                    self.host.mark_down(str(error))  # the monitor reconnects, and says when the host is back
+                else:
+                    log.warning("trial %s: %s; retrying", self.trial.trial_id, error)
+                    control.wait(FOLLOW_IDLE_S)
+                continue
+            control.wait(FOLLOW_IDLE_S)
+
+    def _while_down(self, down_s: float) -> TrialOutcome | Lost | None:
+        """The host cannot be reached: UNKNOWN after a moment, lost after unreachableTimeout. A stop
+        ends the attempt at once (what runs there is killed by the clean-up once the host is back)."""
+        reason = f"{self.host.label} unreachable: {self.host.down_reason}"
+        stop = self.control.stop_request()
+        if stop is not None:
+            return TrialOutcome(stop.status, message=f"{stop.reason} (while {reason})")
+        if down_s >= self.config.unreachable_timeout:
+            return Lost(f"host {reason} for {down_s:.0f}s (unreachableTimeout {self.config.unreachable_timeout:g}s)")
+        if down_s >= UNKNOWN_AFTER_S and not self.unknown:
+            self.control.unreachable(reason)
+            self.unknown = True
+        return None
+
+    def _exited(self) -> TrialOutcome:
+        self._pull(None, None, final=True)
+        code = int(self.host.connection.read(f"{self.directory}/exit", 0).strip() or b"-1")
+        if code == 0:
+            return TrialOutcome(TrialJobStatus.SUCCEEDED, exit_code=0)
+        tail = self.host.run('tail -c "$2" "$1/stderr" 2>/dev/null', self.directory, str(STDERR_TAIL)).stdout
+        message = failure_message(code, tail.decode(errors="replace").strip())
+        return TrialOutcome(TrialJobStatus.FAILED, exit_code=code, message=f"{message} (on {self.host.label})")
+
+    def _vanished(self) -> TrialOutcome:
+        self._pull(None, None, final=True)
+        state = self.state()
+        if state == "exited":
+            return self._exited()
+        if state == "rebooted":
+            why = f"{self.host.label} was rebooted while the trial ran"
+        else:
+            why = f"the trial's process on {self.host.label} ended without an exit code (killed from outside?)"
+        return TrialOutcome(TrialJobStatus.FAILED, message=why)
+
+    def _kill(self) -> None:
+        pid = self.pid
+        if pid is None:
+            pid_text = self.host.connection.read(f"{self.directory}/pid", 0).strip()
+            pid = int(pid_text)
+        tenths = str(int(self.platform.settings.kill_grace_s * 10))
+        self.host.run(_KILL, str(pid), tenths, timeout_s=self.platform.settings.kill_grace_s + 30)
+
+    def _pull(self, stdout_size: int | None, metrics_size: int | None, final: bool) -> None:
+        """Read what the trial wrote since the committed offsets; commit the metrics with the new offsets.
+        Sizes are the monitor's (None: read to the end, whatever it is)."""
+        moved = False
+        while stdout_size is None or self.stdout_offset < stdout_size:
+            chunk = self._read("stdout", self.stdout_offset)
+            if not chunk:
+                break
+            whole = chunk if final or len(chunk) == READ_LIMIT else chunk[: chunk.rfind(b"\n") + 1]
+            if not whole:
+                break
+            self.pump.feed(whole)
+            self.stdout_offset += len(whole)
+            moved = True
+            if len(chunk) < READ_LIMIT and len(whole) == len(chunk):
+                break
+        if final:
+            self.pump.close()
+        file_metrics: list[ParsedMetric] = []
+        while metrics_size is None or self.metrics_offset + len(self.metrics_rest) < metrics_size:
+            chunk = self._read(".nni/metrics", self.metrics_offset + len(self.metrics_rest))
+            if not chunk:
+                break
+            buffer = self.metrics_rest + chunk
+            position, found, problems = parse_records(buffer, final and len(chunk) < READ_LIMIT)
+            file_metrics += found
+            for problem in problems:
+                self.control.rejected(problem)
+            self.metrics_offset += position
+            self.metrics_rest = buffer[position:]
+            moved = True
+            if len(chunk) < READ_LIMIT:
+                break
+        metrics = self.batch.found + file_metrics
+        self.batch.found = []
+        if moved or metrics:
+            self.control.metrics(metrics, offsets={"stdout": self.stdout_offset, "metrics": self.metrics_offset})
+
+    def _read(self, name: str, offset: int) -> bytes:
+        try:
+            return self.host.connection.read(f"{self.directory}/{name}", offset, READ_LIMIT)
+        except FileNotFoundError:
+            return b""

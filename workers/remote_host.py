@@ -1,0 +1,294 @@
+"""One remote machine as a worker process sees it: its SSH connection, the code staged there, and a
+monitor that tells the trials followed there when their files change.
+
+Nothing of trialstream runs on the host but POSIX shell scripts (plus `setsid`, `stat` and `tar`):
+each trial is a detached session writing its pid, stdout, stderr and exit code into its own
+directory, and one monitor command per host and worker process polls the sizes of the files of every
+trial the worker follows there (a `stat` every WATCH_PERIOD_S, on the host), printing a snapshot only
+when something changed. So a worker following many quiet trials sends and receives nothing, and a
+metric reaches the worker one monitor period after it is written, with no per-trial polling over SSH.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.config import RemoteMachine
+from workers.code_package import CodePackage
+from workers.gpu import NVIDIA_SMI_APPS, NVIDIA_SMI_FORMAT, NVIDIA_SMI_GPUS, GpuInfo, GpuQueryError, parse_nvidia_smi
+from workers.ssh import RunResult, SshConnection, SshError, SshPool, SshTarget
+
+log = logging.getLogger(__name__)
+
+ROOT_NAME = ".trialstream"  # under the user's home on each host
+WATCH_PERIOD_S = 0.05
+LIVENESS_ROUNDS = 10  # monitor rounds between checks that each followed trial's process still lives
+RECONNECT_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+REQUIRED_TOOLS = ("setsid", "stat", "tar")
+
+# $1: the worker's watch directory, holding one symlink per followed attempt (its key -> its directory).
+# Prints the sizes of each attempt's stdout and metrics file and whether its exit file exists, then "."
+# (one snapshot), whenever any of it changed; and "dead KEY" for an attempt whose process is gone
+# without an exit file (read through /proc with shell builtins only: no process per trial per round).
+_MONITOR = r"""
+W="$1"; mkdir -p "$W" && cd "$W" || exit 1
+last=; dead=; n=0
+while :; do
+  if [ "$n" -le 0 ]; then
+    dead=; n=ROUNDS
+    for k in *; do
+      [ -e "$k/exit" ] && continue
+      p=; read -r p < "$k/pid" 2>/dev/null || continue
+      s=; read -r s < "/proc/$p/stat" 2>/dev/null
+      case "$s" in ""|*") Z "*|*") X "*) [ -e "$k/exit" ] || dead="$dead
+dead $k";; esac
+    done
+  fi
+  n=$((n - 1))
+  now="$(stat -L -c '%n %s' -- */stdout */.nni/metrics */exit 2>/dev/null)$dead"
+  if [ "$now" != "$last" ]; then printf '%s\n.\n' "$now"; last=$now; fi
+  sleep PERIOD
+done
+""".replace("ROUNDS", str(LIVENESS_ROUNDS)).replace("PERIOD", str(WATCH_PERIOD_S))
+
+# Unpacks an uploaded archive ($1) into a fresh directory and publishes it under its hash ($2) with
+# one `ln -s`, which fails if another worker published it first: then ours is removed.
+_UNPACK = r"""
+set -e
+t=$(mktemp -d "$2.unpack-XXXXXX")
+tar -xzf "$1" -C "$t"
+rm -f "$1"
+ln -s "$t" "$2" 2>/dev/null || rm -rf "$t"
+"""
+
+_PROBE = r"""
+for t in TOOLS; do command -v "$t" >/dev/null 2>&1 || echo "missing $t"; done
+if [ -n "$1" ]; then
+  PATH="$1:$PATH"; { command -v python3 || command -v python; } >/dev/null 2>&1 || echo "no python"
+fi
+echo ok
+""".replace("TOOLS", " ".join(REQUIRED_TOOLS))
+
+
+def script(body: str, *args: str) -> str:
+    """`body` with `args` as its positional parameters, every one quoted: trial text is data here."""
+    return f"set -- {' '.join(shlex.quote(arg) for arg in args)}\n{body}" if args else body
+
+
+def target_of(machine: RemoteMachine, known_hosts: str, timeout_s: float) -> SshTarget:
+    return SshTarget(
+        host=machine.host,
+        port=machine.port,
+        user=machine.user,
+        password=machine.password.get_secret_value() if machine.password else None,
+        key_file=machine.ssh_key_file,
+        passphrase=machine.ssh_passphrase.get_secret_value() if machine.ssh_passphrase else None,
+        check_host_key=machine.check_host_key,
+        known_hosts=Path(known_hosts),
+        timeout_s=timeout_s,
+    )
+
+
+def probe(machine: RemoteMachine, known_hosts: str, timeout_s: float) -> str | None:
+    """Can trials run on `machine`? None, or one line naming the host and what is wrong."""
+    connection = SshConnection(target_of(machine, known_hosts, timeout_s))
+    try:
+        result = connection.run(script(_PROBE, machine.python_path or ""), timeout_s=timeout_s)
+    except SshError as error:
+        return str(error)
+    finally:
+        connection.close()
+    lines = result.stdout.decode(errors="replace").splitlines()
+    if result.exit_code != 0 or "ok" not in lines:
+        return f"{machine.label}: its shell does not run commands (`sh -c` exited {result.exit_code})"
+    missing = [line.removeprefix("missing ") for line in lines if line.startswith("missing ")]
+    if missing:
+        return f"{machine.label}: needs {', '.join(missing)} on the host's PATH"
+    if "no python" in lines:
+        return f"{machine.label}: pythonPath {machine.python_path} holds no python3 or python"
+    return None
+
+
+@dataclass(frozen=True)
+class AttemptFiles:
+    """What the monitor last saw of one attempt's files on the host."""
+
+    stdout: int = 0
+    metrics: int = 0
+    exited: bool = False
+    dead: bool = False
+
+
+class RemoteHost:
+    """One machine of the machine list, shared by every trial a worker process follows there."""
+
+    def __init__(self, machine: RemoteMachine, pool: SshPool, known_hosts: str, timeout_s: float, watcher: str):
+        self.machine = machine
+        self.label = machine.label
+        self.connection = pool.connection(target_of(machine, known_hosts, timeout_s))
+        self._watcher = watcher  # this worker process's name among the monitors of the host
+        self._home: str | None = None
+        self._uploaded: set[str] = set()
+        self._upload_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._files: dict[str, AttemptFiles] = {}
+        self._followers: dict[str, Callable[[], None]] = {}
+        self._monitor: threading.Thread | None = None
+        self.down_since: float | None = None
+        self.down_reason = ""
+
+    # where things are on the host
+
+    @property
+    def root(self) -> str:
+        if self._home is None:
+            home = self.run('printf %s "$HOME"').stdout.decode()
+            if not home.startswith("/"):
+                raise SshError(f"{self.label}: the user's $HOME is not an absolute path ({home!r})", "error")
+            self._home = home
+        return f"{self._home}/{ROOT_NAME}"
+
+    def experiment_dir(self, experiment_id: str) -> str:
+        return f"{self.root}/experiments/{experiment_id}"
+
+    def attempt_dir(self, experiment_id: str, trial_id: str, attempt: int) -> str:
+        return f"{self.experiment_dir(experiment_id)}/{trial_id}/attempt-{attempt}"
+
+    @property
+    def watch_dir(self) -> str:
+        return f"{self.root}/watch/{self._watcher}"
+
+    def url(self, directory: str) -> str:
+        return f"ssh://{self.machine.user}@{self.machine.host}:{self.machine.port}{directory}"
+
+    # commands
+
+    def run(self, body: str, *args: str, timeout_s: float = 60.0) -> RunResult:
+        return self.connection.run(script(body, *args), timeout_s=timeout_s)
+
+    def gpus(self) -> list[GpuInfo]:
+        """The host's GPUs, from its own `nvidia-smi`; none when it has no such command."""
+        gpus, apps = (f"nvidia-smi {query} {NVIDIA_SMI_FORMAT}" for query in (NVIDIA_SMI_GPUS, NVIDIA_SMI_APPS))
+        result = self.run(f"command -v nvidia-smi >/dev/null 2>&1 || exit 127\n{gpus} && echo -- && {apps}")
+        if result.exit_code == 127:
+            return []
+        if result.exit_code != 0:
+            problem = result.stderr.decode(errors="replace").strip()
+            raise GpuQueryError(f"{self.label}: nvidia-smi exited {result.exit_code}: {problem}")
+        gpu_rows, _, app_rows = result.stdout.decode(errors="replace").partition("--\n")
+        return parse_nvidia_smi(gpu_rows, app_rows)
+
+    def stage(self, package: CodePackage) -> str:
+        """The directory on the host holding `package`'s files, uploaded (SFTP) and unpacked the first
+        time any worker needs it there: named by content hash, so changed code is never served stale."""
+        code_dir = f"{self.root}/code/{package.sha256}"
+        with self._upload_lock:
+            if package.sha256 in self._uploaded:
+                return code_dir
+            if self.run('test -d "$1"', code_dir).exit_code != 0:
+                self.run('mkdir -p "$1"', f"{self.root}/code")
+                archive = f"{code_dir}.{self._watcher}.tgz"
+                self.connection.put(package.path, archive)
+                unpacked = self.run(_UNPACK, archive, code_dir)
+                if unpacked.exit_code != 0:
+                    problem = unpacked.stderr.decode(errors="replace").strip()
+                    raise SshError(f"{self.label}: cannot unpack the code: {problem}", "error")
+            self._uploaded.add(package.sha256)
+        return code_dir
+
+    # following attempts
+
+    def follow(self, key: str, wake: Callable[[], None]) -> None:
+        """Tell `wake` whenever the files of attempt `key` (linked in the watch directory) change."""
+        with self._lock:
+            self._followers[key] = wake
+            if self._monitor is None or not self._monitor.is_alive():
+                self._monitor = threading.Thread(target=self._watch, name=f"monitor-{self.label}", daemon=True)
+                self._monitor.start()
+
+    def unfollow(self, key: str) -> None:
+        with self._lock:
+            self._followers.pop(key, None)
+            self._files.pop(key, None)
+
+    def files(self, key: str) -> AttemptFiles:
+        with self._lock:
+            return self._files.get(key, AttemptFiles())
+
+    def mark_down(self, reason: str) -> None:
+        with self._lock:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            self.down_reason = reason
+            wakes = list(self._followers.values())
+        for wake in wakes:
+            wake()
+
+    def _watch(self) -> None:
+        """Run the monitor, and run it again after the connection dropped (backing off while it stays down)."""
+        failures = 0
+        while True:
+            with self._lock:
+                if not self._followers:
+                    self._monitor = None
+                    return
+            try:
+                self.connection.connect()
+                watch_dir = self.watch_dir
+                self._up()
+                failures = 0
+                for snapshot in self._snapshots(self.connection.lines(script(_MONITOR, watch_dir))):
+                    self._update(snapshot)
+                raise SshError(f"{self.label}: the monitor command ended", "disconnected")
+            except SshError as error:
+                self.mark_down(str(error))
+                time.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
+                failures += 1
+            except Exception:  # the monitor must outlive anything: trials depend on it
+                log.exception("%s: the monitor failed; restarting it", self.label)
+                time.sleep(1.0)
+
+    def _up(self) -> None:
+        with self._lock:
+            self.down_since = None
+            self.down_reason = ""
+            wakes = list(self._followers.values())
+        for wake in wakes:
+            wake()
+
+    @staticmethod
+    def _snapshots(lines: Iterator[str]) -> Iterator[dict[str, AttemptFiles]]:
+        current: dict[str, dict[str, int | bool]] = {}
+        for line in lines:
+            if line == ".":
+                yield {key: AttemptFiles(**fields) for key, fields in current.items()}  # type: ignore[arg-type]
+                current = {}
+            elif line.startswith("dead "):
+                current.setdefault(line[5:], {})["dead"] = True
+            elif line:
+                path, _, size = line.rpartition(" ")
+                key, _, name = path.partition("/")
+                entry = current.setdefault(key, {})
+                if name == "stdout":
+                    entry["stdout"] = int(size)
+                elif name == ".nni/metrics":
+                    entry["metrics"] = int(size)
+                elif name == "exit":
+                    entry["exited"] = True
+
+    def _update(self, snapshot: dict[str, AttemptFiles]) -> None:
+        with self._lock:
+            changed = [
+                wake
+                for key, wake in self._followers.items()
+                if snapshot.get(key, AttemptFiles()) != self._files.get(key, AttemptFiles())
+            ]
+            self._files = snapshot  # all of it: an attempt may be followed after its files were last seen
+        for wake in changed:
+            wake()
