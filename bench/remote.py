@@ -639,7 +639,8 @@ def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
                 jobs = service.list_trial_jobs()
                 failed = [job for job in jobs if job.status in ("FAILED", "SYS_CANCELED", "USER_CANCELED")]
                 if failed:
-                    raise RuntimeError(f"{len(failed)} quiet trials ended: {failed[0]}")
+                    first = failed[0]
+                    raise RuntimeError(f"{len(failed)} quiet trials ended, {first.id}: {first.status} {first.message}")
                 return sum(job.status == "RUNNING" for job in jobs) >= QUIET_TRIALS
 
             wait_until(all_running, 180, f"{QUIET_TRIALS} remote trials to be RUNNING", interval=0.5)
