@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import ingestion, overhead, report, scale, scaling, tuners, versus_nni
+from bench import ingestion, overhead, remote, report, scale, scaling, tuners, versus_nni
 from bench.harness import REPO, Section, machine_description
 
 GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
@@ -24,6 +24,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "scale": scale.run,
     "scaling": scaling.run,
     "tuners": tuners.run,
+    "remote": remote.run,
 }
 
 
