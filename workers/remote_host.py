@@ -70,7 +70,9 @@ ln -s "$t" "$2" 2>/dev/null || rm -rf "$t"
 _PROBE = r"""
 for t in TOOLS; do command -v "$t" >/dev/null 2>&1 || echo "missing $t"; done
 if [ -n "$1" ]; then
-  PATH="$1:$PATH"; { command -v python3 || command -v python; } >/dev/null 2>&1 || echo "no python"
+  found=; IFS=:
+  for d in $1; do for p in python3 python; do [ -f "$d/$p" ] && [ -x "$d/$p" ] && found=1; done; done
+  unset IFS; [ -n "$found" ] || echo "no python"
 fi
 echo ok
 """.replace("TOOLS", " ".join(REQUIRED_TOOLS))
