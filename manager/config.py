@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import ValidationError
@@ -187,5 +187,20 @@ def _explain(
 
 
 def _known_keys(platform: type[PlatformConfig] | None = None) -> list[str]:
-    models: list[type[NniConfigModel]] = [ExperimentConfig, AlgorithmConfig, *([platform] if platform else [])]
+    models: list[type[NniConfigModel]] = []
+    for model in (ExperimentConfig, AlgorithmConfig, *([platform] if platform else [])):
+        _with_nested(model, models)
     return sorted({field.alias or name for model in models for name, field in model.model_fields.items()})
+
+
+def _with_nested(annotation: Any, models: list[type[NniConfigModel]]) -> None:
+    """`annotation`'s config models and those of its fields, at any depth (a remote machineList's
+    machines): a misspelt key of a nested section gets its suggestion too."""
+    if isinstance(annotation, type) and issubclass(annotation, NniConfigModel):
+        if annotation in models:
+            return
+        models.append(annotation)
+        for field in annotation.model_fields.values():
+            _with_nested(field.annotation, models)
+    for argument in get_args(annotation):
+        _with_nested(argument, models)
