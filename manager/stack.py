@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 
 from core.connections import RedisUnavailable, connect
+from core.registry import platform_class
 from core.settings import REDIS_URL_ENV, Settings, trial_environment
 from manager.experiments import ExperimentNotFound
 
@@ -119,11 +120,13 @@ class ServiceProcesses:
         self.log_dir = log_dir
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str, log_name: str) -> None:
+    def start(self, *args: str, log_name: str, module: str = "manager.cli") -> None:
+        """`python -m module args`; workers start as `python -m workers` (what `trialstream worker`
+        execs), which spares them importing the control plane first: the first trial starts sooner."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{log_name}.log").open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "manager.cli", *args],
+                [sys.executable, "-m", module, *args],
                 env=self.environment,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -134,10 +137,17 @@ class ServiceProcesses:
         self.processes.append(process)
 
     def serve(self, platform: str, concurrency: int) -> None:
-        """The projector, and the workers `concurrency` trials need."""
+        """The projector, and the workers `concurrency` trials need: one per trial where trials run on
+        their worker (local), else one following them all (remote: one SSH connection per host, one
+        upload; one process also starts sooner than several importing at once)."""
         self.start("projector", log_name="projector")
+        adapter = platform_class(platform)
+        if adapter.trials_outlive_worker:  # the trials run elsewhere: the worker only follows them
+            slots = min(adapter.trials_per_process, workers_for(concurrency))
+            self.start("--platform", platform, "--concurrency", str(slots), log_name="worker-0", module="workers")
+            return
         for index in range(workers_for(concurrency)):
-            self.start("worker", "--platform", platform, log_name=f"worker-{index}")
+            self.start("--platform", platform, log_name=f"worker-{index}", module="workers")
 
     def stop(self, grace_s: float = 10.0) -> None:
         for process in self.processes:

@@ -5,6 +5,8 @@ code directory's upload, GPU scheduling across machines (a fake `nvidia-smi` on 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -407,3 +409,61 @@ def test_unmodified_nni_trial_code_reports_through_stdout(
     Projector(service.store.client).catch_up(service.experiment_id)
     [intermediate] = [m.value for m in service.views.metrics(trial.id) if m.type == "PERIODICAL"]
     assert intermediate == {"default": 0.25, "note": 'a "quoted" \\ value'}
+
+
+def test_logs_of_a_remote_trial_are_read_from_its_host_and_a_failure_carries_its_stderr(
+    remote, remote_workers: RemoteWorkers, ssh_hosts: list[SshHost], client: redis.Redis, redis_url: str
+) -> None:
+    command = "printf 'out [b]1[/b]\\n'; printf 'the last words\\n' >&2; exit 3"
+    service = remote(hosts=ssh_hosts[1:], command=command)
+    remote_workers.start()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED")
+    assert trial.status is TrialJobStatus.FAILED and trial.exit_code == 3
+    assert "the last words" in (trial.message or "") and ssh_hosts[1].address in (trial.message or "")
+    env = {**remote_workers.env, "TRIALSTREAM_REDIS_URL": redis_url}
+
+    def logs(*extra: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "manager.cli", "trials", "logs", trial.id, "-e", service.experiment_id, *extra],
+            env={**os.environ, **env},
+            capture_output=True,
+            timeout=60,
+        )
+
+    assert logs().stdout == b"out [b]1[/b]\n"
+    assert logs("--stderr").stdout == b"the last words\n"
+    finish_experiment(client, same_server(client, decode=False), service.experiment_id, "remote", "DONE")
+    wait_until(lambda: b"does not exist" in logs().stderr, 30, what="the files to be cleaned up")
+
+
+def test_the_shell_monitor_sees_what_the_python_monitor_sees(tmp_path: Path) -> None:
+    """Hosts without python get the shell monitor: the same snapshot, from real processes here."""
+    from workers.remote_host import PYTHON_MONITOR, SHELL_MONITOR, RemoteHost, script
+
+    watch = tmp_path / "watch"
+    for key, files in {
+        "e.running.1": {"stdout": b"12345", ".nni/metrics": b"ME000001\n", "pid": str(os.getpid()).encode()},
+        "e.ended.1": {"stdout": b"", "exit": b"0\n", "pid": b"999999999"},
+        "e.vanished.1": {"stdout": b"x", "pid": b"999999999"},
+    }.items():
+        attempt = tmp_path / key
+        (attempt / ".nni").mkdir(parents=True)
+        for name, data in files.items():
+            (attempt / name).write_bytes(data)
+        watch.mkdir(exist_ok=True)
+        (watch / key).symlink_to(attempt)
+
+    def first_snapshot(monitor: str) -> dict[str, Any]:
+        process = subprocess.Popen(["sh", "-c", script(monitor, str(watch))], stdout=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout is not None
+            return next(RemoteHost._snapshots(line.rstrip("\n") for line in process.stdout))
+        finally:
+            process.kill()
+            process.wait()
+
+    python_snapshot = first_snapshot(f'exec {sys.executable} -c {shlex.quote(PYTHON_MONITOR)} "$1"')
+    assert python_snapshot == first_snapshot(SHELL_MONITOR)
+    assert python_snapshot["e.running.1"].stdout == 5 and python_snapshot["e.running.1"].metrics == 9
+    assert python_snapshot["e.ended.1"].exited and python_snapshot["e.vanished.1"].dead
+    assert not python_snapshot["e.running.1"].dead

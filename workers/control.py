@@ -42,7 +42,7 @@ from schemas.trial import JobApplicationForm, TrialJobStatus
 
 log = logging.getLogger(__name__)
 
-_WATCH_BLOCK_MS = 250
+_WATCH_BLOCK_MS = 1000  # a blocked read returns at once when a command arrives; the timeout only re-checks `closed`
 LOCAL_DEADLINE_LEASES = 2.0  # a Redis pause shorter than this many leases does not stop a trial
 STOP_MARGIN_S = 6.0  # a trial stopped at its local deadline is gone within this (SIGTERM, 5 s, SIGKILL)
 

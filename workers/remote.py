@@ -56,7 +56,8 @@ from workers.trial_contract import StdoutMetricPump, TrialPaths, failure_message
 
 log = logging.getLogger(__name__)
 
-FOLLOW_IDLE_S = 1.0  # a safety net: the host's monitor wakes a follower when its files change
+FOLLOW_IDLE_S = 5.0  # a safety net: the monitor, a stop, a lost lease or a lost host wake a follower at once
+DOWN_CHECK_S = 0.5  # while the host is down: how often UNKNOWN and unreachableTimeout are checked
 UNKNOWN_AFTER_S = 2.0  # a connection down this long makes the trial UNKNOWN (a quick reconnect does not)
 READ_LIMIT = 1 << 20
 STDERR_TAIL = 2000
@@ -105,7 +106,7 @@ exit 0
 _STATE = r"""
 d="$1"
 [ -e "$d/exit" ] && { echo exited; exit 0; }
-p=; read -r p < "$d/pid" 2>/dev/null || { echo "never started"; exit 0; }
+p=; read -r p < "$d/pid" 2>/dev/null || [ -n "$p" ] || { echo "never started"; exit 0; }
 s=; read -r s < "/proc/$p/stat" 2>/dev/null
 case "$s" in ""|*") Z "*|*") X "*) ;; *) echo running; exit 0;; esac
 [ -e "$d/exit" ] && { echo exited; exit 0; }
@@ -205,6 +206,7 @@ class RemotePlatform:
         if state == "never started":
             self._ledger(host).release(attempt_member(trial))
             return None
+        follower.unknown = True  # its view may say UNKNOWN (its last worker lost the host): RUNNING once reached
         try:
             follower.watch()
             return follower.follow()
@@ -280,7 +282,7 @@ class RemotePlatform:
         impossible: list[str] = []
         unreachable: list[str] = []
         busy = 0
-        for host in sorted(hosts, key=lambda host: load[host.label]):
+        for host in sorted(hosts, key=lambda host: (host.down_since is not None, load[host.label])):
             policy = _policy(trial, host.machine)
             ledger = self._ledger(host)
             try:
@@ -423,7 +425,7 @@ class _RemoteAttempt:
                 ended = self._while_down(time.monotonic() - down_since)
                 if ended is not None:
                     return ended
-                control.wait(FOLLOW_IDLE_S)
+                control.wait(DOWN_CHECK_S)
                 continue
             try:
                 if self.unknown:
