@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -170,12 +172,97 @@ def stream_ms(entry_id: str) -> int:
     return int(entry_id.partition("-")[0])
 
 
+def _status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise LookupError(f"no {field} for process {pid}")
+
+
 def peak_rss_mb(pid: int) -> float:
     """The most memory a process has held resident so far (VmHWM), from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise LookupError(f"no VmHWM for process {pid}")
+    return _status_mb(pid, "VmHWM")
+
+
+def rss_mb(pid: int) -> float:
+    """The memory a process holds resident now (VmRSS), from /proc."""
+    return _status_mb(pid, "VmRSS")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat past the command name (which may hold spaces): state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used so far (utime + stime), from /proc."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError, IndexError):
+                children.setdefault(int(_stat_fields(int(entry.name))[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def processes_in(option: str, group: int) -> list[int]:
+    """Processes in a process group (`-g`) or session (`-s`), from pgrep."""
+    found = subprocess.run(["pgrep", option, str(group)], capture_output=True, text=True, check=False)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def reap(option: str, group: int, what: str, grace_s: float = 10.0) -> list[str]:
+    """Wait for a system's processes to be gone after it says it stopped; kill and report any straggler."""
+    deadline = time.monotonic() + grace_s
+    while (left := processes_in(option, group)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return [f"{len(left)} {what} processes were still running {grace_s:.0f}s after it stopped; killed"] if left else []
+
+
+def trialstream_run(
+    config: Path, stderr_path: Path, env: dict[str, str], deadline_s: float
+) -> tuple[dict[str, Any], float, float, list[str]]:
+    """`trialstream run CONFIG --json` in embedded mode (`env` without a Redis URL), launch -> exit, in a session
+    of its own so that everything it started can be checked to be gone; (its result, wall s, launch epoch s,
+    remarks on stragglers)."""
+    launched = time.time()
+    started = time.perf_counter()
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
+            cwd=REPO,  # the code under test, as the `trialstream` console script of this checkout runs it
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, _ = process.communicate(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    wall_s = time.perf_counter() - started
+    remarks = reap("-s", process.pid, "trialstream")
+    if process.returncode != 0:
+        tail = stderr_path.read_text()[-1500:]
+        raise RuntimeError(f"trialstream run exited with {process.returncode} (see {stderr_path}): {tail}")
+    return json.loads(stdout), wall_s, launched, remarks
 
 
 @contextmanager

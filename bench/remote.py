@@ -13,9 +13,6 @@ and what one worker costs while it supervises 100 quietly running trials on 2 ho
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import inspect
-import json
 import math
 import os
 import pwd
@@ -28,41 +25,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from bench import nnictl, versus_nni
 from bench.harness import (
     NNI_TRIAL,
     REPO,
-    SEARCH_SPACE,
     TRIALS_DIR,
     Figure,
     Section,
+    cpu_seconds,
+    descendants,
     median_of,
     percentile,
     repeat,
+    rss_mb,
     scratch_redis,
     stream_ms,
+    trialstream_run,
     wait_until,
 )
+from bench.ingestion import sent_time
 from bench.overhead import form
-from bench.versus_nni import (
-    ANSI,
-    NNI_TERMINAL,
-    NniError,
-    free_port,
-    get_json,
-    nni_manager_group,
-    reap,
-    trial_cpu_seconds,
-)
+from bench.versus_nni import trial_cpu_seconds
 from core.connections import connect
 from core.event_store import StoredEvent
-from core.settings import REDIS_URL_ENV, Settings
+from core.settings import PREFIX, REDIS_URL_ENV, Settings
 from manager.config import load_experiment_config
 from manager.runner import ExperimentRunner
 from manager.stack import DATA_DIR, EmbeddedRedis, ServiceProcesses
@@ -76,7 +67,7 @@ DEADLINE_S = 300.0
 POLL_S = 0.1
 USER = "tstrial"
 SSHD = "/usr/sbin/sshd"
-KNOWN_HOSTS_ENV = "TRIALSTREAM_KNOWN_HOSTS"
+KNOWN_HOSTS_ENV = f"{PREFIX}KNOWN_HOSTS"  # the known_hosts setting
 
 
 # --- loopback sshd hosts -------------------------------------------------------------------------------------
@@ -257,36 +248,16 @@ class Run:
     first_submitted_s: float | None = None  # trialstream: launch -> the first TrialSubmitted
 
 
-def experiment_config(directory: Path, name: str, machines: list[dict[str, Any]]) -> Path:
-    config = {
-        "experimentName": name,
-        "trialCommand": NNI_TRIAL,
-        "trialCodeDirectory": str(TRIALS_DIR),
-        "trialConcurrency": CONCURRENCY,
-        "maxTrialNumber": TRIALS,
-        "searchSpace": SEARCH_SPACE,
-        "tuner": {"name": "Random", "classArgs": {"seed": SEED}},
-        "trainingService": {"platform": "remote", "machineList": machines},
-        "experimentWorkingDirectory": str(directory / "experiments"),
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def wait_nni_done(port: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            status = get_json(port, "check-status")
-            if status["status"] == "ERROR":
-                raise NniError(f"NNI reports an error: {status.get('errors')}")
-            jobs: list[dict[str, Any]] = get_json(port, "trial-jobs")
-            if status["status"] == "DONE" or (len(jobs) >= TRIALS and all(j["status"] in NNI_TERMINAL for j in jobs)):
-                return jobs
-        time.sleep(POLL_S)
-    raise NniError(f"the experiment was not done after {DEADLINE_S:.0f}s")
+def experiment_config(directory: Path, name: str, machines: list[dict[str, Any]], **overrides: Any) -> Path:
+    """The `nni` group's YAML with TRIALS at CONCURRENCY on `machines`; `overrides` are NNI keys (camelCase)."""
+    return versus_nni.experiment_config(
+        directory,
+        name,
+        trialConcurrency=CONCURRENCY,
+        maxTrialNumber=TRIALS,
+        trainingService={"platform": "remote", "machineList": machines},
+        **overrides,
+    )
 
 
 # what NNI's manager log says as it sets a host up (nni_node/training_service/remote_v3/worker.js), in order
@@ -329,89 +300,17 @@ def refills_from_times(trials: list[tuple[float, float]], concurrency: int) -> l
     return refills
 
 
-# nnictl 3.0 imports pkg_resources (for `nnictl --version` only), which setuptools >= 81 no longer ships; this
-# stand-in, on nnictl's PYTHONPATH alone, answers what nnictl asks of it
-PKG_RESOURCES_SHIM = """
-from importlib import metadata
-
-
-class ResolutionError(Exception):
-    pass
-
-
-class _Distribution:
-    def __init__(self, name):
-        try:
-            self.version = metadata.version(name)
-        except metadata.PackageNotFoundError as error:
-            raise ResolutionError(name) from error
-
-
-def get_distribution(name):
-    return _Distribution(name)
-"""
-
-
-def nnictl_environment(directory: Path) -> dict[str, str]:
-    """This environment, plus the pkg_resources stand-in where the installed setuptools lacks pkg_resources."""
-    environment = dict(os.environ)
-    if importlib.util.find_spec("pkg_resources") is None:
-        shim = directory / "pkg_resources_shim"
-        shim.mkdir(parents=True, exist_ok=True)
-        (shim / "pkg_resources.py").write_text(PKG_RESOURCES_SHIM)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shim), environment.get("PYTHONPATH")]))
-    return environment
-
-
-def stop_nni(experiment_id: str, group: int | None, scratch: Path) -> None:
-    """`nnictl stop` (not timed in), then make sure nothing of NNI's manager is left here."""
-    if experiment_id:
-        subprocess.run(
-            ["nnictl", "stop", experiment_id],
-            env=nnictl_environment(scratch),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-    if group is not None:
-        reap("-g", group, "NNI")
-
-
 def run_nni(directory: Path, name: str, hosts: Hosts) -> Run:
     """`nnictl create` launch -> DONE, then `nnictl stop` (not timed in) and nothing of it left on the hosts."""
     config = experiment_config(directory, name, hosts.machine_list())
-    port = free_port()
-    experiment_id, group = "", None
-    launched = time.time()
-    started = time.perf_counter()
-    try:
-        created = subprocess.run(
-            ["nnictl", "create", "--config", str(config), "--port", str(port)],
-            env=nnictl_environment(directory.parent),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        output = ANSI.sub("", created.stdout + created.stderr)
-        group = nni_manager_group(port)
-        match = re.search(r"Experiment ID: (\w+)", output)
-        if created.returncode != 0 or match is None:
-            raise NniError(f"nnictl create failed ({created.returncode}): {output.strip()[-500:]}")
-        experiment_id = match.group(1)
-        jobs = wait_nni_done(port)
-        wall_s = time.perf_counter() - started
-        (directory / "trial-jobs.json").write_text(json.dumps(jobs))
-    finally:
-        stop_nni(experiment_id, group if group is not None else nni_manager_group(port), directory.parent)
-    log = directory / "experiments" / experiment_id / "log" / "nnimanager.log"
+    experiment = nnictl.run(config, TRIALS, DEADLINE_S, POLL_S)
+    jobs, launched = experiment.jobs, experiment.launched
+    log = directory / "experiments" / experiment.id / "log" / "nnimanager.log"
     times = [
         (job["startTime"] / 1000, job.get("endTime", job["startTime"]) / 1000) for job in jobs if "startTime" in job
     ]
     return Run(
-        wall_s=wall_s,
+        wall_s=experiment.wall_s,
         first_running_s=min(start for start, _ in times) - launched,
         submit_to_running_ms=[],
         refill_ms=refills_from_times(times, CONCURRENCY),
@@ -421,24 +320,6 @@ def run_nni(directory: Path, name: str, hosts: Hosts) -> Run:
 
 
 # --- trialstream ---------------------------------------------------------------------------------------------
-
-
-def remote_platform_ready() -> str | None:
-    """Why trialstream cannot run remote trials in this checkout, or None when it can."""
-    if not (REPO / "workers" / "remote.py").is_file():
-        return "trialstream's remote platform (workers/remote.py) is not in this checkout yet"
-    return None
-
-
-def trialstream_machines(hosts: Hosts) -> list[dict[str, Any]]:
-    """The machine list; host keys are checked against the known_hosts setting, or not at all where this
-    checkout has no such setting (a stand-in until it has)."""
-    return hosts.machine_list() if known_hosts_setting() else hosts.machine_list(checkHostKey=False)
-
-
-def known_hosts_setting() -> bool:
-
-    return "known_hosts" in Settings.model_fields
 
 
 def trialstream_environment(hosts: Hosts) -> dict[str, str]:
@@ -460,39 +341,18 @@ def experiment_log(experiment_dir: Path, experiment_id: str) -> Iterator[list[tu
         server.stop()
 
 
-def trialstream_run(directory: Path, config: Path, hosts: Hosts) -> tuple[dict[str, Any], float, float]:
-    """`trialstream run CONFIG --json` (embedded stack) launch -> exit; (its result, wall s, launch epoch s)."""
-    launched = time.time()
-    started = time.perf_counter()
-    with (directory / "trialstream.stderr").open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
-            cwd=REPO,
-            env=trialstream_environment(hosts),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, _ = process.communicate(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise
-    wall_s = time.perf_counter() - started
-    reap("-s", process.pid, "trialstream")
-    if process.returncode != 0:
-        tail = (directory / "trialstream.stderr").read_text()[-1500:]
-        raise RuntimeError(f"trialstream run exited with {process.returncode}: {tail}")
-    return json.loads(stdout), wall_s, launched
+def launch(directory: Path, config: Path, hosts: Hosts) -> tuple[dict[str, Any], float, float]:
+    """`trialstream run CONFIG --json` (embedded stack), host keys checked against the hosts' known_hosts file;
+    (its result, wall s, launch epoch s)."""
+    result, wall_s, launched, _ = trialstream_run(
+        config, directory / "trialstream.stderr", trialstream_environment(hosts), DEADLINE_S
+    )
+    return result, wall_s, launched
 
 
 def run_trialstream(directory: Path, name: str, hosts: Hosts) -> Run:
-
-    config = experiment_config(directory, name, trialstream_machines(hosts))
-    result, wall_s, launched = trialstream_run(directory, config, hosts)
+    config = experiment_config(directory, name, hosts.machine_list())
+    result, wall_s, launched = launch(directory, config, hosts)
     experiment_dir = directory / "experiments" / result["experimentId"]
     submitted: dict[str, int] = {}
     started: dict[str, int] = {}
@@ -526,44 +386,31 @@ def run_trialstream(directory: Path, name: str, hosts: Hosts) -> Run:
 
 
 METRICS = 20
-# Each metric is the host's time.time() itself: a plain number, as a dict metric ({"default": .., "sent": ..})
-# comes back from the stdout channel unreadable (see the note the section adds about it).
-METRICS_TRIAL = """
-import sys, time
-import trialstream_sdk as nni
-
-count, interval = int(sys.argv[1]), float(sys.argv[2])
-nni.get_next_parameter()
-for _ in range(count):
-    nni.report_intermediate_result(time.time())
-    time.sleep(interval)
-nni.report_final_result(time.time())
-"""
 
 
 def metric_latencies(directory: Path, hosts: Hosts) -> list[float]:
-    """One remote trial reports METRICS intermediate metrics 50 ms apart and a final one, each its host-side
-    time.time(); ms from that to the log time (its stream id) of its TrialMetricReported."""
+    """One remote trial (bench/trials/metrics.py, as the ingestion group runs it) reports METRICS intermediate
+    metrics 50 ms apart and a final one, each {"default": step, "sent": its host-side time.time()}; ms from `sent`
+    to the log time (its stream id) of its TrialMetricReported."""
     code = directory / "code"  # the trial imports the dependency-free SDK: upload it with the trial
     code.mkdir(parents=True, exist_ok=True)
-    (code / "sent.py").write_text(METRICS_TRIAL)
+    shutil.copy(TRIALS_DIR / "metrics.py", code)
     shutil.copy(REPO / "trialstream_sdk.py", code)
-    config = experiment_config(directory, "metrics", trialstream_machines(hosts))
-    values = yaml.safe_load(config.read_text())
-    values.update(
-        trialCommand=f"{sys.executable} sent.py {METRICS} 0.05",
+    config = experiment_config(
+        directory,
+        "metrics",
+        hosts.machine_list(),
+        trialCommand=f"{sys.executable} metrics.py {METRICS} 0.05",
         trialCodeDirectory=str(code),
         trialConcurrency=1,
         maxTrialNumber=1,
     )
-    config.write_text(yaml.safe_dump(values))
-    result, _, _ = trialstream_run(directory, config, hosts)
+    result, _, _ = launch(directory, config, hosts)
     latencies = []
     with experiment_log(directory / "experiments" / result["experimentId"], result["experimentId"]) as entries:
         for entry_id, event in entries:
             if isinstance(event, TrialMetricReported):
-                sent = float(json.loads(json.loads(event.data)))
-                latencies.append(stream_ms(entry_id) - sent * 1000)
+                latencies.append(stream_ms(entry_id) - sent_time(event.data) * 1000)
     if len(latencies) < METRICS:
         raise RuntimeError(f"{len(latencies)} of {METRICS + 1} metrics reached the log: {result}")
     return latencies
@@ -571,33 +418,6 @@ def metric_latencies(directory: Path, hosts: Hosts) -> list[float]:
 
 QUIET_TRIALS = 100
 SAMPLE_S = 10.0
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise LookupError(f"no VmRSS for process {pid}")
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            found.append(child)
-            frontier.append(child)
-    return found
 
 
 @dataclass(frozen=True)
@@ -613,22 +433,23 @@ def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
     """`trialstream worker --platform remote --concurrency 100` on a private redis-server; 100 `sleep` trials over
     the hosts through TrainingService; once all are RUNNING, the worker's RSS and CPU over SAMPLE_S seconds."""
 
-    config = experiment_config(directory, "quiet", trialstream_machines(hosts))
-    values = yaml.safe_load(config.read_text())
-    values.update(trialCommand="sleep 600", trialConcurrency=QUIET_TRIALS, maxTrialNumber=QUIET_TRIALS)
-    config.write_text(yaml.safe_dump(values))
+    config = experiment_config(
+        directory,
+        "quiet",
+        hosts.machine_list(),
+        trialCommand="sleep 600",
+        trialConcurrency=QUIET_TRIALS,
+        maxTrialNumber=QUIET_TRIALS,
+    )
     with scratch_redis(directory) as (client, url):
-        extra: dict[str, Any] = {"known_hosts": hosts.known_hosts} if known_hosts_setting() else {}
-        settings = Settings(redis_url=url, **extra)
+        settings = Settings(redis_url=url, known_hosts=hosts.known_hosts)
         services = ServiceProcesses(settings, directory / "logs")
         try:
             services.start("worker", "--platform", "remote", "--concurrency", str(QUIET_TRIALS), log_name="worker")
             pid = services.processes[-1].pid
-            create_options: dict[str, Any] = {}
-            if "settings" in inspect.signature(ExperimentRunner.create).parameters:
-                create_options["settings"] = settings  # the known_hosts its pre-start check reads
             spec = load_experiment_config(config)
-            service = ExperimentRunner.create(spec, client, connect(url, decode=False), **create_options).service
+            # settings: the known_hosts its pre-start check reads
+            service = ExperimentRunner.create(spec, client, connect(url, decode=False), settings=settings).service
             started = time.perf_counter()
             trials = [
                 service.submit_trial_job(form(index, {"x": index / QUIET_TRIALS, "y": 1}))
@@ -646,15 +467,15 @@ def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
             wait_until(all_running, 180, f"{QUIET_TRIALS} remote trials to be RUNNING", interval=0.5)
             to_all_running_s = time.perf_counter() - started
             time.sleep(2.0)  # let the start-up burst settle
-            cpu_before, sampled = _cpu_seconds(pid), time.perf_counter()
+            cpu_before, sampled = cpu_seconds(pid), time.perf_counter()
             time.sleep(SAMPLE_S)
-            cpu_percent = (_cpu_seconds(pid) - cpu_before) / (time.perf_counter() - sampled) * 100
-            children = _descendants(pid)
+            cpu_percent = (cpu_seconds(pid) - cpu_before) / (time.perf_counter() - sampled) * 100
+            children = descendants(pid)
             children_rss = 0.0
             for child in children:
                 with contextlib.suppress(OSError, LookupError):
-                    children_rss += _rss_mb(child)
-            footprint = Footprint(_rss_mb(pid), cpu_percent, len(children), children_rss, to_all_running_s)
+                    children_rss += rss_mb(child)
+            footprint = Footprint(rss_mb(pid), cpu_percent, len(children), children_rss, to_all_running_s)
             for trial in trials:
                 with contextlib.suppress(Exception):
                     service.cancel_trial_job(trial.id)
@@ -689,9 +510,6 @@ def run(root: Path, runs: int) -> Section:
     latencies: list[list[float]] = []
     footprint: Footprint | None = None
     bare_trial: tuple[float, float] | None = None
-    ts_blocked = remote_platform_ready()
-    if ts_blocked:
-        failures["trialstream"] = ts_blocked
     if shutil.which("nnictl") is None:
         failures["NNI"] = "nnictl is not on PATH"
     try:
@@ -705,33 +523,33 @@ def run(root: Path, runs: int) -> Section:
             one = Hosts(hosts.hosts[:1], hosts.key, hosts.known_hosts)
             print(f"  hosts: {', '.join(f'{h.address}:{h.port}' for h in hosts.hosts)} (user {USER})", flush=True)
 
+            def attempt(system: str, runs_so_far: list[Run], one_run: Callable[[], Run]) -> None:
+                try:
+                    runs_so_far.append(one_run())
+                    print(f"      {system}: {runs_so_far[-1].wall_s:.1f}s", flush=True)
+                except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
+                    failures.setdefault(system, _why(error))  # NniError is a RuntimeError
+                    print(f"      {system} failed: {_why(error)}", flush=True)
+
             def measure(index: int) -> None:
                 if "NNI" not in failures or index > 0:
-                    try:
-                        nni_runs.append(run_nni(root / "nni" / f"run{index}", f"nni-remote{index}", one))
-                        print(f"      NNI: {nni_runs[-1].wall_s:.1f}s", flush=True)
-                    except (NniError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
-                        failures.setdefault("NNI", _why(error))
-                        print(f"      NNI failed: {_why(error)}", flush=True)
-                if not ts_blocked:
-                    try:
-                        ts_runs.append(run_trialstream(root / "trialstream" / f"run{index}", f"ts-remote{index}", one))
-                        print(f"      trialstream: {ts_runs[-1].wall_s:.1f}s", flush=True)
-                    except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
-                        failures.setdefault("trialstream", _why(error))
-                        print(f"      trialstream failed: {_why(error)}", flush=True)
+                    attempt("NNI", nni_runs, lambda: run_nni(root / "nni" / f"run{index}", f"nni-remote{index}", one))
+                attempt(
+                    "trialstream",
+                    ts_runs,
+                    lambda: run_trialstream(root / "trialstream" / f"run{index}", f"ts-remote{index}", one),
+                )
 
             bare_trial = trial_cpu_seconds(root)
             repeat(runs, measure)
-            if not ts_blocked:
-                try:
-                    latencies = repeat(runs, lambda index: metric_latencies(root / "metrics" / f"run{index}", one))
-                except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
-                    failures["metrics"] = _why(error)
-                try:
-                    footprint = worker_footprint(root / "quiet", hosts)
-                except (RuntimeError, OSError, ValueError, KeyError, TimeoutError) as error:
-                    failures["footprint"] = _why(error)
+            try:
+                latencies = repeat(runs, lambda index: metric_latencies(root / "metrics" / f"run{index}", one))
+            except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
+                failures["metrics"] = _why(error)
+            try:
+                footprint = worker_footprint(root / "quiet", hosts)
+            except (RuntimeError, OSError, ValueError, KeyError, TimeoutError) as error:
+                failures["footprint"] = _why(error)
         finally:
             hosts_context.__exit__(None, None, None)
 
@@ -796,7 +614,7 @@ def run(root: Path, runs: int) -> Section:
             "ms",
             "<= 250",
             detail=f"{METRICS} intermediate metrics + the final one per run, 50 ms apart; "
-            "host time.time() -> TrialMetricReported's stream id"
+            "the metric's `sent` (host time.time()) -> TrialMetricReported's stream id"
             if latencies
             else why_not("metrics"),
         ),
@@ -845,10 +663,6 @@ def run(root: Path, runs: int) -> Section:
             f"nni`): on this machine's {cores} cores {TRIALS} trials need at least {TRIALS * bare_trial[1] / cores:.0f}"
             " s of CPU whatever runs them, and sshd, the hosts' sessions and each system's own processes share those "
             "cores, so the trials bound trialstream's wall time here and cap the speed-up."
-        )
-    if not known_hosts_setting():
-        section.notes.append(
-            f"This checkout has no {KNOWN_HOSTS_ENV} setting, so trialstream ran with `checkHostKey: false`."
         )
     stages = [r.stages for r in nni_runs if r.stages]
     if stages:

@@ -8,16 +8,11 @@ one trial's parameters next to another trial's metric misleads every analysis bu
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import resource
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -29,7 +24,18 @@ from typing import Any
 
 import yaml
 
-from bench.harness import NNI_TRIAL, REPO, SEARCH_SPACE, TRIALS_DIR, Figure, Section, median_of, repeat
+from bench import nnictl
+from bench.harness import (
+    NNI_TRIAL,
+    SEARCH_SPACE,
+    TRIALS_DIR,
+    Figure,
+    Section,
+    median_of,
+    repeat,
+    trialstream_run,
+)
+from bench.nnictl import NniError
 from core.settings import REDIS_URL_ENV
 
 TRIALS = 40
@@ -37,13 +43,6 @@ CONCURRENCY = 4
 SEED = 7
 DEADLINE_S = 300.0
 POLL_S = 0.2
-STOP_TIMEOUT_S = 60.0
-NNI_TERMINAL = {"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"}
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class NniError(RuntimeError):
-    """NNI did not run the experiment to its end; the benchmark reports that instead of a time."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +54,10 @@ class Outcome:
     remarks: tuple[str, ...] = ()
 
 
-def experiment_config(directory: Path, name: str) -> Path:
-    """The NNI v2 YAML both systems run; each run gets its own experiment directory, so it starts from scratch."""
-    config = {
+def experiment_config(directory: Path, name: str, **overrides: Any) -> Path:
+    """The NNI v2 YAML both systems run; each run gets its own experiment directory, so it starts from scratch.
+    `overrides` are NNI keys (camelCase): the remote group runs the same experiment on its hosts."""
+    config: dict[str, Any] = {
         "experimentName": name,
         "trialCommand": NNI_TRIAL,
         "trialCodeDirectory": str(TRIALS_DIR),
@@ -67,6 +67,7 @@ def experiment_config(directory: Path, name: str) -> Path:
         "tuner": {"name": "Random", "classArgs": {"seed": SEED}},
         "trainingService": {"platform": "local"},
         "experimentWorkingDirectory": str(directory / "experiments"),
+        **overrides,
     }
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.yml"
@@ -97,61 +98,6 @@ def attribution_errors(trials: Iterable[tuple[Iterable[Path], Any]]) -> tuple[in
     return errors + missing, [f"{missing} trials left no bench.json"] if missing else []
 
 
-def processes_in(option: str, group: int) -> list[int]:
-    """Processes in a process group (`-g`) or session (`-s`), from pgrep."""
-    found = subprocess.run(["pgrep", option, str(group)], capture_output=True, text=True, check=False)
-    return [int(pid) for pid in found.stdout.split()]
-
-
-def reap(option: str, group: int, what: str, grace_s: float = 10.0) -> list[str]:
-    """Wait for a system's processes to be gone after it says it stopped; kill and report any straggler."""
-    deadline = time.monotonic() + grace_s
-    while (left := processes_in(option, group)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return [f"{len(left)} {what} processes were still running {grace_s:.0f}s after it stopped; killed"] if left else []
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def get_json(port: int, route: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nni/{route}", timeout=10) as response:
-        return json.load(response)
-
-
-def nni_manager_group(port: int) -> int | None:
-    """The process group of the NNI manager serving `port`: it leads one holding the dispatcher and the trials."""
-    found = subprocess.run(["pgrep", "-f", f"main.js --port {port} "], capture_output=True, text=True, check=False)
-    pids = found.stdout.split()
-    return os.getpgid(int(pids[0])) if pids else None
-
-
-def wait_nni_done(port: int) -> list[dict[str, Any]]:
-    """Poll until NNI says DONE, or until all its trials are terminal (check-status can lag); its trial jobs."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        try:
-            status = get_json(port, "check-status")
-            if status["status"] == "ERROR":
-                raise NniError(f"NNI reports an error: {status.get('errors')}")
-            if status["status"] not in ("INITIALIZED", "RUNNING"):
-                jobs: list[dict[str, Any]] = get_json(port, "trial-jobs")
-                if status["status"] == "DONE" or (
-                    len(jobs) >= TRIALS and all(job["status"] in NNI_TERMINAL for job in jobs)
-                ):
-                    return jobs
-        except urllib.error.URLError:
-            pass  # the manager is still coming up; the deadline bounds this
-        time.sleep(POLL_S)
-    raise NniError(f"the experiment was not done after {DEADLINE_S:.0f}s")
-
-
 def trial_directory(log_path: str) -> Path:
     """NNI gives a trial's directory as a path or as a file URL (`file://host/path`, `file://localhost:/path`)."""
     return Path(urllib.parse.urlparse(log_path).path if log_path.startswith("file://") else log_path)
@@ -160,32 +106,9 @@ def trial_directory(log_path: str) -> Path:
 def run_nni(directory: Path, name: str) -> Outcome:
     """`nnictl create` -> DONE, then check attribution; the experiment is always stopped and its processes reaped."""
     config = experiment_config(directory, name)
-    port = free_port()
-    experiment_id = ""
-    remarks: list[str] = []
-    group = None
-    started = time.perf_counter()
-    try:
-        created = subprocess.run(
-            ["nnictl", "create", "--config", str(config), "--port", str(port)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        output = ANSI.sub("", created.stdout + created.stderr)
-        group = nni_manager_group(port)
-        match = re.search(r"Experiment ID: (\w+)", output)
-        if created.returncode != 0 or match is None:
-            raise NniError(f"nnictl create failed ({created.returncode}): {output.strip()[-500:]}")
-        experiment_id = match.group(1)
-        jobs = wait_nni_done(port)
-        wall_s = time.perf_counter() - started
-        (directory / "trial-jobs.json").write_text(json.dumps(jobs))
-    finally:
-        remarks += stop_nni(experiment_id, group if group is not None else nni_manager_group(port))
-    experiment_dir = directory / "experiments" / experiment_id
+    experiment = nnictl.run(config, TRIALS, DEADLINE_S, POLL_S)
+    jobs, remarks = experiment.jobs, experiment.remarks
+    experiment_dir = directory / "experiments" / experiment.id
     errors, more = attribution_errors(
         (
             [
@@ -199,55 +122,14 @@ def run_nni(directory: Path, name: str) -> Outcome:
     )
     failed = sum(job["status"] != "SUCCEEDED" for job in jobs)
     remarks += more + ([f"{failed} trials did not succeed"] if failed else [])
-    return Outcome(wall_s, errors, tuple(remarks))
-
-
-def stop_nni(experiment_id: str, group: int | None) -> list[str]:
-    """`nnictl stop`, timed (it is not part of the wall time), then make sure nothing of the experiment is left."""
-    remarks = []
-    if experiment_id:
-        started = time.perf_counter()
-        stopped = subprocess.run(
-            ["nnictl", "stop", experiment_id],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=STOP_TIMEOUT_S,
-            check=False,
-        )
-        remarks.append(f"nnictl stop took {time.perf_counter() - started:.1f}s (exit {stopped.returncode})")
-    if group is not None:
-        remarks += reap("-g", group, "NNI")
-    return remarks
+    return Outcome(experiment.wall_s, errors, tuple(remarks))
 
 
 def run_trialstream(directory: Path, name: str) -> Outcome:
     """`trialstream run CONFIG --json` in embedded mode, launch -> exit, then check attribution."""
     config = experiment_config(directory, name)
     env = {key: value for key, value in os.environ.items() if key != REDIS_URL_ENV}
-    started = time.perf_counter()
-    with (directory / "trialstream.stderr").open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
-            cwd=REPO,  # the code under test, as the `trialstream` console script of this checkout runs it
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            start_new_session=True,  # its session holds everything it starts, to check that it stopped it all
-        )
-        try:
-            stdout, _ = process.communicate(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise
-    wall_s = time.perf_counter() - started
-    remarks = reap("-s", process.pid, "trialstream")
-    if process.returncode != 0:
-        raise RuntimeError(f"trialstream run exited with {process.returncode}; see {directory / 'trialstream.stderr'}")
-    result = json.loads(stdout)
+    result, wall_s, _, remarks = trialstream_run(config, directory / "trialstream.stderr", env, DEADLINE_S)
     trials_dir = directory / "experiments" / result["experimentId"] / "trials"
     errors, more = attribution_errors(
         ([trials_dir / trial["id"]], reported_parameters(trial["hyperParameters"])) for trial in result["trials"]
