@@ -253,10 +253,12 @@ def experiment_config(directory: Path, name: str, machines: list[dict[str, Any]]
     return versus_nni.experiment_config(
         directory,
         name,
-        trialConcurrency=CONCURRENCY,
-        maxTrialNumber=TRIALS,
-        trainingService={"platform": "remote", "machineList": machines},
-        **overrides,
+        **{
+            "trialConcurrency": CONCURRENCY,
+            "maxTrialNumber": TRIALS,
+            "trainingService": {"platform": "remote", "machineList": machines},
+            **overrides,
+        },
     )
 
 
