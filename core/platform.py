@@ -44,6 +44,7 @@ class StopRequest:
 
     status: TrialJobStatus
     reason: str
+    lease_lost: bool = False  # the attempt may be another worker's now: its trial is this worker's no more
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,14 @@ class Deferred:
 class Lost:
     """The attempt can no longer be followed where it ran (its host stayed unreachable): it is lost,
     as if its worker had died, so it is retried (elsewhere) when maxTrialRetries allows, else FAILED."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """The worker lost its lease on the attempt (StopRequest.lease_lost) while the trial runs on where
+    it runs: another worker re-attaches to it. Nothing is recorded and nothing is stopped."""
 
     reason: str
 
@@ -136,11 +145,11 @@ class Platform(Protocol):
         """Make the experiment's code available where its trials run. Called before every trial (and
         before every re-attachment): cheap when the code is staged already."""
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost:
+    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
         """Run the trial to its end (blocking); a stop request must end it promptly."""
         ...
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | None:
+    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
         """Follow to its end an attempt that a worker, since lost, launched; None when nothing of it
         runs any more (its worker took it along: the attempt is lost)."""
         ...

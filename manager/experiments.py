@@ -165,8 +165,10 @@ def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
 
 def _job_keys(client: redis.Redis, experiment_id: str) -> dict[str, re.Match[str]]:
     """RQ's keys of the experiment's jobs (`rq:job:<job id>`, `rq:results:<job id>`, ...). A job id is
-    `<exp>-<trial>-<attempt>-<run|release>-<ns>`; a trial id has no dash, so `a-b`'s jobs are not `a`'s."""
-    job = re.compile(rf"(^|:)(?P<job>{re.escape(experiment_id)}-[^-:]+-\d+-(run|release)-\d+)(:|$)")
+    `<exp>-<trial>-<attempt>-<run|release>-<ns>`, or `<exp>--clean-up-<ns>`; a trial id has no dash, so
+    `a-b`'s jobs are not `a`'s."""
+    escaped = re.escape(experiment_id)
+    job = re.compile(rf"(^|:)(?P<job>{escaped}-([^-:]+-\d+-(run|release)|-clean-up)-\d+)(:|$)")
     found = {}
     for key in client.scan_iter(match=f"rq:*{_glob_escaped(experiment_id)}-*", count=1000):
         match = job.search(str(key))

@@ -147,7 +147,8 @@ def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str,
 def check_platform(spec: ExperimentSpec, settings: Settings) -> None:
     """The platform's own check before anything runs (hosts reachable, credentials right): every
     problem at once, one line each; no experiment is created or trial submitted when there is one."""
-    problems = platform_class(spec.platform.platform).check(spec.platform, spec.code_directory, settings)
+    check = getattr(platform_class(spec.platform.platform), "check", None)  # optional for third-party platforms
+    problems = check(spec.platform, spec.code_directory, settings) if check is not None else []
     if problems:
         raise RunnerError("trainingService: cannot run trials there:\n" + "\n".join(f"  {line}" for line in problems))
 

@@ -51,7 +51,7 @@ def to_file(kind, sequence, value):
 
 
 def to_stdout(kind, sequence, value):
-    print("NNISDK_ME" + repr(record(kind, sequence, value).encode()), flush=True)  # b'...', as NNI prints it
+    print("NNISDK_MEb'" + record(kind, sequence, value) + "'", flush=True)  # the JSON as it is, as NNI prints it
 
 
 if mode == "environment":

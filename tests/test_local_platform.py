@@ -230,7 +230,7 @@ def test_a_metric_line_that_cannot_be_encoded_is_rejected_and_a_chatty_trial_goe
         "surrogate_stdout.py",
         f"""
         import os
-        os.write(1, b"NNISDK_MEb" + repr({SURROGATE_RECORD!r}).encode()[1:] + b"\\n")
+        os.write(1, b"NNISDK_MEb'" + {SURROGATE_RECORD!r} + b"'\\n")
         for _ in range(2000):  # ~8 MB: far more than a pipe holds
             os.write(1, b"chatter " * 512 + b"\\n")
         good = b'{{"parameter_id": 0, "type": "FINAL", "sequence": 0, "value": "3.5"}}'

@@ -22,7 +22,7 @@ from core.connections import same_server
 from manager.experiments import finish_experiment
 from manager.projector import Projector
 from manager.training_service import TrainingService
-from schemas.events import TrialStarted, TrialUnreachable
+from schemas.events import TrialEnded, TrialReattached, TrialStarted, TrialUnreachable
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
 from tests.conftest import ServiceFactory, form, wait_for_status, wait_until
@@ -46,7 +46,7 @@ p = form["parameters"]
 def report(kind, sequence, value):
     record = json.dumps({"parameter_id": form["parameter_id"], "type": kind, "sequence": sequence,
                          "value": json.dumps(value)})
-    print("NNISDK_ME" + repr(record.encode()), flush=True)
+    print("NNISDK_MEb'" + record + "'", flush=True)  # as NNI's SDK prints it
 
 for i in p.get("before", []):
     report("PERIODICAL", i, i)
@@ -467,3 +467,30 @@ def test_the_shell_monitor_sees_what_the_python_monitor_sees(tmp_path: Path) -> 
     assert python_snapshot["e.running.1"].stdout == 5 and python_snapshot["e.running.1"].metrics == 9
     assert python_snapshot["e.ended.1"].exited and python_snapshot["e.vanished.1"].dead
     assert not python_snapshot["e.running.1"].dead
+
+
+def test_a_stalled_worker_that_wakes_up_leaves_the_trial_to_the_worker_that_took_it_over(
+    remote, remote_workers: RemoteWorkers, tmp_path: Path
+) -> None:
+    """Its lease expired while it was frozen (SIGSTOP: a long GC pause, a paused VM): another worker
+    re-attached; when it wakes, it must neither kill the trial nor record an end for it."""
+    service = remote()
+    fast = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
+    stalled = remote_workers.start(env=fast)
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    trial_id = service.submit_trial_job(form(0, before=[0], gate=str(gate), started=str(started), after=[1])).id
+    wait_until(started.exists, 30, what="the trial to start")
+    stalled.send_signal(signal.SIGSTOP)
+    try:
+        remote_workers.start(env=fast)
+        wait_until(lambda: any(isinstance(e, TrialReattached) for e in history(service, trial_id)), 30)
+    finally:
+        stalled.send_signal(signal.SIGCONT)
+    stalled_log = remote_workers.processes.log_dir / "worker-0.log"
+    wait_until(lambda: f"completed trial {trial_id}" in stalled_log.read_text(), 30, what="the woken worker to let go")
+    gate.touch()
+    trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60)
+    assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
+    assert periodical(service, trial_id) == [0, 1]
+    [ended] = [e for e in history(service, trial_id) if isinstance(e, TrialEnded)]
+    assert ended.source == service.get_trial_job(trial_id).worker  # recorded by the worker that took it over

@@ -31,6 +31,7 @@ from schemas.events import (
     TrialsRequested,
     TrialStarted,
     TrialSubmitted,
+    TrialUnreachable,
 )
 from schemas.trial import (
     TERMINAL_STATUSES,
@@ -315,6 +316,7 @@ EVENTS: list[Any] = [
     TrialDeferred(**TRIAL, reason="GPUs busy"),
     TrialRequeued(**TRIAL, attempt=1, reason="its job was lost"),
     TrialReattached(**TRIAL, attempt=1),
+    TrialUnreachable(**TRIAL, attempt=1, reason="host unreachable"),
     TrialStarted(**TRIAL, attempt=1, working_directory="/e/trials/jl7ty", url="file:///e", gpu_indices=[0, 1]),
     TrialMetricReported(**TRIAL, attempt=1, parameter_id="5", metric_type="PERIODICAL", sequence=2, data='"0.5"'),
     TrialMetricRejected(**TRIAL, reason="metric record is not JSON"),

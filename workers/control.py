@@ -158,12 +158,15 @@ class LogTrialControl:
 
     def stop_request(self) -> StopRequest | None:
         if self._lease_lost:
-            return StopRequest(TrialJobStatus.FAILED, "this attempt was declared lost: its lease expired")
+            return StopRequest(
+                TrialJobStatus.FAILED, "this attempt was declared lost: its lease expired", lease_lost=True
+            )
         if self._cut_off():
             return StopRequest(
                 TrialJobStatus.FAILED,
                 f"worker {self._worker} could not renew its lease for {_format_seconds(self._deadline_s)}; "
                 "stopped so that it never runs beside a retry",
+                lease_lost=True,
             )
         if self._cancel is not None:
             return StopRequest(self._cancel.status, self._cancel.reason or _default_reason(self._cancel.status))

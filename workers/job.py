@@ -16,13 +16,14 @@ from core.connections import until_redis_answers
 from core.dispatch import TrialJob, load_submission, park, wake_parked, worker_name
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
-from core.platform import Deferred, Lost, Platform, TrialAssignment, TrialOutcome
+from core.platform import Abandoned, Deferred, Lost, Platform, TrialAssignment, TrialOutcome
 from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import (
     PLATFORM_CONFIG,
     ClusterMetadataSet,
+    ExperimentResumed,
     TrialDeferred,
     TrialEnded,
     TrialLaunchSpec,
@@ -110,7 +111,7 @@ def run_trial(
                 found = _reattach(runtime, store, submitted, lease, assignment, control)
                 if found is None:
                     return "nothing left to re-attach to: declared lost"
-                outcome: TrialOutcome | Deferred | Lost = found
+                outcome: TrialOutcome | Deferred | Lost | Abandoned = found
             else:
                 outcome = runtime.platform.run_trial(assignment, control)
         except Exception as error:
@@ -126,6 +127,9 @@ def run_trial(
             control.close()
             _lose(runtime, store, submitted, lease, outcome.reason)
             return f"lost: {outcome.reason}"
+        if isinstance(outcome, Abandoned):  # the attempt is not this worker's any more: nothing to record
+            control.close()
+            return f"abandoned: {outcome.reason}"
         control.close()  # no lease renewal may race the end of the attempt
         _end_attempt(runtime, store, lease, _ended(lease, outcome.status, outcome.exit_code, outcome.message), control)
         return str(outcome.status)
@@ -144,18 +148,19 @@ def release_attempt(experiment_id: str, trial_id: str, attempt: int) -> str:
 def clean_up_experiment(experiment_id: str) -> str:
     """The experiment ended: its platform removes what its trials left where they ran."""
     runtime = current_runtime()
+    clean_up = getattr(runtime.platform, "clean_up", None)  # optional for third-party platforms
+    if clean_up is None:
+        return f"platform {runtime.platform.name} leaves nothing to clean up"
     store = EventStore(runtime.client, experiment_id)
-    settings = [
-        entry.event
-        for entry in store.read(where=lambda fields: fields.get("type") == "ClusterMetadataSet")
-        if isinstance(entry, StoredEvent)
-        and isinstance(entry.event, ClusterMetadataSet)
-        and entry.event.key == PLATFORM_CONFIG
-    ]
+    kinds = {"ClusterMetadataSet", "ExperimentFinished", "ExperimentResumed"}
+    entries = [e.event for e in store.read(where=lambda f: f.get("type") in kinds) if isinstance(e, StoredEvent)]
+    if entries and isinstance(entries[-1], ExperimentResumed):
+        return "the experiment was resumed since it finished: nothing to clean up"
+    settings = [e for e in entries if isinstance(e, ClusterMetadataSet) and e.key == PLATFORM_CONFIG]
     if not settings:
         return "no platform config in the log: nothing to clean up"
     section = with_secrets(json.loads(settings[-1].value), experiment_secrets(runtime.client, experiment_id))
-    runtime.platform.clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
+    clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
     return "cleaned up"
 
 
@@ -166,7 +171,7 @@ def _reattach(
     lease: Lease,
     assignment: TrialAssignment,
     control: LogTrialControl,
-) -> TrialOutcome | Lost | None:
+) -> TrialOutcome | Lost | Abandoned | None:
     """Take the attempt up where its lost worker left it; if nothing of it runs any more, it is lost."""
     ref = lease.ref
     record = TrialReattached(

@@ -27,6 +27,7 @@ import redis
 
 from core.leases import AttemptRef
 from core.platform import (
+    Abandoned,
     Deferred,
     Lost,
     OutputStream,
@@ -50,7 +51,7 @@ from workers.gpu import (
     cuda_visible_devices,
 )
 from workers.metrics import parse_records
-from workers.remote_host import RemoteHost, probe
+from workers.remote_host import RemoteHost, probe, script
 from workers.ssh import SshError, SshPool
 from workers.trial_contract import StdoutMetricPump, TrialPaths, failure_message, nni_environment, parameter_file_name
 
@@ -62,25 +63,29 @@ UNKNOWN_AFTER_S = 2.0  # a connection down this long makes the trial UNKNOWN (a 
 READ_LIMIT = 1 << 20
 STDERR_TAIL = 2000
 
-# $1 attempt dir, $2 staged code, $3 watch dir, $4 key, $5 command, $6 parameter.cfg, $7 pythonPath,
-# then NAME=VALUE for the trial's environment. The trial runs in a session of its own (it survives the
-# SSH session), its stdout and stderr in files; its exit code is written last, atomically.
+# $1 attempt dir, $2 staged code, $3 watch dir, $4 key, $5 command, $6 pythonPath (all relative paths are
+# from the user's home), then NAME=VALUE for the trial's environment; parameter.cfg comes on stdin (a
+# command line holds at most 128 KiB). The trial runs in a session of its own (it survives the SSH
+# session), its stdout and stderr in files; its exit code is written last, atomically. Prints "pid dir".
+# Idempotent: an attempt already launched there (its pid file written) is only reported again.
 _LAUNCH = r"""
 set -e
-d="$1"; code="$2"; watch="$3"; key="$4"; command="$5"; parameters="$6"; python_path="$7"
-shift 7
+d="$HOME/$1"; code="$HOME/$2"; watch="$HOME/$3"; key="$4"; command="$5"; python_path="$6"
+shift 6
+if [ -e "$d/pid" ]; then read -r p 2>/dev/null < "$d/pid" || :; echo "$p $d"; exit 0; fi
+rm -rf "$d"
 mkdir -p "$d/.nni" "$d/code" "$watch"
 cp -R "$code/." "$d/code/"
-printf '%s' "$parameters" > "$d/parameter.cfg"
+cat > "$d/parameter.cfg"
 cat /proc/sys/kernel/random/boot_id > "$d/boot_id" 2>/dev/null || :
 [ -z "$python_path" ] || PATH="$python_path:$PATH"
-export PATH
+export PATH NNI_SYS_DIR="$d" NNI_OUTPUT_DIR="$d" NNI_CODE_DIR="$d/code"
 cd "$d/code"
 env "$@" setsid sh -c 'sh -c "$2" > "$1/stdout" 2> "$1/stderr" < /dev/null
 echo $? > "$1/exit.partial"; mv "$1/exit.partial" "$1/exit"' trial "$d" "$command" < /dev/null > /dev/null 2>&1 &
-echo $! > "$d/pid"
+echo $! > "$d/pid.partial"; mv "$d/pid.partial" "$d/pid"
 ln -sfn "$d" "$watch/$key"
-echo $!
+echo "$! $d"
 """
 
 # $1 the trial's process group, $2 tenths of a second to wait after SIGTERM before SIGKILL. Whether a
@@ -89,7 +94,7 @@ _KILL = r"""
 g="$1"; grace="$2"
 alive() {
   for f in /proc/[0-9]*/stat; do
-    l=; read -r l < "$f" 2>/dev/null || continue
+    l=; read -r l 2>/dev/null < "$f" || continue
     set -- ${l##*) }
     [ "$3" = "$g" ] && [ "$1" != Z ] && return 0
   done
@@ -106,19 +111,21 @@ exit 0
 _STATE = r"""
 d="$1"
 [ -e "$d/exit" ] && { echo exited; exit 0; }
-p=; read -r p < "$d/pid" 2>/dev/null || [ -n "$p" ] || { echo "never started"; exit 0; }
-s=; read -r s < "/proc/$p/stat" 2>/dev/null
+p=; read -r p 2>/dev/null < "$d/pid" || [ -n "$p" ] || { echo "never started"; exit 0; }
+s=; read -r s 2>/dev/null < "/proc/$p/stat"
 case "$s" in ""|*") Z "*|*") X "*) ;; *) echo running; exit 0;; esac
 [ -e "$d/exit" ] && { echo exited; exit 0; }
-b=; read -r b < /proc/sys/kernel/random/boot_id 2>/dev/null
-o=; read -r o < "$d/boot_id" 2>/dev/null
+b=; read -r b 2>/dev/null < /proc/sys/kernel/random/boot_id
+o=; read -r o 2>/dev/null < "$d/boot_id"
 if [ -n "$o" ] && [ "$b" != "$o" ]; then echo rebooted; else echo vanished; fi
 """
 
+# $1 root, $2 experiment, $3 "keep" or not: what still runs of the experiment is killed (attempts that
+# ended are left alone: their pid may be another process's by now), then its files go.
 _CLEAN_UP = r"""
 root="$1"; experiment="$2"; keep="$3"
-for p in "$root/experiments/$experiment"/*/attempt-*/pid; do
-  [ -e "$p" ] && read -r g < "$p" && kill -s KILL -- "-$g" 2>/dev/null
+for d in "$root/experiments/$experiment"/*/attempt-*; do
+  [ -e "$d/pid" ] && [ ! -e "$d/exit" ] && read -r g 2>/dev/null < "$d/pid" && kill -s KILL -- "-$g" 2>/dev/null
 done
 rm -f "$root"/watch/*/"$experiment".*
 [ "$keep" = keep ] || rm -rf "$root/experiments/$experiment"
@@ -166,32 +173,23 @@ class RemotePlatform:
         """Pack the code directory once per experiment and worker; hosts get it when a trial goes there."""
         self._packages[experiment_id] = pack(Path(launch.code_directory), self._cache / f"{experiment_id}.tgz")
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost:
+    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
         assert isinstance(config, RemoteConfig)
         placed = self._place(trial, config)
         if not isinstance(placed, RemoteHost):
             return placed
+        follower = _RemoteAttempt(self, placed, trial, control, config)
         try:
-            follower = _RemoteAttempt(self, placed, trial, control, config)
-            url = follower.launch(self._packages[trial.experiment_id])
-        except SshError as error:  # placed, but the host went away meanwhile: try again, elsewhere if need be
-            self._ledger(placed).release(attempt_member(trial))
+            follower.launch(self._packages[trial.experiment_id])
+        except SshError as error:  # it may have started there: the next delivery goes to the same host
             return Deferred(f"could not launch on {placed.label}: {error}")
         except LaunchFailed as error:
             self._ledger(placed).release(attempt_member(trial))
             return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
-        except BaseException:
-            self._ledger(placed).release(attempt_member(trial))
-            raise
-        gpus = self._held_gpus(placed, trial)
-        control.started(follower.directory, url=url, gpu_indices=gpus or None)
-        try:
-            return follower.follow()
-        finally:
-            self._ledger(placed).release(attempt_member(trial))
+        return self._followed(placed, follower, started=True)
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | None:
+    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
         assert isinstance(config, RemoteConfig)
         host = self._host_holding(trial, config)
@@ -201,27 +199,44 @@ class RemotePlatform:
         try:
             state = follower.state()
         except SshError as error:
-            host.mark_down(str(error))  # unreachable now: follow it as down (UNKNOWN, then lost)
+            if not host.connection.connected:
+                host.mark_down(str(error))  # unreachable now: followed as down (UNKNOWN, then lost)
             state = "running"
         if state == "never started":
             self._ledger(host).release(attempt_member(trial))
             return None
         follower.unknown = True  # its view may say UNKNOWN (its last worker lost the host): RUNNING once reached
+        return self._followed(host, follower, started=False)
+
+    def _followed(self, host: RemoteHost, follower: _RemoteAttempt, started: bool) -> TrialOutcome | Lost | Abandoned:
+        """Follow the attempt to its end, then free its place on the host. A lost attempt keeps it (its
+        release, queued with the loss, kills what may still run there); so does an abandoned one (the
+        worker that took it over follows it). Any other failure kills the trial: nobody would follow it."""
+        outcome: TrialOutcome | Lost | Abandoned | None = None
         try:
-            follower.watch()
-            return follower.follow()
+            if started:
+                gpus = self._held_gpus(host, follower.trial)
+                follower.control.started(follower.absolute, url=host.url(follower.absolute), gpu_indices=gpus or None)
+            outcome = follower.follow()
+            return outcome
+        except Exception:
+            with contextlib.suppress(Exception):
+                follower.kill()
+            raise
         finally:
-            self._ledger(host).release(attempt_member(trial))
+            if not isinstance(outcome, Lost | Abandoned):
+                self._ledger(host).release(attempt_member(follower.trial))
 
     def release(self, trial: TrialAssignment) -> None:
-        """Kill what is left of a lost attempt on its host (if it can be reached) and free its place."""
+        """Kill what is left of a lost attempt on its host (if it can be reached now) and free its place.
+        What a host unreachable now still runs is killed by the experiment's clean-up."""
         config = trial.platform_config
         assert isinstance(config, RemoteConfig)
         host = self._host_holding(trial, config)
         if host is not None:
             directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
             with contextlib.suppress(SshError):
-                host.run('read -r g < "$1/pid" 2>/dev/null && kill -s KILL -- "-$g" 2>/dev/null; exit 0', directory)
+                host.run('read -r g 2>/dev/null < "$1/pid" && kill -s KILL -- "-$g" 2>/dev/null; exit 0', directory)
         GpuLedger(self.client, "", NoGpuSource()).release_everywhere(attempt_member(trial))
 
     def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
@@ -277,6 +292,9 @@ class RemotePlatform:
         """The machine with the fewest of our trials among those that can take this one now, its GPUs
         reserved in the machine's ledger; else wait (Deferred) or, if no machine ever could, fail."""
         member = attempt_member(trial)
+        earlier = self._host_holding(trial, config, search_hosts=False)
+        if earlier is not None:  # an earlier delivery placed it there, and may have launched it
+            return earlier
         hosts = [self._host(machine) for machine in config.machine_list]
         load = {host.label: self.client.hlen(self._ledger(host).holders_key) for host in hosts}
         impossible: list[str] = []
@@ -311,13 +329,21 @@ class RemotePlatform:
         held = self.client.hget(self._ledger(host).holders_key, attempt_member(trial))
         return [int(index) for index in json.loads(held)] if held else []
 
-    def _host_holding(self, trial: TrialAssignment, config: RemoteConfig) -> RemoteHost | None:
-        """Where the attempt was placed: the ledger entry written before it was launched."""
+    def _host_holding(
+        self, trial: TrialAssignment, config: RemoteConfig, search_hosts: bool = True
+    ) -> RemoteHost | None:
+        """Where the attempt was placed: its ledger entry, written before it was launched; else (its
+        worker died between freeing the entry and recording the end) the host that has its directory."""
         member = attempt_member(trial)
-        for machine in config.machine_list:
-            host = self._host(machine)
+        hosts = [self._host(machine) for machine in config.machine_list]
+        for host in hosts:
             if self.client.hexists(self._ledger(host).holders_key, member):
                 return host
+        for host in hosts if search_hosts else []:
+            directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
+            with contextlib.suppress(SshError):
+                if host.run('test -e "$1/pid"', directory).exit_code == 0:
+                    return host
         return None
 
 
@@ -372,44 +398,52 @@ class _RemoteAttempt:
         self.metrics_rest = b""
         self.batch = _Batch(control)
         self.pump = StdoutMetricPump(self.batch)
+        self.absolute = self.directory  # made absolute by the launch (its host's $HOME)
         self.pid: int | None = None
         self.unknown = False
+        self.linked = False  # in this worker's watch directory, so its monitor reports it
 
-    def launch(self, package: CodePackage) -> str:
+    def launch(self, package: CodePackage) -> None:
         code_dir = self.host.stage(package)
         trial = self.trial
         gpus = self.platform._held_gpus(self.host, trial)
         policy = _policy(trial, self.host.machine)
         paths = TrialPaths(sys_dir=self.directory, output_dir=self.directory, code_dir=f"{self.directory}/code")
         environment = nni_environment({}, RemotePlatform.name, trial, paths, cuda_visible_devices(policy, gpus))
-        result = self.host.run(
-            _LAUNCH,
-            self.directory,
-            code_dir,
-            self.host.watch_dir,
-            self.key,
-            trial.launch.command,
-            trial.form.hyper_parameters.value,
-            self.host.machine.python_path or "",
-            *(f"{name}={value}" for name, value in environment.items()),
+        for set_by_the_launch in ("NNI_SYS_DIR", "NNI_OUTPUT_DIR", "NNI_CODE_DIR"):  # absolute only there
+            environment.pop(set_by_the_launch)
+        self.host.follow(self.key, self.control.wake)
+        result = self.host.connection.run(
+            script(
+                _LAUNCH,
+                self.directory,
+                code_dir,
+                self.host.watch_dir,
+                self.key,
+                trial.launch.command,
+                self.host.machine.python_path or "",
+                *(f"{name}={value}" for name, value in environment.items()),
+            ),
+            stdin=trial.form.hyper_parameters.value.encode(),
         )
         if result.exit_code != 0:
             problem = result.stderr.decode(errors="replace").strip()
             raise LaunchFailed(f"{self.host.label}: the trial could not be started: {problem}")
-        self.pid = int(result.stdout.split()[-1])
-        self.host.follow(self.key, self.control.wake)
-        return self.host.url(self.directory)
+        pid, _, absolute = result.stdout.decode().strip().partition(" ")
+        self.pid, self.absolute, self.linked = int(pid), absolute, True
 
-    def watch(self) -> None:
-        """Follow an attempt launched by another worker: link it into this worker's watch directory."""
+    def _link(self) -> None:
+        """Follow an attempt launched by another worker: link it into this worker's watch directory
+        (again once the host is back, if it was down when the attempt was taken up)."""
         self.host.follow(self.key, self.control.wake)
-        with contextlib.suppress(SshError):
-            self.host.run('mkdir -p "$2" && ln -sfn "$1" "$2/$3"', self.directory, self.host.watch_dir, self.key)
+        self.host.run('mkdir -p "$2" && ln -sfn "$HOME/$1" "$2/$3"', self.directory, self.host.watch_dir, self.key)
+        self.linked = True
 
     def state(self) -> str:
         return self.host.run(_STATE, self.directory).stdout.decode().strip()
 
-    def follow(self) -> TrialOutcome | Lost:
+    def follow(self) -> TrialOutcome | Lost | Abandoned:
+        self.host.follow(self.key, self.control.wake)
         try:
             return self._follow()
         finally:
@@ -417,7 +451,7 @@ class _RemoteAttempt:
             with contextlib.suppress(SshError):
                 self.host.run('rm -f "$1/$2"', self.host.watch_dir, self.key)
 
-    def _follow(self) -> TrialOutcome | Lost:
+    def _follow(self) -> TrialOutcome | Lost | Abandoned:
         control = self.control
         while True:
             down_since = self.host.down_since
@@ -428,9 +462,14 @@ class _RemoteAttempt:
                 control.wait(DOWN_CHECK_S)
                 continue
             try:
+                if not self.linked:
+                    self._link()
                 if self.unknown:
                     control.unreachable(None)
                     self.unknown = False
+                stop = control.stop_request()
+                if stop is not None and stop.lease_lost:  # another worker follows it now: leave it running
+                    return Abandoned(stop.reason)
                 files = self.host.files(self.key)
                 self._pull(files.stdout, files.metrics, final=False)
                 for form in control.new_forms():
@@ -439,10 +478,11 @@ class _RemoteAttempt:
                 if files.exited:
                     return self._exited()
                 if files.dead:
-                    return self._vanished()
-                stop = control.stop_request()
+                    vanished = self._vanished()
+                    if vanished is not None:
+                        return vanished
                 if stop is not None:
-                    self._kill()
+                    self.kill()
                     self._pull(None, None, final=True)
                     return TrialOutcome(stop.status, message=stop.reason)
             except SshError as error:
@@ -452,13 +492,19 @@ class _RemoteAttempt:
                     log.warning("trial %s: %s; retrying", self.trial.trial_id, error)
                     control.wait(FOLLOW_IDLE_S)
                 continue
+            except OSError as error:  # its files cannot be read (removed, or their permissions changed)
+                with contextlib.suppress(SshError, OSError):
+                    self.kill()
+                return TrialOutcome(TrialJobStatus.FAILED, message=f"{self.host.label}: {error}")
             control.wait(FOLLOW_IDLE_S)
 
-    def _while_down(self, down_s: float) -> TrialOutcome | Lost | None:
+    def _while_down(self, down_s: float) -> TrialOutcome | Lost | Abandoned | None:
         """The host cannot be reached: UNKNOWN after a moment, lost after unreachableTimeout. A stop
         ends the attempt at once (what runs there is killed by the clean-up once the host is back)."""
         reason = f"{self.host.label} unreachable: {self.host.down_reason}"
         stop = self.control.stop_request()
+        if stop is not None and stop.lease_lost:
+            return Abandoned(stop.reason)
         if stop is not None:
             return TrialOutcome(stop.status, message=f"{stop.reason} (while {reason})")
         if down_s >= self.config.unreachable_timeout:
@@ -477,9 +523,12 @@ class _RemoteAttempt:
         message = failure_message(code, tail.decode(errors="replace").strip())
         return TrialOutcome(TrialJobStatus.FAILED, exit_code=code, message=f"{message} (on {self.host.label})")
 
-    def _vanished(self) -> TrialOutcome:
-        self._pull(None, None, final=True)
+    def _vanished(self) -> TrialOutcome | None:
+        """The monitor saw no process and no exit code: why (None: a false alarm, it runs)."""
         state = self.state()
+        if state == "running":
+            return None
+        self._pull(None, None, final=True)
         if state == "exited":
             return self._exited()
         if state == "rebooted":
@@ -488,11 +537,11 @@ class _RemoteAttempt:
             why = f"the trial's process on {self.host.label} ended without an exit code (killed from outside?)"
         return TrialOutcome(TrialJobStatus.FAILED, message=why)
 
-    def _kill(self) -> None:
+    def kill(self) -> None:
+        """SIGTERM to the trial's process group, SIGKILL after the grace period."""
         pid = self.pid
         if pid is None:
-            pid_text = self.host.connection.read(f"{self.directory}/pid", 0).strip()
-            pid = int(pid_text)
+            pid = int(self.host.connection.read(f"{self.directory}/pid", 0).strip())
         tenths = str(int(self.platform.settings.kill_grace_s * 10))
         self.host.run(_KILL, str(pid), tenths, timeout_s=self.platform.settings.kill_grace_s + 30)
 
@@ -504,13 +553,14 @@ class _RemoteAttempt:
             chunk = self._read("stdout", self.stdout_offset)
             if not chunk:
                 break
-            whole = chunk if final or len(chunk) == READ_LIMIT else chunk[: chunk.rfind(b"\n") + 1]
+            cut = chunk.rfind(b"\n") + 1
+            whole = chunk if final or (cut == 0 and len(chunk) == READ_LIMIT) else chunk[:cut]  # whole lines
             if not whole:
                 break
             self.pump.feed(whole)
             self.stdout_offset += len(whole)
             moved = True
-            if len(chunk) < READ_LIMIT and len(whole) == len(chunk):
+            if len(chunk) < READ_LIMIT:
                 break
         if final:
             self.pump.close()
@@ -529,6 +579,13 @@ class _RemoteAttempt:
             moved = True
             if len(chunk) < READ_LIMIT:
                 break
+        if final and self.metrics_rest:  # a record the trial never finished: rejected, not dropped
+            position, found, problems = parse_records(self.metrics_rest, True)
+            file_metrics += found
+            for problem in problems:
+                self.control.rejected(problem)
+            self.metrics_offset += position
+            self.metrics_rest = b""
         metrics = self.batch.found + file_metrics
         self.batch.found = []
         if moved or metrics:

@@ -81,8 +81,8 @@ while :; do
     dead=; n=ROUNDS
     for k in *; do
       [ -e "$k/exit" ] && continue
-      p=; read -r p < "$k/pid" 2>/dev/null || [ -n "$p" ] || continue
-      s=; read -r s < "/proc/$p/stat" 2>/dev/null
+      p=; read -r p 2>/dev/null < "$k/pid" || [ -n "$p" ] || continue
+      s=; read -r s 2>/dev/null < "/proc/$p/stat"
       case "$s" in ""|*") Z "*|*") X "*) [ -e "$k/exit" ] || dead="$dead
 dead $k";; esac
     done
@@ -102,16 +102,19 @@ def _filled(template: str) -> str:
 PYTHON_MONITOR = _filled(_PYTHON_TEMPLATE)
 SHELL_MONITOR = _filled(_SHELL_TEMPLATE)
 # $1 the watch directory, $2 PYTHON_MONITOR: the python one where the host has python, else the shell one
-_MONITOR = 'python=$(command -v python3 || command -v python) && exec "$python" -c "$2" "$1"\n' + SHELL_MONITOR
+_MONITOR = (
+    'python=$(command -v python3 || command -v python) && "$python" -c "import sys; sys.exit(sys.version_info < (3,))" '
+    '2>/dev/null && exec "$python" -c "$2" "$1"\n' + SHELL_MONITOR
+)
 
 # Unpacks an uploaded archive ($1) into a fresh directory and publishes it under its hash ($2) with
 # one `ln -s`, which fails if another worker published it first: then ours is removed.
 _UNPACK = r"""
-set -e
-t=$(mktemp -d "$2.unpack-XXXXXX")
-tar -xzf "$1" -C "$t"
+t=$(mktemp -d "$2.unpack-XXXXXX") || exit 1
+tar -xzf "$1" -C "$t" || { s=$?; rm -rf "$t" "$1"; exit "$s"; }
 rm -f "$1"
-ln -s "$t" "$2" 2>/dev/null || rm -rf "$t"
+ln -sn "${t##*/}" "$2" 2>/dev/null || rm -rf "$t"
+[ -d "$2" ]
 """
 
 _PROBE = r"""
@@ -182,7 +185,6 @@ class RemoteHost:
         self.label = machine.label
         self.connection = pool.connection(target_of(machine, known_hosts, timeout_s))
         self._watcher = watcher  # this worker process's name among the monitors of the host
-        self._home: str | None = None
         self._uploaded: set[str] = set()
         self._upload_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -196,12 +198,9 @@ class RemoteHost:
 
     @property
     def root(self) -> str:
-        if self._home is None:
-            home = self.run('printf %s "$HOME"').stdout.decode()
-            if not home.startswith("/"):
-                raise SshError(f"{self.label}: the user's $HOME is not an absolute path ({home!r})", "error")
-            self._home = home
-        return f"{self._home}/{ROOT_NAME}"
+        """Relative to the user's home, where every command and SFTP path starts: no round trip to
+        find out where that is (the launch script makes the trial's paths absolute)."""
+        return ROOT_NAME
 
     def experiment_dir(self, experiment_id: str) -> str:
         return f"{self.root}/experiments/{experiment_id}"
@@ -292,6 +291,7 @@ class RemoteHost:
             with self._lock:
                 if not self._followers:
                     self._monitor = None
+                    self.down_since = None  # unknown, not down: the next follower's monitor finds out
                     return
             try:
                 self.connection.connect()

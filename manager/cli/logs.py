@@ -77,7 +77,10 @@ def _copy_output(
 def _copy_all(platform: Platform, assignment: TrialAssignment, url: str, stream: OutputStream, offset: int) -> int:
     """Write everything from `offset` on, as it is; returns the offset reached."""
     out = sys.stdout.buffer
-    while chunk := platform.read_output(assignment, url, stream, offset):
+    read_output = getattr(platform, "read_output", None)  # optional for third-party platforms
+    if read_output is None:
+        raise OutputUnavailable(f"platform {platform.name} does not offer its trials' output")
+    while chunk := read_output(assignment, url, stream, offset):
         out.write(chunk)
         out.flush()
         offset += len(chunk)
