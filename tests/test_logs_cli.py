@@ -58,6 +58,18 @@ def fails(result: subprocess.CompletedProcess[bytes], message: str) -> str:
     return stderr
 
 
+def follow_running(service, trial_id: str, redis_url: str) -> subprocess.Popen[bytes]:
+    """`trialstream trials logs TRIAL --follow` on the trial, once it runs."""
+    wait_for_status(service, trial_id, "RUNNING")
+    return subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "trials", "logs", trial_id, "--follow"],
+        cwd=REPO,
+        env={**os.environ, "TRIALSTREAM_REDIS_URL": redis_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 @pytest.fixture
 def trial_script(code_dir: Path) -> str:
     (code_dir / "trial.py").write_text(textwrap.dedent(TRIAL.format(stdout=STDOUT, stderr=STDERR)))
@@ -94,14 +106,7 @@ def test_follow_prints_output_as_it_is_written_and_returns_when_the_trial_ends(
     go = tmp_path / "go"
     service = make_service(f"{trial_script} wait {go}")
     trial_id = service.submit_trial_job(form(0)).id
-    wait_for_status(service, trial_id, "RUNNING")
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "manager.cli", "trials", "logs", trial_id, "--follow"],
-        cwd=REPO,
-        env={**os.environ, "TRIALSTREAM_REDIS_URL": served.redis_url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    follower = follow_running(service, trial_id, served.redis_url)
     chunks: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=lambda: _pump(follower, chunks), daemon=True).start()
     received = bytearray()
@@ -130,14 +135,7 @@ def test_ctrl_c_ends_a_follow_quietly(
     go = tmp_path / "go"
     service = make_service(f"{trial_script} wait {go}")
     trial_id = service.submit_trial_job(form(0)).id
-    wait_for_status(service, trial_id, "RUNNING")
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "manager.cli", "trials", "logs", trial_id, "--follow"],
-        cwd=REPO,
-        env={**os.environ, "TRIALSTREAM_REDIS_URL": served.redis_url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    follower = follow_running(service, trial_id, served.redis_url)
     try:
         assert follower.stdout is not None and follower.stderr is not None
         assert follower.stdout.readline() == b"before [i]go[/i]\n"  # following: the trial waits for `go`

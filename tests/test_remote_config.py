@@ -104,6 +104,14 @@ def settings_for(tmp_path: Path, known_hosts: Path) -> Settings:
     return Settings(known_hosts=known_hosts, ssh_timeout_s=TIMEOUT_S, experiments_dir=tmp_path / "experiments")
 
 
+def refused_machines(
+    tmp_path: Path, machines: list[dict[str, Any]], client: redis.Redis, rq_connection: redis.Redis, known_hosts: Path
+) -> list[str]:
+    """The pre-start check's problems for an experiment on `machines`, trusting `known_hosts`."""
+    spec = load_experiment_config(write_config(tmp_path, machines))
+    return refused(spec, client, rq_connection, settings_for(tmp_path, known_hosts))
+
+
 def refused(spec: ExperimentSpec, client: redis.Redis, rq_connection: redis.Redis, settings: Settings) -> list[str]:
     """The problem lines of the RunnerError `create` raises, after checking that nothing was created."""
     with pytest.raises(RunnerError) as raised:
@@ -264,12 +272,7 @@ def test_a_wrong_password(
 ) -> None:
     wrong = ssh_user.password + "-wrong"
     machine = password_machine(ssh_hosts[0], ssh_user, wrong)
-    problems = refused(
-        load_experiment_config(write_config(tmp_path, [machine])),
-        client,
-        rq_connection,
-        settings_for(tmp_path, known_hosts),
-    )
+    problems = refused_machines(tmp_path, [machine], client, rq_connection, known_hosts)
     assert one_problem(problems, machine) == "authentication failed (wrong password, or the key is not authorized)"
     assert wrong not in "\n".join(problems)
 
@@ -280,12 +283,7 @@ def test_a_key_the_host_does_not_authorize(
     stranger = tmp_path / "stranger_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     machine = {**key_machine(ssh_hosts[1], ssh_user), "sshKeyFile": str(stranger)}
-    problems = refused(
-        load_experiment_config(write_config(tmp_path, [machine])),
-        client,
-        rq_connection,
-        settings_for(tmp_path, known_hosts),
-    )
+    problems = refused_machines(tmp_path, [machine], client, rq_connection, known_hosts)
     assert one_problem(problems, machine) == "authentication failed (wrong password, or the key is not authorized)"
 
 
@@ -330,12 +328,7 @@ def test_a_changed_host_key(
     host.stop()
     host.start()
     machine = key_machine(host, ssh_user)
-    problems = refused(
-        load_experiment_config(write_config(tmp_path, [machine])),
-        client,
-        rq_connection,
-        settings_for(tmp_path, known_hosts),
-    )
+    problems = refused_machines(tmp_path, [machine], client, rq_connection, known_hosts)
     assert one_problem(problems, machine) == (
         f"host key does not match the one in {known_hosts} (the host was reinstalled, or it is an impostor)"
     )
@@ -345,12 +338,7 @@ def test_a_refused_connection(
     tmp_path: Path, ssh_hosts: list[SshHost], ssh_user: SshUser, known_hosts: Path, client: redis.Redis, rq_connection
 ) -> None:
     machine = key_machine(ssh_hosts[0], ssh_user, port=unused_port(ssh_hosts[0]))
-    problems = refused(
-        load_experiment_config(write_config(tmp_path, [machine])),
-        client,
-        rq_connection,
-        settings_for(tmp_path, known_hosts),
-    )
+    problems = refused_machines(tmp_path, [machine], client, rq_connection, known_hosts)
     assert one_problem(problems, machine) == "connection refused"
 
 
@@ -388,12 +376,7 @@ def test_a_python_path_without_python(
     no_python.mkdir(mode=0o755)
     (no_python / "pip").write_text("#!/bin/sh\n")  # something is there, just no interpreter
     machine = key_machine(ssh_hosts[0], ssh_user, pythonPath=str(no_python))
-    problems = refused(
-        load_experiment_config(write_config(tmp_path, [machine])),
-        client,
-        rq_connection,
-        settings_for(tmp_path, known_hosts),
-    )
+    problems = refused_machines(tmp_path, [machine], client, rq_connection, known_hosts)
     assert one_problem(problems, machine) == f"pythonPath {no_python} holds no python3 or python"
 
 
@@ -426,12 +409,7 @@ def test_two_bad_machines_are_two_lines(
 ) -> None:
     wrong = password_machine(ssh_hosts[0], ssh_user, ssh_user.password + "-wrong")
     closed = key_machine(ssh_hosts[1], ssh_user, port=unused_port(ssh_hosts[1]))
-    problems = refused(
-        load_experiment_config(write_config(tmp_path, [wrong, closed])),
-        client,
-        rq_connection,
-        settings_for(tmp_path, known_hosts),
-    )
+    problems = refused_machines(tmp_path, [wrong, closed], client, rq_connection, known_hosts)
     assert problems == [
         f"{label(wrong)}: authentication failed (wrong password, or the key is not authorized)",
         f"{label(closed)}: connection refused",
