@@ -411,7 +411,7 @@ def test_run_in_flight_raises_disconnected(connection: SshConnection, ssh_hosts:
 # --- pool -------------------------------------------------------------------------------------------------------
 
 
-def test_pool_shares_by_host_port_user_and_replaces_on_new_credentials(
+def test_pool_shares_by_target_and_keeps_a_connection_per_credentials(
     ssh_hosts: list[SshHost], ssh_user: SshUser, known_hosts: Path
 ) -> None:
     pool = SshPool()
@@ -423,9 +423,9 @@ def test_pool_shares_by_host_port_user_and_replaces_on_new_credentials(
         assert first.run("true").exit_code == 0
         by_password = target_of(ssh_hosts[0], ssh_user, known_hosts, key_file=None, password=ssh_user.password)
         second = pool.connection(by_password)
-        assert second is not first and not first.connected
+        assert second is not first and first.connected  # another experiment's connection is left alone
         assert second.run("id -un").stdout == f"{ssh_user.name}\n".encode()
-        assert pool.connection(by_password) is second
+        assert pool.connection(by_password) is second and pool.connection(target) is first
     finally:
         pool.close()
     assert not second.connected

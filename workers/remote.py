@@ -148,7 +148,7 @@ class RemotePlatform:
         self.client = client
         self.pool = SshPool()
         self.watcher = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._hosts: dict[str, RemoteHost] = {}
+        self._hosts: dict[tuple[str | None, ...], RemoteHost] = {}  # one per machine entry (experiments differ)
         self._hosts_lock = threading.Lock()
         self._packages: dict[str, CodePackage] = {}
         self._cache = Path(tempfile.mkdtemp(prefix="trialstream-code-"))
@@ -277,12 +277,14 @@ class RemotePlatform:
     # placement
 
     def _host(self, machine: RemoteMachine) -> RemoteHost:
+        secrets = (machine.password, machine.ssh_passphrase)  # masked in the JSON, so part of the key apart
+        key = (machine.model_dump_json(), *(secret.get_secret_value() if secret else None for secret in secrets))
         with self._hosts_lock:
-            host = self._hosts.get(machine.label)
-            if host is None or host.machine != machine:
+            host = self._hosts.get(key)
+            if host is None:
                 known_hosts = str(self.settings.known_hosts.expanduser())
                 host = RemoteHost(machine, self.pool, known_hosts, self.settings.ssh_timeout_s, self.watcher)
-                self._hosts[machine.label] = host
+                self._hosts[key] = host
             return host
 
     def _ledger(self, host: RemoteHost) -> GpuLedger:

@@ -606,23 +606,21 @@ def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
 
 
 class SshPool:
-    """One SshConnection per (host, port, user) per process, so every thread shares one transport per host."""
+    """One SshConnection per target per process, so every thread shares one transport per host. Targets
+    that differ (another key, a password: two experiments on one machine) get a connection each, and
+    neither disturbs the other's."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._connections: dict[tuple[str, int, str], SshConnection] = {}
+        self._connections: dict[SshTarget, SshConnection] = {}
 
     def connection(self, target: SshTarget) -> SshConnection:
-        """The same object for the same host, port and user; new credentials or options replace (and close) it."""
-        key = (target.host, target.port, target.user)
+        """The same object for the same target."""
         with self._lock:
-            existing = self._connections.get(key)
-            if existing is not None and existing.target == target:
-                return existing
-            connection = self._connections[key] = SshConnection(target)
-        if existing is not None:
-            existing.close()
-        return connection
+            existing = self._connections.get(target)
+            if existing is None:
+                existing = self._connections[target] = SshConnection(target)
+            return existing
 
     def close(self) -> None:
         with self._lock:
