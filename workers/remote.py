@@ -215,8 +215,8 @@ class RemotePlatform:
         outcome: TrialOutcome | Lost | Abandoned | None = None
         try:
             if started:
-                gpus = self._held_gpus(host, follower.trial)
-                follower.control.started(follower.absolute, url=host.url(follower.absolute), gpu_indices=gpus or None)
+                url = host.url(follower.absolute)
+                follower.control.started(follower.absolute, url=url, gpu_indices=follower.gpus or None)
             outcome = follower.follow()
             return outcome
         except Exception:
@@ -401,6 +401,7 @@ class _RemoteAttempt:
         self.batch = _Batch(control)
         self.pump = StdoutMetricPump(self.batch)
         self.absolute = self.directory  # made absolute by the launch (its host's $HOME)
+        self.gpus: list[int] = []  # held on the host, known once launched
         self.pid: int | None = None
         self.unknown = False
         self.linked = False  # in this worker's watch directory, so its monitor reports it
@@ -408,13 +409,12 @@ class _RemoteAttempt:
     def launch(self, package: CodePackage) -> None:
         code_dir = self.host.stage(package)
         trial = self.trial
-        gpus = self.platform._held_gpus(self.host, trial)
+        self.gpus = gpus = self.platform._held_gpus(self.host, trial)
         policy = _policy(trial, self.host.machine)
         paths = TrialPaths(sys_dir=self.directory, output_dir=self.directory, code_dir=f"{self.directory}/code")
         environment = nni_environment({}, RemotePlatform.name, trial, paths, cuda_visible_devices(policy, gpus))
         for set_by_the_launch in ("NNI_SYS_DIR", "NNI_OUTPUT_DIR", "NNI_CODE_DIR"):  # absolute only there
             environment.pop(set_by_the_launch)
-        self.host.follow(self.key, self.control.wake)
         result = self.host.connection.run(
             script(
                 _LAUNCH,
@@ -437,7 +437,6 @@ class _RemoteAttempt:
     def _link(self) -> None:
         """Follow an attempt launched by another worker: link it into this worker's watch directory
         (again once the host is back, if it was down when the attempt was taken up)."""
-        self.host.follow(self.key, self.control.wake)
         self.host.run('mkdir -p "$2" && ln -sfn "$HOME/$1" "$2/$3"', self.directory, self.host.watch_dir, self.key)
         self.linked = True
 
