@@ -91,7 +91,8 @@ def attempt_dir(host: SshHost, service: TrainingService, trial_id: str, attempt:
 
 
 def host_of(hosts: list[SshHost], service: TrainingService, trial_id: str) -> SshHost:
-    url = service.get_trial_job(trial_id).url or ""
+    """Where the trial's latest attempt runs (its TrialStarted may land a moment after the trial started)."""
+    url = wait_until(lambda: service.get_trial_job(trial_id).url, 30, what=f"trial {trial_id} to have started")
     return next(host for host in hosts if f"@{host.address}:{host.port}/" in url)
 
 
