@@ -281,6 +281,11 @@ class EventStore:
         entries = self.raw_range(f"({after}", until, count)
         return [entry.decode() for entry in entries if where is None or where(entry.fields)]
 
+    def last_id(self) -> str | None:
+        """Id of the newest entry, None for an empty log."""
+        newest: Any = self.client.xrevrange(self.stream, count=1)
+        return str(newest[0][0]) if newest else None
+
     def read_one(self, entry_id: str) -> LogEntry | None:
         entries = self.raw_range(entry_id, entry_id)
         return entries[0].decode() if entries else None

@@ -15,6 +15,7 @@ ACTIVITY = f"{LOG_PREFIX}:log-activity"  # zset: experiment id -> clock tick of 
 ACTIVITY_CLOCK = f"{LOG_PREFIX}:log-activity:clock"  # counter ticked once per appending script call
 LEASES = f"{LOG_PREFIX}:leases"  # zset: `<exp>/<trial>/<attempt>` -> lease expiry (Redis server time, ms)
 REAP_ROUND = f"{LOG_PREFIX}:reaper:round"  # Redis server time (ms) of the last reap round
+MANAGER_HOSTED = f"{LOG_PREFIX}:manager:hosted"  # set: experiments a `trialstream manager` runs, resumed at its start
 REAP_HOLD = f"{LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms): after a pause or restart
 
 
@@ -106,6 +107,21 @@ class ViewKeys:
     def unreadable(self) -> str:
         """Hash: id -> error of log entries that could not be decoded; recorded, then skipped."""
         return f"{self._base}:unreadable"
+
+    @property
+    def order(self) -> str:
+        """Sorted set: trial id -> sequence id. Pages of trials in NNI's order, without reading them all."""
+        return f"{self._base}:order"
+
+    @property
+    def ranking(self) -> str:
+        """Sorted set: trial id -> its final metric's score, for trials that have a numeric one."""
+        return f"{self._base}:ranking"
+
+    @property
+    def counts(self) -> str:
+        """Hash: status -> trials in it, and `lost` / `retried` attempts: what /metrics reports."""
+        return f"{self._base}:counts"
 
     def metrics(self, trial_id: str) -> str:
         """List of MetricRecord JSON of one trial, in log order."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 PREFIX = "TRIALSTREAM_"
 REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
@@ -60,6 +60,10 @@ class Settings(BaseModel):
         default=Path("~/.ssh/known_hosts"), description="host keys the remote platform trusts (OpenSSH format)"
     )
     ssh_timeout_s: float = Field(default=10.0, gt=0, description="connecting to a remote host, and each SSH step")
+    manager_token: SecretStr | None = Field(
+        default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"
+    )
+    manager_url: str | None = Field(default=None, description="talk to this `trialstream manager` instead of Redis")
     platforms: Annotated[dict[str, str], BeforeValidator(_platform_targets)] = Field(
         default_factory=dict, description="extra platform adapters: name=module:Class, comma-separated"
     )
@@ -78,7 +82,7 @@ class Settings(BaseModel):
 
     def as_environment(self) -> dict[str, str]:
         """The variables that give a child process these settings (the processes of the embedded stack)."""
-        values = self.model_dump(exclude_defaults=True)
+        values = self.model_dump(exclude_defaults=True, exclude={"manager_token", "manager_url"})  # not a service's
         if "platforms" in values:
             values["platforms"] = ",".join(f"{name}={target}" for name, target in self.platforms.items())
         return {PREFIX + name.upper(): str(value) for name, value in values.items() if value is not None}

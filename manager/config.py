@@ -57,6 +57,11 @@ def load_experiment_config(path: str | Path) -> ExperimentSpec:
     return _validated(_read_yaml(source), source, source.parent)
 
 
+def experiment_spec(config: dict[str, Any], source: str) -> ExperimentSpec:
+    """A spec from a config sent over the API: `source` names it in errors; paths must be absolute."""
+    return _validated(config, Path(source), Path("/"))
+
+
 def stored_experiment_spec(config: dict[str, Any], working_directory: str) -> ExperimentSpec:
     """The spec an experiment was created with, from the config its ExperimentCreated event holds.
 

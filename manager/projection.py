@@ -16,6 +16,7 @@ from schemas.events import (
     ExperimentFinished,
     ExperimentImported,
     ExperimentResumed,
+    ExperimentUpdated,
     TrialAttemptLost,
     TrialCancelRequested,
     TrialDeferred,
@@ -90,6 +91,9 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
             return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None, "imported": False})
         case ExperimentImported() if view is not None:
             return view.model_copy(update={"imported": True})
+        case ExperimentUpdated() if view is not None:
+            changes = event.changes.model_dump(mode="json", by_alias=True, exclude_none=True)
+            return view.model_copy(update={"config": {**view.config, **changes}})
         case ClusterMetadataSet():
             base = view or ExperimentView(id=event.experiment_id)
             return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})

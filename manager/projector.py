@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,8 +27,8 @@ from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent,
 from core.keys import ViewKeys
 from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
 from manager.views import ViewStore
-from schemas.events import TrialEvent, TrialMetricReported
-from schemas.trial import TrialJobDetail
+from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
+from schemas.trial import TrialJobDetail, TrialJobStatus, metric_score
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,16 @@ def _position(client: redis.Redis | redis.client.Pipeline, view_keys: ViewKeys) 
 
 def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
     """The keys the views may have: one of each kind, and a metric list per trial."""
-    fixed = {view_keys.position, view_keys.trials, view_keys.experiment, view_keys.metric_keys, view_keys.unreadable}
+    fixed = {
+        view_keys.position,
+        view_keys.trials,
+        view_keys.experiment,
+        view_keys.metric_keys,
+        view_keys.unreadable,
+        view_keys.order,
+        view_keys.ranking,
+        view_keys.counts,
+    }
     return fixed | {view_keys.metrics(trial_id) for trial_id in trial_ids}
 
 
@@ -291,6 +301,7 @@ class Projector:
         experiment_changed = False
         unreadable = {entry.id: entry.error for entry in entries if isinstance(entry, UnreadableEvent)}
         candidates: dict[str, tuple[str, str]] = {}  # `trial|dedup key` -> (trial, record JSON), in log order
+        attempts = Counter[str]()  # attempts `lost`, and of those `retried`
 
         for entry in stored:
             event = entry.event
@@ -307,6 +318,9 @@ class Projector:
                 unreadable[entry.id] = f"fold failed: {_why(error)}"
                 continue
             if isinstance(event, TrialEvent):
+                if isinstance(event, TrialAttemptLost) and trial is not trials.get(event.trial_id):
+                    attempts["lost"] += 1
+                    attempts["retried"] += event.status is TrialJobStatus.WAITING
                 trials[event.trial_id] = trial
             else:
                 experiment, experiment_changed = folded, True
@@ -314,6 +328,7 @@ class Projector:
                 assert isinstance(event, TrialMetricReported)
                 candidates.setdefault(f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record))
         new_metrics = self._new_metrics(pipe, view_keys, candidates)
+        counts: Any = pipe.hgetall(view_keys.counts)
 
         pipe.multi()
         changed: Any = {
@@ -323,6 +338,8 @@ class Projector:
         }
         if changed:
             pipe.hset(view_keys.trials, mapping=changed)
+        changes = {trial_id: (loaded[trial_id], trials[trial_id]) for trial_id in changed}
+        self._write_indexes(pipe, view_keys, changes, attempts, counts)
         if experiment is not None and experiment_changed:
             pipe.hset(view_keys.experiment, "view", experiment.to_json())
             self._finished[view_keys.experiment_id] = experiment.status != "RUNNING"
@@ -340,6 +357,40 @@ class Projector:
             pipe.hset(view_keys.unreadable, mapping=mapping)
         pipe.hset(view_keys.position, "position", entries[-1].id)
         pipe.hincrby(view_keys.position, "applied", len(entries))
+
+    @staticmethod
+    def _write_indexes(
+        pipe: redis.client.Pipeline,
+        view_keys: ViewKeys,
+        changes: dict[str, tuple[TrialJobDetail | None, TrialJobDetail | None]],
+        counts: Counter[str],
+        stored_counts: dict[str, str],
+    ) -> None:
+        """Keep the order, the ranking by final metric and the counts by status with the views they index.
+        Counts are written whole and zeros dropped, so they do not depend on how the log was batched."""
+        order: Any = {}
+        ranking: Any = {}
+        for trial_id, (before, after) in changes.items():
+            assert after is not None
+            if before is None:
+                order[trial_id] = after.sequence_id
+            elif before.status is not after.status:
+                counts[str(before.status)] -= 1
+            if before is None or before.status is not after.status:
+                counts[str(after.status)] += 1
+            score = metric_score(after.final_metric)
+            if score is not None and (before is None or score != metric_score(before.final_metric)):
+                ranking[trial_id] = score
+        if order:
+            pipe.zadd(view_keys.order, order)
+        if ranking:
+            pipe.zadd(view_keys.ranking, ranking)
+        for name, delta in counts.items():
+            total = int(stored_counts.get(name, 0)) + delta
+            if total:
+                pipe.hset(view_keys.counts, name, total)
+            elif delta:
+                pipe.hdel(view_keys.counts, name)
 
     @staticmethod
     def _load_trials(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import traceback
 import uuid
@@ -36,7 +37,15 @@ from manager.projection import apply_to_trial, metric_record
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from manager.transfer import end_imported_trials
 from manager.tuner_thread import TunerThread
-from schemas.events import ExperimentResumed, TrialEvent, TrialMetricReported, TrialsRequested
+from schemas.events import (
+    CustomizedTrialRequested,
+    ExperimentResumed,
+    ExperimentStopRequested,
+    ExperimentUpdated,
+    TrialEvent,
+    TrialMetricReported,
+    TrialsRequested,
+)
 from schemas.secrets import secret_values, with_secrets
 from schemas.trial import (
     HyperParameters,
@@ -62,6 +71,11 @@ class RunnerError(RuntimeError):
 
 class ClaimLost(RunnerError):
     """Another runner holds the experiment now: this one must touch nothing more."""
+
+
+class Detached(RunnerError):
+    """The runner let go of a running experiment (its host is shutting down): the experiment stays
+    RUNNING in the log and the next runner resumes it."""
 
 
 # The claim is fenced by an epoch counted up by every runner that takes it. KEYS: claim, epoch.
@@ -202,6 +216,10 @@ class ExperimentRunner:
         self._release_if_mine = client.register_script(_RELEASE_IF_MINE)
         self._take_claim = client.register_script(_CLAIM)
         self._epoch = 0
+        self._replaying = False
+        self._stop_requested: str | None = None  # why, once a stop was asked for after this runner started
+        self._customized: deque[dict[str, Any]] = deque()  # asked for, not yet submitted
+        self._detach = threading.Event()
 
     @classmethod
     def create(
@@ -284,6 +302,11 @@ class ExperimentRunner:
     def experiment_id(self) -> str:
         return self.service.experiment_id
 
+    def detach(self) -> None:
+        """Let go of the experiment from another thread: `run` raises Detached within a round, and
+        the trials go on; a later `resume` takes the experiment up again."""
+        self._detach.set()
+
     def run(self) -> ExperimentResult:
         deadline = self.config.max_experiment_duration
         started = self.progress.started_at
@@ -291,10 +314,16 @@ class ExperimentRunner:
         assert tuner is not None, "create() or resume() starts the tuner"
         try:
             while True:
+                if self._detach.is_set():
+                    raise Detached(f"the runner of experiment {self.experiment_id} let go of it")
                 self._keep_claim()
                 self._take_outputs()
                 if tuner.error is not None:
                     return self._tuner_failed(tuner.error)
+                if self._stop_requested is not None:
+                    self._stop_all(self._stop_requested)
+                    return self._finish("STOPPED", self._stop_requested)
+                deadline = self.config.max_experiment_duration  # an ExperimentUpdated may change it
                 out_of_time = deadline is not None and time.monotonic() - started >= deadline
                 if not out_of_time:
                     self._refill()
@@ -311,8 +340,8 @@ class ExperimentRunner:
                     wait = max(0.0, min(wait, deadline - (time.monotonic() - started)))
                 self._follow(self.service.store.wait(self._cursor, block_ms=max(1, int(wait * 1000))))  # 0: forever
                 self._reap([self._trials[trial_id] for trial_id in self._active])
-        except ClaimLost:
-            raise  # the trials and the experiment are the new runner's now
+        except (ClaimLost, Detached):
+            raise  # the trials and the experiment are the new runner's now, or the next one's
         except BaseException:
             self._stop_all("the experiment runner stopped")
             self._finish_experiment("STOPPED", "runner interrupted")
@@ -372,10 +401,12 @@ class ExperimentRunner:
             for entry in replay
             if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialsRequested)
         )
+        self._replaying = True
         for entry in replay:
             while requests and stream_position(requests[0].seen) < stream_position(entry.id):
                 self._tuner.call("request_trials", requests.popleft().count)
             self._follow([entry])
+        self._replaying = False
         for request in requests:
             self._tuner.call("request_trials", request.count)
         if replay:
@@ -394,7 +425,10 @@ class ExperimentRunner:
         assessor, and each trial's end."""
         for entry in entries:
             self._cursor = entry.id
-            if not isinstance(entry, StoredEvent) or not isinstance(entry.event, TrialEvent):
+            if not isinstance(entry, StoredEvent):
+                continue
+            if not isinstance(entry.event, TrialEvent):
+                self._experiment_command(entry.event)
                 continue
             event = entry.event
             trial_id = event.trial_id
@@ -413,20 +447,40 @@ class ExperimentRunner:
             self._trials[trial_id] = after
             if before is None:
                 self._submitted(after)
+                if self._parameter_ids[trial_id] is None and self._customized:
+                    self._customized.popleft()  # submitted by an earlier runner: replayed, not run again
             if after.final_metric_data and trial_id not in self._reported:
                 self._reported.add(trial_id)
-                self._tuner_call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
+                if self._parameter_ids[trial_id] is not None:  # customized trials are not the tuner's
+                    self._tuner_call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
             if before is not None and after.status is not before.status:
                 self.progress.counts[str(before.status)] -= 1
                 self.progress.counts[str(after.status)] += 1
                 if after.status.is_terminal:
                     self._ended(after)
 
+    def _experiment_command(self, event: object) -> None:
+        """What the user asked of the running experiment (through the API): new limits or search space,
+        a customized trial, a stop. A stop logged before a resume was for the runner that was then."""
+        match event:
+            case ExperimentUpdated(changes=changes):
+                updates = changes.model_dump(exclude_none=True, exclude={"search_space"})
+                self.config = self.config.model_copy(update=updates)
+                self.progress.max_trials = self.config.max_trial_number
+                if changes.search_space is not None:
+                    self._tuner_call("initialize", changes.search_space)
+                self._no_more = False  # a new space or budget may have more to offer
+            case CustomizedTrialRequested(parameters=parameters):
+                self._customized.append(parameters)
+            case ExperimentStopRequested(reason=reason) if not self._replaying:
+                self._stop_requested = reason or "stopped by the user"
+
     def _submitted(self, trial: TrialJobDetail) -> None:
         packed = json.loads(trial.form.hyper_parameters.value)  # parsed once: this runs for every trial
         packed = packed if isinstance(packed, dict) else {}
         self._parameter_ids[trial.id] = packed.get("parameter_id")
-        self._tuner_call("ran", self._parameter_ids[trial.id], packed.get("parameters", {}))
+        if self._parameter_ids[trial.id] is not None:
+            self._tuner_call("ran", self._parameter_ids[trial.id], packed.get("parameters", {}))
         self._next_sequence_id = max(self._next_sequence_id, trial.sequence_id + 1)
         self._active.add(trial.id)
         self.progress.counts[str(trial.status)] += 1
@@ -435,7 +489,8 @@ class ExperimentRunner:
         self._active.discard(trial.id)
         self._ends += 1
         self._no_more = False  # NNI asks again when a trial ends: PBT and Hyperband may have more now
-        self._tuner_call("trial_end", trial.id, self._parameter_ids[trial.id], str(trial.status))
+        if self._parameter_ids[trial.id] is not None:
+            self._tuner_call("trial_end", trial.id, self._parameter_ids[trial.id], str(trial.status))
         score = metric_score(trial.final_metric)
         if score is not None and (self.progress.best is None or (score > self.progress.best) == self.maximize):
             self.progress.best = score
@@ -470,9 +525,10 @@ class ExperimentRunner:
             self._take_outputs()
         self._submit_ready()
         budget = self.config.max_trial_number
-        free = self.config.trial_concurrency - len(self._active) - len(self._ready)
+        queued = len(self._ready) + len(self._customized)
+        free = self.config.trial_concurrency - len(self._active) - queued
         if budget is not None:
-            free = min(free, budget - self._next_sequence_id - len(self._ready))
+            free = min(free, budget - self._next_sequence_id - queued)
         if free <= 0 or self._no_more or self._asking:
             return
         self._keep_claim()
@@ -486,13 +542,17 @@ class ExperimentRunner:
             self._submit_ready()
 
     def _submit_ready(self) -> None:
+        """Customized trials first (the user is waiting for them), then the tuner's."""
         budget = self.config.max_trial_number
         while (
-            self._ready
+            (self._ready or self._customized)
             and len(self._active) < self.config.trial_concurrency
             and (budget is None or self._next_sequence_id < budget)
         ):
-            self._submit(self._ready.popleft())
+            if self._customized:
+                self._submit(NewTrial(None, self._customized.popleft(), source="customized"))
+            else:
+                self._submit(self._ready.popleft())
 
     def _search_over(self) -> bool:
         """The budget is spent, or the tuner, idle, has no more and nothing it gave is left to run."""

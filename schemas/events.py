@@ -68,6 +68,42 @@ class TrialsRequested(BaseEvent):
     seen: str
 
 
+class ExperimentChanges(CamelModel):
+    """What NNI lets a user change while an experiment runs (`PUT /experiment?update_type=...`)."""
+
+    trial_concurrency: int | None = Field(default=None, ge=1)
+    max_trial_number: int | None = Field(default=None, ge=1)
+    max_experiment_duration: float | None = Field(default=None, gt=0, description="seconds")
+    search_space: dict[str, Any] | None = None
+
+
+class ExperimentUpdated(BaseEvent):
+    """A change to a running experiment: its runner applies it, `resume` replays it, and the
+    experiment's view shows it in its config."""
+
+    type: Literal["ExperimentUpdated"] = "ExperimentUpdated"
+    v: Literal[1] = 1
+    changes: ExperimentChanges
+
+
+class ExperimentStopRequested(BaseEvent):
+    """Stop the experiment (the API, `nnictl`): whichever runner drives it cancels its trials and
+    records it STOPPED. A runner that resumes the experiment later does not act on it again."""
+
+    type: Literal["ExperimentStopRequested"] = "ExperimentStopRequested"
+    v: Literal[1] = 1
+    reason: str | None = None
+
+
+class CustomizedTrialRequested(BaseEvent):
+    """A trial with parameters the user chose (NNI's "customized trial"): the runner submits it in the
+    next free slot, within maxTrialNumber, as NNI's manager does."""
+
+    type: Literal["CustomizedTrialRequested"] = "CustomizedTrialRequested"
+    v: Literal[1] = 1
+    parameters: dict[str, Any]
+
+
 TRIAL_CONFIG = "trial_config"  # cluster metadata: the trial command, code directory, GPUs and limits
 PLATFORM_CONFIG = "platform_config"  # cluster metadata: the trainingService section (secrets masked)
 
@@ -231,6 +267,9 @@ Event = Annotated[
     | ExperimentFinished
     | ExperimentResumed
     | ExperimentImported
+    | ExperimentUpdated
+    | ExperimentStopRequested
+    | CustomizedTrialRequested
     | ClusterMetadataSet
     | TrialsRequested
     | TrialSubmitted

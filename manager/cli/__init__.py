@@ -14,7 +14,7 @@ from core.connections import RedisUnavailable
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
 from core.settings import PREFIX, REDIS_URL_ENV, Settings
-from manager.cli import experiments, interrupts, log, render, run, services, trials
+from manager.cli import experiments, interrupts, log, manager, render, run, services, trials
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.replay import InvalidPosition, UnknownEventType
 from manager.runner import RunnerError
@@ -41,7 +41,7 @@ _KNOWN_ERRORS = (
     ExperimentExists,
     redis.RedisError,
 )
-_AREAS = (run, trials, log, experiments, services)
+_AREAS = (run, trials, log, experiments, services, manager)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,190 @@
+"""The ASGI application: routers, and what guards every request (token, body size, CORS, errors).
+
+The guards are plain ASGI middleware, in front of FastAPI: a refused request costs no routing, and a
+streamed answer (100,000 trials) passes through untouched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from core.event_store import InvalidExperimentId
+from core.registry import UnknownPlatform
+from manager.api import native
+from manager.experiments import ExperimentNotFound, ExperimentRunning
+from manager.host import ExperimentNotRunning, ManagerHost
+from manager.runner import RunnerError
+from manager.training_service import MissingClusterMetadata, TrialNotFound
+from schemas.config import ConfigError
+
+TOKEN_COOKIE = "trialstream_token"
+OPEN_PATHS = frozenset({"/api/v1/health", "/login"})  # a health check reveals nothing; login takes the token
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    token: str | None = field(default=None, repr=False)
+    url_prefix: str = ""  # NNI's --url-prefix: everything under /<prefix>
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_upload_bytes: int = 50 * 1024 * 1024  # code archives: NNI's own limit for code sent to other machines
+
+
+_ERRORS: dict[type[Exception], int] = {
+    ExperimentNotFound: 404,
+    TrialNotFound: 404,
+    ConfigError: 422,
+    InvalidExperimentId: 422,
+    UnknownPlatform: 422,
+    ExperimentRunning: 409,
+    ExperimentNotRunning: 409,
+    RunnerError: 409,
+    MissingClusterMetadata: 409,
+}
+
+
+def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
+    api = FastAPI(
+        title="trialstream manager",
+        version="1",
+        description="trialstream's API; NNI's REST API is under /api/v1/nni (and /nni/<experiment>/api/v1/nni).",
+    )
+    api.state.host = host
+    api.state.options = options
+    for error_type, status in _ERRORS.items():
+        api.add_exception_handler(error_type, _handler(status))
+    api.include_router(native.router)
+    app: ASGIApp = api
+    if options.cors_origins:
+        app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
+    app = BodyLimit(app, options.max_body_bytes, options.max_upload_bytes)
+    if options.token is not None:
+        app = TokenGuard(app, options.token)
+    return app
+
+
+def _handler(status: int) -> Any:
+    async def handle(request: Request, error: Exception) -> JSONResponse:
+        message = str(error) if not isinstance(error, ValidationError) else error.errors()[0]["msg"]
+        return JSONResponse({"error": message}, status_code=status)
+
+    return handle
+
+
+class TokenGuard:
+    """Every request but a health check carries the token: `Authorization: Bearer <token>`, or the
+    cookie `/login?token=...` sets, since a browser opening NNI's web UI cannot send a header.
+    Compared in constant time."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path.endswith("/login"):
+            await self._login(scope, send)
+            return
+        if path in OPEN_PATHS or self._presented(scope):
+            await self.app(scope, receive, send)
+            return
+        await _send_json(send, 401, {"error": "a bearer token is required"}, ((b"www-authenticate", b"Bearer"),))
+
+    def _presented(self, scope: Scope) -> bool:
+        headers = dict(scope.get("headers", []))
+        authorization = headers.get(b"authorization", b"")
+        scheme, _, credential = authorization.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token):
+            return True
+        cookie = SimpleCookie(headers.get(b"cookie", b"").decode("latin-1"))
+        presented = cookie.get(TOKEN_COOKIE)
+        return presented is not None and hmac.compare_digest(presented.value.encode(), self.token)
+
+    async def _login(self, scope: Scope, send: Send) -> None:
+        """Set the token cookie and go to the web UI: a user opens `<manager>/login?token=...` once."""
+        token = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[0].encode()
+        if not hmac.compare_digest(token, self.token):
+            await _send_json(send, 401, {"error": "wrong token"})
+            return
+        target = scope["path"][: -len("login")] + "oview"
+        cookie = f"{TOKEN_COOKIE}={token.decode()}; HttpOnly; SameSite=Strict; Path=/"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [(b"location", target.encode()), (b"set-cookie", cookie.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+
+class BodyLimit:
+    """Refuse a request body over the limit (413), whether or not it says its length up front. Code
+    uploads (`PUT .../code`) have a limit of their own."""
+
+    def __init__(self, app: ASGIApp, limit: int, upload_limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.upload_limit = upload_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.upload_limit if scope["path"].rstrip("/").endswith("/api/v1/code") else self.limit
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_json(send, 413, {"error": f"request body over {limit} bytes"})
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except BodyTooLarge:
+            await _send_json(send, 413, {"error": f"request body over {limit} bytes"})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _send_json(
+    send: Send, status: int, body: dict[str, str], headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,294 @@
+"""trialstream's own API under /api/v1: experiments, trials, metrics, events, code uploads, health.
+
+Handlers are plain functions (FastAPI runs them on its thread pool): each is a call into the
+ManagerHost or a read of the views, so one slow request never holds up the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
+
+from core import keys
+from core.event_store import check_experiment_id
+from manager.algorithms import optimize_mode_of
+from manager.config import experiment_spec
+from manager.experiments import delete_experiment, resolve_experiment
+from manager.host import ManagerHost
+from manager.replay import describe
+from manager.views import TrialOrder
+from schemas.api import (
+    CancelRequest,
+    ClusterMetadataValue,
+    CodeUploaded,
+    CustomizedTrial,
+    CustomizedTrialAnswer,
+    EventPage,
+    ExperimentCreatedAnswer,
+    ExperimentRequest,
+    ExperimentState,
+    Health,
+    MetricList,
+    TrialPage,
+)
+from schemas.config import ConfigError, ExperimentConfig
+from schemas.events import ExperimentChanges
+from schemas.trial import JobApplicationForm, TrialJobDetail, TrialJobStatus
+
+router = APIRouter(prefix="/api/v1")
+SSE_BLOCK_MS = 1000
+
+
+def get_host(request: Request) -> ManagerHost:
+    host: ManagerHost = request.app.state.host
+    return host
+
+
+Host = Annotated[ManagerHost, Depends(get_host)]
+
+
+def experiment_id_of(experiment_id: str, host: Host) -> str:
+    return resolve_experiment(host.client, check_experiment_id(experiment_id))
+
+
+Experiment = Annotated[str, Depends(experiment_id_of)]
+
+
+# health
+
+
+@router.get("/health", response_model=Health)
+def health() -> Health:
+    """The process answers (for container health checks; needs no token)."""
+    return Health(status="ok")
+
+
+@router.get("/ready", response_model=Health, responses={503: {"model": Health}})
+def ready(host: Host) -> Any:
+    """Redis answers and a projector is alive: the API can read and write."""
+    checks = {"redis": "ok", "projector": "ok"}
+    try:
+        projector_alive = bool(host.client.exists(keys.PROJECTOR_HEARTBEAT))
+    except Exception as error:
+        checks["redis"] = f"unreachable: {type(error).__name__}"
+        projector_alive = False
+    if not projector_alive:
+        checks["projector"] = "no heartbeat"
+    if all(value == "ok" for value in checks.values()):
+        return Health(status="ok", checks=checks)
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(Health(status="not ready", checks=checks).model_dump(), status_code=503)
+
+
+# code
+
+
+@router.put("/code", response_model=CodeUploaded, status_code=201)
+async def upload_code(request: Request, host: Host) -> CodeUploaded:
+    """A tar.gz of the trial code directory (the CLI packs it with `.nniignore`). Stored by content
+    hash, so uploading the same code again costs nothing; members that would leave it are refused."""
+    body = await request.body()
+    code_id = hashlib.sha256(body).hexdigest()
+    target = code_directory(host, code_id)
+    if not target.is_dir():
+        await anyio.to_thread.run_sync(_unpack, body, target)
+    return CodeUploaded(code_id=code_id, size=len(body))
+
+
+def code_directory(host: ManagerHost, code_id: str) -> Path:
+    return Path(host.settings.experiments_dir).expanduser().resolve() / "code" / code_id
+
+
+def _unpack(body: bytes, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=".upload-"))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as archive:
+            archive.extractall(scratch, filter="data")  # no absolute paths, `..`, links out or devices
+        scratch.rename(target)
+    except (tarfile.TarError, OSError) as error:
+        raise ConfigError(f"code upload: not a usable tar archive ({error})") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# experiments
+
+
+@router.get("/experiments", response_model=list[ExperimentState])
+def list_experiments(host: Host) -> list[ExperimentState]:
+    return [_state(host, experiment_id) for experiment_id in host.experiment_ids()]
+
+
+@router.post("/experiments", response_model=ExperimentCreatedAnswer, status_code=201)
+def create_experiment(request: ExperimentRequest, host: Host) -> ExperimentCreatedAnswer:
+    config = dict(request.config)
+    if request.code_id is not None:
+        directory = code_directory(host, request.code_id)
+        if not directory.is_dir():
+            raise ConfigError(f"codeId {request.code_id}: no such upload; PUT the archive to /api/v1/code first")
+        config["trialCodeDirectory"] = str(directory)
+    spec = experiment_spec(config, "config")
+    return ExperimentCreatedAnswer(id=host.create(spec))
+
+
+@router.get("/experiments/{experiment_id}", response_model=ExperimentState)
+def get_experiment(experiment_id: Experiment, host: Host) -> ExperimentState:
+    return _state(host, experiment_id)
+
+
+@router.patch("/experiments/{experiment_id}", response_model=ExperimentState)
+def update_experiment(experiment_id: Experiment, changes: ExperimentChanges, host: Host) -> ExperimentState:
+    """Change trialConcurrency, maxTrialNumber, maxExperimentDuration (seconds) or the search space."""
+    host.update(experiment_id, changes)
+    return _state(host, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/stop", status_code=202)
+def stop_experiment(experiment_id: Experiment, host: Host) -> dict[str, str]:
+    host.stop(experiment_id)
+    return {"status": "stopping"}
+
+
+@router.post("/experiments/{experiment_id}/resume", status_code=202)
+def resume_experiment(experiment_id: Experiment, host: Host) -> dict[str, str]:
+    host.resume(experiment_id)
+    return {"status": "resumed"}
+
+
+@router.delete("/experiments/{experiment_id}")
+def remove_experiment(experiment_id: Experiment, host: Host) -> dict[str, int]:
+    return {"deletedKeys": delete_experiment(host.client, experiment_id)}
+
+
+def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
+    service = host.service(experiment_id)
+    view = service.experiment_view()
+    counts = Counter({status: count for status, count in service.views.counts().items() if status.isupper()})
+    return ExperimentState(
+        id=view.id,
+        status=view.status,
+        start_time=view.start_time,
+        end_time=view.end_time,
+        message=view.message,
+        trial_counts=dict(counts),
+        hosted=view.id in host.hosted(),
+        config=view.config,
+    )
+
+
+# trials
+
+
+@router.get("/experiments/{experiment_id}/trials", response_model=TrialPage)
+def list_trials(
+    experiment_id: Experiment,
+    host: Host,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    status: TrialJobStatus | None = None,
+    sort: TrialOrder = "sequence",
+) -> TrialPage:
+    """A page of trials, by sequence id or by final metric (best first in the tuner's optimize_mode)."""
+    service = host.service(experiment_id)
+    maximize = True
+    if sort == "metric":
+        config = ExperimentConfig.model_validate(service.experiment_view().config)
+        maximize = optimize_mode_of(config.tuner_section) != "minimize"
+    items = service.views.page(offset, limit, sort, maximize, None if status is None else str(status))
+    return TrialPage(total=service.views.total(), offset=offset, items=items)
+
+
+@router.post("/experiments/{experiment_id}/trials", response_model=CustomizedTrialAnswer, status_code=201)
+def add_trial(experiment_id: Experiment, trial: CustomizedTrial, host: Host) -> CustomizedTrialAnswer:
+    """A customized trial: these parameters, run by the experiment's runner in the next free slot."""
+    return CustomizedTrialAnswer(sequence_id=host.add_customized_trial(experiment_id, trial.parameters))
+
+
+@router.get("/experiments/{experiment_id}/trials/{trial_id}", response_model=TrialJobDetail)
+def get_trial(experiment_id: Experiment, trial_id: str, host: Host) -> TrialJobDetail:
+    return host.service(experiment_id).get_trial_job(trial_id)
+
+
+@router.put("/experiments/{experiment_id}/trials/{trial_id}", response_model=TrialJobDetail)
+def update_trial(experiment_id: Experiment, trial_id: str, form: JobApplicationForm, host: Host) -> TrialJobDetail:
+    """NNI's updateTrialJob: a new parameter set for a running trial (multi-phase)."""
+    return host.service(experiment_id).update_trial_job(trial_id, form)
+
+
+@router.post("/experiments/{experiment_id}/trials/{trial_id}/cancel", response_model=TrialJobDetail)
+def cancel_trial(experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest) -> TrialJobDetail:
+    service = host.service(experiment_id)
+    service.cancel_trial_job(trial_id, is_early_stopped=request.early_stopped)
+    return service.get_trial_job(trial_id)
+
+
+@router.get("/experiments/{experiment_id}/trials/{trial_id}/metrics", response_model=MetricList)
+def trial_metrics(experiment_id: Experiment, trial_id: str, host: Host) -> MetricList:
+    service = host.service(experiment_id)
+    service.get_trial_job(trial_id)  # an unknown trial is a 404, not an empty list
+    return MetricList(items=service.views.metrics(trial_id))
+
+
+# cluster metadata
+
+
+@router.get("/experiments/{experiment_id}/cluster-metadata/{key}", response_model=ClusterMetadataValue)
+def get_cluster_metadata(experiment_id: Experiment, key: str, host: Host) -> ClusterMetadataValue:
+    return ClusterMetadataValue(value=host.service(experiment_id).get_cluster_metadata(key))
+
+
+@router.put("/experiments/{experiment_id}/cluster-metadata/{key}", response_model=ClusterMetadataValue)
+def set_cluster_metadata(
+    experiment_id: Experiment, key: str, value: ClusterMetadataValue, host: Host
+) -> ClusterMetadataValue:
+    host.service(experiment_id).set_cluster_metadata(key, value.value)
+    return value
+
+
+# events
+
+
+@router.get("/experiments/{experiment_id}/events", response_model=EventPage)
+def list_events(
+    experiment_id: Experiment,
+    host: Host,
+    after: Annotated[str, Query(pattern=r"^\d+-\d+$")] = "0-0",
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> EventPage:
+    """The log, a page at a time, in order: each entry's id and its event as stored."""
+    entries = host.service(experiment_id).store.read(after=after, count=limit)
+    return EventPage(items=[describe(entry).json for entry in entries], next=entries[-1].id if entries else after)
+
+
+@router.get("/experiments/{experiment_id}/events/stream", response_class=StreamingResponse)
+async def follow_events(experiment_id: Experiment, host: Host, request: Request, after: str = "$") -> StreamingResponse:
+    """Server-Sent Events: each new entry of the log as it is appended (`after=0-0` for all of it
+    first). A client reconnecting with Last-Event-ID resumes after the last entry it got."""
+    store = host.service(experiment_id).store
+    cursor = request.headers.get("last-event-id") or after
+    if cursor == "$":
+        cursor = store.last_id() or "0-0"
+
+    async def stream() -> Any:
+        nonlocal cursor
+        yield ": following the log\n\n"
+        while not await request.is_disconnected():
+            entries = await anyio.to_thread.run_sync(store.wait, cursor, SSE_BLOCK_MS)
+            for entry in entries:
+                cursor = entry.id
+                yield f"id: {entry.id}\nevent: log\ndata: {json.dumps(describe(entry).json)}\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})

@@ -1,0 +1,100 @@
+"""`trialstream manager`: the API, NNI's web UI, the projector and the runners, in one process."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import socket
+from pathlib import Path
+
+import uvicorn
+
+from core.connections import connect, redact_url
+from core.settings import PREFIX, Settings
+from manager.api.app import ApiOptions, create_app
+from manager.cli import render
+from manager.cli.access import required_url
+from manager.host import ManagerHost, OnExit
+from manager.logs import configure_logging
+from manager.runner import RunnerError
+
+TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    manager = commands.add_parser(
+        "manager",
+        help="serve the API and NNI's web UI, project, and run experiments submitted to it",
+        description="Bound to loopback it needs no token; any other address needs one "
+        f"(${TOKEN_ENV} or --token-file), sent as `Authorization: Bearer <token>`.",
+    )
+    manager.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    manager.add_argument("--port", type=int, default=8080, help="port (default: 8080, as nnictl's)")
+    manager.add_argument("--url-prefix", default="", help="serve everything under /PREFIX, as NNI's --url-prefix")
+    manager.add_argument("--token-file", type=Path, help=f"a file holding the bearer token (else ${TOKEN_ENV})")
+    manager.add_argument("--cors-origin", action="append", default=[], help="allow this origin (CORS is off without)")
+    manager.add_argument(
+        "--nnictl-registry",
+        action="store_true",
+        help="list the experiments it runs in ~/nni-experiments/.experiment, so nnictl sees them",
+    )
+    manager.add_argument(
+        "--on-exit",
+        choices=("detach", "stop"),
+        help="on SIGTERM: leave its experiments running, resumed at the next start (detach, the default), "
+        "or stop them as nnictl stop does NNI's (stop, the default with --nnictl-registry)",
+    )
+    manager.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object per line")
+    manager.set_defaults(handler=_manager)
+
+
+def _manager(args: argparse.Namespace, settings: Settings) -> int:
+    configure_logging(args.log_format)
+    token = _token(args.token_file, settings)
+    if token is None and not _is_loopback(args.host):
+        raise RunnerError(
+            f"--host {args.host} is not a loopback address: the API would be open to the network. "
+            f"Give it a token (${TOKEN_ENV}, or --token-file FILE), or bind 127.0.0.1"
+        )
+    url = required_url(settings)
+    prefix = args.url_prefix.strip("/")
+    if "experiment" in prefix:
+        raise RunnerError("--url-prefix: NNI's web UI misreads a prefix containing 'experiment'; choose another")
+    on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
+    host = ManagerHost(connect(url), settings)
+    options = ApiOptions(token=token, url_prefix=prefix, cors_origins=tuple(args.cors_origin))
+    app = create_app(host, options)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_config=None, access_log=False, timeout_graceful_shutdown=5
+        )
+    )
+    host.start()
+    render.note(f"manager on http://{args.host}:{args.port}/{prefix} serving {redact_url(url)}")
+    try:
+        server.run()
+    finally:
+        host.shutdown(on_exit)
+    return 0
+
+
+def _token(token_file: Path | None, settings: Settings) -> str | None:
+    if token_file is not None:
+        token = token_file.read_text().strip()
+        if not token:
+            raise RunnerError(f"--token-file {token_file} is empty")
+        return token
+    return settings.manager_token.get_secret_value() if settings.manager_token else None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+
+
+logging.getLogger("uvicorn.error").propagate = True

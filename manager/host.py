@@ -1,0 +1,221 @@
+"""The manager process's control plane: the projector, and the runners of the experiments it starts.
+
+The API calls it; it never holds state the log lacks. The experiments it runs are listed in Redis
+(`keys.MANAGER_HOSTED`), so a manager that restarts, after a crash or a `detach`, resumes those still
+RUNNING from their logs. Stopping an experiment is an event (ExperimentStopRequested), which
+whichever runner drives it acts on, in this process or in a `trialstream run` elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import redis
+
+from core import keys
+from core.connections import same_server
+from core.event_store import EventStore, StoredEvent
+from core.settings import Settings
+from manager.config import ExperimentSpec
+from manager.experiments import ExperimentNotFound, finish_experiment, resolve_experiment
+from manager.projector import Projector
+from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
+from manager.training_service import TrainingService
+from schemas.events import (
+    CustomizedTrialRequested,
+    ExperimentChanges,
+    ExperimentStopRequested,
+    ExperimentUpdated,
+    TrialSubmitted,
+)
+from schemas.trial import TrialJobStatus
+
+log = logging.getLogger(__name__)
+
+SERVICES_KEPT = 256  # TrainingService objects cached (each memoizes parsed views)
+CUSTOMIZED_WAIT_S = 5.0  # how long POST /trial-jobs waits to learn the customized trial's sequence id
+OnExit = Literal["detach", "stop"]
+
+
+class ExperimentNotRunning(RuntimeError):
+    pass
+
+
+@dataclass
+class _Hosted:
+    runner: ExperimentRunner
+    thread: threading.Thread
+    outcome: list[str] = field(default_factory=list)  # how run() ended, once it has
+
+
+class ManagerHost:
+    def __init__(self, client: redis.Redis, settings: Settings, project: bool = True) -> None:
+        self.client = client
+        self.rq_connection = same_server(client, decode=False)
+        self.settings = settings
+        self._project = project
+        self._stop = threading.Event()
+        self._projector_thread: threading.Thread | None = None
+        self._hosted: dict[str, _Hosted] = {}
+        self._services: dict[str, TrainingService] = {}
+        self._lock = threading.Lock()
+        self.on_change: list[Any] = []  # callables(experiment_id) told when a hosted experiment starts or ends
+
+    # life cycle
+
+    def start(self) -> None:
+        """Start projecting, then take up the experiments this manager ran before it stopped."""
+        if self._project:
+            projector = Projector(self.client)
+            self._projector_thread = threading.Thread(
+                target=projector.run, args=(self._stop,), name="projector", daemon=True
+            )
+            self._projector_thread.start()
+        hosted: Any = self.client.smembers(keys.MANAGER_HOSTED)
+        for experiment_id in sorted(str(member) for member in hosted):
+            try:
+                if self.service(experiment_id).experiment_view().status == "RUNNING":
+                    self.resume(experiment_id)
+                else:
+                    self.client.srem(keys.MANAGER_HOSTED, experiment_id)
+            except (RunnerError, LookupError) as error:
+                log.warning("experiment %s not resumed: %s", experiment_id, error)
+
+    def shutdown(self, on_exit: OnExit, wait_s: float = 60.0) -> None:
+        """`detach`: let go of every experiment (they stay RUNNING and resume at the next start);
+        `stop`: stop each as a user would, its trials SYS_CANCELED. Then stop projecting."""
+        with self._lock:
+            hosted = dict(self._hosted)
+        for experiment_id, entry in hosted.items():
+            if on_exit == "stop":
+                self.stop(experiment_id, "the manager was stopped")
+            else:
+                entry.runner.detach()
+        give_up = time.monotonic() + wait_s
+        for entry in hosted.values():
+            entry.thread.join(max(0.0, give_up - time.monotonic()))
+        self._stop.set()
+        if self._projector_thread is not None:
+            self._projector_thread.join(5)
+
+    # experiments
+
+    def service(self, experiment_id: str) -> TrainingService:
+        with self._lock:
+            service = self._services.get(experiment_id)
+            if service is None:
+                if len(self._services) >= SERVICES_KEPT:
+                    self._services.pop(next(iter(self._services)))
+                service = self._services[experiment_id] = TrainingService(
+                    self.client, self.rq_connection, experiment_id
+                )
+            return service
+
+    def experiment_ids(self) -> list[str]:
+        return [str(experiment_id) for experiment_id in self.client.zrange(keys.EXPERIMENTS, 0, -1)]
+
+    def hosted(self) -> list[str]:
+        with self._lock:
+            return list(self._hosted)
+
+    def create(self, spec: ExperimentSpec) -> str:
+        """Create the experiment (every check first: nothing is written when one fails) and run it."""
+        runner = ExperimentRunner.create(spec, self.client, self.rq_connection, settings=self.settings)
+        self._host(runner)
+        return runner.experiment_id
+
+    def resume(self, experiment_id: str) -> None:
+        experiment_id = resolve_experiment(self.client, experiment_id)
+        with self._lock:
+            if experiment_id in self._hosted:
+                raise RunnerError(f"experiment {experiment_id} is already running in this manager")
+        self._host(ExperimentRunner.resume(self.client, self.rq_connection, experiment_id, settings=self.settings))
+
+    def stop(self, experiment_id: str, reason: str = "stopped by the user") -> None:
+        """Ask the experiment's runner to stop it. With no runner (it crashed, or was detached and never
+        resumed), the experiment is stopped here: its trials SYS_CANCELED, the experiment STOPPED."""
+        view = self._running(experiment_id)
+        EventStore(self.client, experiment_id).append(
+            ExperimentStopRequested(experiment_id=experiment_id, reason=reason)
+        )
+        if self.client.exists(keys.runner(experiment_id)):
+            return
+        service = self.service(experiment_id)
+        for trial in service.list_trial_jobs():
+            if not trial.status.is_terminal:
+                service.request_stop(trial.id, TrialJobStatus.SYS_CANCELED, reason)
+        platform = str(view.config.get("trainingService", {}).get("platform", "local"))
+        finish_experiment(self.client, self.rq_connection, experiment_id, platform, "STOPPED", reason)
+
+    def update(self, experiment_id: str, changes: ExperimentChanges) -> None:
+        self._running(experiment_id)
+        EventStore(self.client, experiment_id).append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
+
+    def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> int | None:
+        """Queue a trial with these parameters; its sequence id once the runner has submitted it (None
+        while it waits for a free slot past CUSTOMIZED_WAIT_S)."""
+        view = self._running(experiment_id)
+        if not self.client.exists(keys.runner(experiment_id)):
+            raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")
+        budget = view.config.get("maxTrialNumber")
+        service = self.service(experiment_id)
+        if budget is not None and service.views.total() >= int(budget):
+            raise ExperimentNotRunning(f"experiment {experiment_id} has used its maxTrialNumber ({budget})")
+        store = EventStore(self.client, experiment_id)
+        request = store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters=parameters))
+        cursor, give_up = request, time.monotonic() + CUSTOMIZED_WAIT_S
+        while (left := give_up - time.monotonic()) > 0:
+            for entry in store.wait(cursor, block_ms=max(1, int(left * 1000))):
+                cursor = entry.id
+                event = entry.event if isinstance(entry, StoredEvent) else None
+                if isinstance(event, TrialSubmitted) and _is_customized(event.form.hyper_parameters.value):
+                    return event.form.sequence_id
+        return None
+
+    def _running(self, experiment_id: str) -> Any:
+        resolve_experiment(self.client, experiment_id)
+        view = self.service(experiment_id).experiment_view()
+        if view.status != "RUNNING":
+            raise ExperimentNotRunning(f"experiment {experiment_id} is {view.status}, not running")
+        return view
+
+    def _host(self, runner: ExperimentRunner) -> None:
+        experiment_id = runner.experiment_id
+        self.client.sadd(keys.MANAGER_HOSTED, experiment_id)
+        thread = threading.Thread(target=self._run, args=(runner,), name=f"runner-{experiment_id}", daemon=True)
+        with self._lock:
+            self._hosted[experiment_id] = _Hosted(runner, thread)
+        thread.start()
+        for listener in self.on_change:
+            listener(experiment_id)
+
+    def _run(self, runner: ExperimentRunner) -> None:
+        experiment_id = runner.experiment_id
+        try:
+            runner.run()
+            self.client.srem(keys.MANAGER_HOSTED, experiment_id)  # ended: nothing to resume
+        except Detached:
+            log.info("experiment %s detached; the next manager resumes it", experiment_id)
+        except ClaimLost as lost:
+            log.warning("%s", lost)
+            self.client.srem(keys.MANAGER_HOSTED, experiment_id)
+        except Exception:
+            log.exception("the runner of experiment %s failed", experiment_id)
+        finally:
+            with self._lock:
+                self._hosted.pop(experiment_id, None)
+            for listener in self.on_change:
+                listener(experiment_id)
+
+
+def _is_customized(hyper_parameters: str) -> bool:
+    packed = json.loads(hyper_parameters)
+    return isinstance(packed, dict) and packed.get("parameter_source") == "customized"
+
+
+__all__ = ["ExperimentNotFound", "ExperimentNotRunning", "ManagerHost", "OnExit"]

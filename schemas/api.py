@@ -1,0 +1,79 @@
+"""Requests and answers of trialstream's own HTTP API (/api/v1). NNI's are in schemas/nni_rest.py."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.trial import CamelModel, MetricRecord, TrialJobDetail
+
+
+class ExperimentRequest(CamelModel):
+    """An NNI v2 config (the YAML's mapping, search space inline), and the code it runs: an archive
+    uploaded first (`PUT /api/v1/code`), or a directory on the manager's machine in the config."""
+
+    model_config = ConfigDict(alias_generator=None, populate_by_name=True, frozen=True, extra="forbid")
+
+    config: dict[str, Any]
+    code_id: str | None = Field(default=None, alias="codeId", pattern=r"^[0-9a-f]{64}$")
+
+
+class ExperimentCreatedAnswer(CamelModel):
+    id: str
+
+
+class CodeUploaded(CamelModel):
+    code_id: str
+    size: int
+
+
+class ExperimentState(CamelModel):
+    """An experiment as the API shows it: the config's secrets masked."""
+
+    id: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+    message: str | None
+    trial_counts: dict[str, int]
+    hosted: bool = Field(description="this manager runs it")
+    config: dict[str, Any]
+
+
+class TrialPage(CamelModel):
+    total: int = Field(description="trials in the experiment (before the status filter)")
+    offset: int
+    items: list[TrialJobDetail]
+
+
+class CustomizedTrial(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    parameters: dict[str, Any]
+
+
+class CustomizedTrialAnswer(CamelModel):
+    sequence_id: int | None = Field(description="None while the trial waits for a free slot")
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    early_stopped: bool = Field(default=False, alias="earlyStopped")
+
+
+class MetricList(CamelModel):
+    items: list[MetricRecord]
+
+
+class EventPage(CamelModel):
+    items: list[dict[str, Any]] = Field(description="each {id, event} or {id, unreadable, fields}")
+    next: str = Field(description="pass as `after` for the next page")
+
+
+class ClusterMetadataValue(CamelModel):
+    value: str
+
+
+class Health(CamelModel):
+    status: Literal["ok", "not ready"]
+    checks: dict[str, str] = {}
