@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from rq import Queue, Worker
@@ -84,6 +85,24 @@ class Processes:
         process = self.start("projector")
         wait_until(lambda: connect(self.redis_url).exists(keys.PROJECTOR_HEARTBEAT), 20, what="the projector")
         return process
+
+    def manager(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """A `trialstream manager` on a free loopback port (it hosts its own projector), returned as its
+        base URL once its health check answers."""
+        port = free_port()
+        process = self.start("manager", "--port", str(port), *args, env=env)
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"the manager exited ({process.returncode}):\n{self.logs()}")
+            try:
+                return httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, 30, what="the manager to answer")
+        return url
 
     def logs(self) -> str:
         return "\n".join(path.read_text(errors="replace") for path in sorted(self.log_dir.glob("*.log")))
