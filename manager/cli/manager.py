@@ -17,6 +17,7 @@ from manager.cli import render
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.logs import configure_logging
+from manager.nnictl import NnictlBridge
 from manager.runner import RunnerError
 
 TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
@@ -70,12 +71,15 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
             app, host=args.host, port=args.port, log_config=None, access_log=False, timeout_graceful_shutdown=5
         )
     )
+    bridge = NnictlBridge(host, app) if args.nnictl_registry else None
     host.start()
     render.note(f"manager on http://{args.host}:{args.port}/{prefix} serving {redact_url(url)}")
     try:
         server.run()
     finally:
         host.shutdown(on_exit)
+        if bridge is not None:
+            bridge.close()
     return 0
 
 

@@ -1,0 +1,114 @@
+"""nnictl against trialstream: each experiment this manager runs gets an entry in nnictl's registry and
+a loopback port of its own that answers NNI's REST API for that experiment alone.
+
+nnictl finds an experiment's server by the registry's `port` and always asks
+`http://localhost:<port>/api/v1/nni` with no prefix, so one manager port cannot tell two experiments
+apart: hence one small listener per experiment (a second uvicorn server on the same application, in
+a thread), which pins its requests to the experiment. `nnictl stop` sends SIGTERM to `pid`: the
+manager's own, so it stops the manager (with `--nnictl-registry`, its experiments too).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from manager.host import ManagerHost
+from manager.nnictl_registry import NnictlRegistry, RegistryEntry
+
+log = logging.getLogger(__name__)
+
+PINNED_EXPERIMENT = "trialstream.experiment"  # the ASGI scope key NNI's routes read the experiment from
+_NNI_STATUS = {"RUNNING": "RUNNING", "DONE": "DONE", "STOPPED": "STOPPED", "ERROR": "ERROR"}
+
+
+class PinnedExperiment:
+    """Every request through this wrapper is about one experiment."""
+
+    def __init__(self, app: ASGIApp, experiment_id: str) -> None:
+        self.app = app
+        self.experiment_id = experiment_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope = {**scope, PINNED_EXPERIMENT: self.experiment_id}
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class _Listener:
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+
+class NnictlBridge:
+    def __init__(self, host: ManagerHost, app: ASGIApp, registry: NnictlRegistry | None = None) -> None:
+        self.host = host
+        self.app = app
+        self.registry = registry or NnictlRegistry()
+        self._listeners: dict[str, _Listener] = {}
+        self._lock = threading.Lock()
+        host.on_change.append(self.experiment_changed)
+
+    def experiment_changed(self, experiment_id: str) -> None:
+        """A hosted experiment started (register it, with its own port) or its runner ended (its status)."""
+        view = self.host.service(experiment_id).experiment_view()
+        with self._lock:
+            listener = self._listeners.get(experiment_id)
+            if listener is None:
+                listener = self._listeners[experiment_id] = self._listen(experiment_id)
+        running = experiment_id in self.host.hosted() and view.status == "RUNNING"
+        if not running:
+            self.registry.update(experiment_id, _NNI_STATUS[view.status], view.end_time)
+            return
+        config = view.config
+        entry = {
+            "id": experiment_id,
+            "port": listener.port,
+            "startTime": view.start_time or 0,
+            "status": "RUNNING",
+            "platform": str(config.get("trainingService", {}).get("platform", "local")),
+            "experimentName": str(config.get("experimentName") or experiment_id),
+            "pid": os.getpid(),
+            "logDir": str(Path(view.working_directory).parent),
+        }
+        self.registry.register(RegistryEntry.model_validate(entry))
+
+    def close(self) -> None:
+        """The manager is going: every entry it kept is STOPPED (nothing answers on its port any more)."""
+        with self._lock:
+            listeners = dict(self._listeners)
+            self._listeners.clear()
+        for experiment_id, listener in listeners.items():
+            listener.server.should_exit = True
+            listener.thread.join(5)
+            view = self.host.service(experiment_id).experiment_view()
+            self.registry.update(experiment_id, "STOPPED", view.end_time or _now_ms())
+
+    def _listen(self, experiment_id: str) -> _Listener:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        config = uvicorn.Config(
+            PinnedExperiment(self.app, experiment_id), log_config=None, access_log=False, lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name=f"nnictl-{experiment_id}", daemon=True
+        )
+        thread.start()
+        log.info("experiment %s answers nnictl on 127.0.0.1:%d", experiment_id, sock.getsockname()[1])
+        return _Listener(server, thread, sock.getsockname()[1])
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
