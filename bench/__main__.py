@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import ingestion, overhead, remote, report, scale, scaling, tuners, versus_nni
+from bench import api, ingestion, overhead, remote, report, scale, scaling, tuners, versus_nni
 from bench.harness import REPO, Section, machine_description
 
 GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
@@ -25,6 +25,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "scaling": scaling.run,
     "tuners": tuners.run,
     "remote": remote.run,
+    "api": api.run,
 }
 
 

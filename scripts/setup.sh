@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what trialstream and its tests need on a fresh Debian machine: redis-server from Debian's
-# packages when it is missing (for tests also OpenSSH's server and acl), and the Python package with
-# its extras (`--test` adds the tuners' extras, test and dev).
+# packages when it is missing (for tests also OpenSSH's server, acl, Chromium and its driver), and the
+# Python package with its extras (`--test` adds the tuners' extras, test and dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,9 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 if [ "${1:-}" = "--test" ]; then  # real sshd hosts for the remote platform's tests (tests/sshd.py)
   [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
   command -v setfacl >/dev/null || need_apt+=(acl)
+  # NNI's web UI is tested in a real headless browser (tests/browser.py): Debian's, never a downloaded one
+  [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+  [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -1,0 +1,240 @@
+"""The manager's API at scale: reads of a 100,000-trial experiment, the streamed NNI trial list, the SSE
+follow latency, and what 50 web-UI-like pollers cost the experiment that runs meanwhile.
+
+Everything goes through a real `trialstream manager` process over HTTP on loopback; the logs are
+written straight into Redis (bench/scale.py) and projected by the manager's own projector.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.harness import BenchStack, Figure, Section, median_of, percentile, wait_until
+from bench.overhead import slot_refills_ms
+from bench.scale import write_log
+from core.event_store import EventStore
+from manager.experiments import create_experiment
+from manager.training_service import TrainingService
+from manager.views import ViewStore
+from schemas.events import TrialMetricReported
+
+BIG, POLLED = 100_000, 1_000
+GETS, PAGES, SSE_SAMPLES = 500, 100, 200
+POLLERS = 50
+REFILL_TRIALS, REFILL_CONCURRENCY, WORKERS = 60, 4, 4
+_CONFIG: dict[str, Any] = {
+    "experimentName": "bench",
+    "trialCommand": "python3 trial.py",
+    "trialCodeDirectory": "/bench",
+    "trialConcurrency": 4,
+    "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+    "tuner": {"name": "Random"},
+    "trainingService": {"platform": "local"},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _rss_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} for {pid}")
+
+
+def _timed_ms(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return (time.perf_counter() - started) * 1000
+
+
+def _ok(response: httpx.Response) -> httpx.Response:
+    response.raise_for_status()
+    return response
+
+
+_POLLERS_PROCESS = """
+import sys, threading, httpx
+url, clients = sys.argv[1], int(sys.argv[2])
+def poll():
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while True:
+            client.get("/trial-jobs").raise_for_status()
+            client.get("/metric-data").raise_for_status()
+            print("poll", flush=True)
+for _ in range(clients):
+    threading.Thread(target=poll, daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def _pollers(url: str) -> subprocess.Popen[str]:
+    """Web UIs polling flat out, each a thread asking what NNI's UI asks on its timer, in a process of
+    their own (so they share one core among them, as browsers on other machines would cost none here)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _POLLERS_PROCESS, url, str(POLLERS)], stdout=subprocess.PIPE, text=True
+    )
+
+
+def _refills(stack: BenchStack, client: httpx.Client, name: str) -> list[float]:
+    """Run a short experiment through the manager; its slot refills (trial ends -> next RUNNING), from its log."""
+    config = stack.experiment_config(name, trialConcurrency=REFILL_CONCURRENCY, maxTrialNumber=REFILL_TRIALS)
+    created = _ok(client.post("/api/v1/experiments", json={"config": yaml.safe_load(config.read_text())}))
+    experiment_id = created.json()["id"]
+    wait_until(
+        lambda: client.get(f"/api/v1/experiments/{experiment_id}").json()["status"] != "RUNNING",
+        600,
+        f"experiment {name} to finish",
+    )
+    service = TrainingService(stack.client, stack.rq_connection, experiment_id)
+    return slot_refills_ms(service, REFILL_CONCURRENCY)
+
+
+def _getter(client: httpx.Client, path: str) -> Callable[[], object]:
+    return lambda: _ok(client.get(path))
+
+
+def _sse_latencies(stack: BenchStack, url: str, experiment_id: str) -> list[float]:
+    """Append metric events as a worker does; time until each arrives on an SSE follower."""
+    arrived: dict[str, float] = {}
+    ready = threading.Event()
+
+    def follow() -> None:
+        with (
+            httpx.Client(base_url=url, timeout=None) as client,
+            client.stream("GET", f"/api/v1/experiments/{experiment_id}/events/stream") as stream,
+        ):
+            for line in stream.iter_lines():
+                ready.set()
+                if line.startswith("data: "):
+                    event = json.loads(line[6:]).get("event", {})
+                    if event.get("type") == "TrialMetricReported":
+                        arrived[str(event["sequence"])] = time.perf_counter()
+                        if len(arrived) == SSE_SAMPLES:
+                            return
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    ready.wait(30)
+    store = EventStore(stack.client, experiment_id)
+    sent = {}
+    for sequence in range(SSE_SAMPLES):
+        sent[str(sequence)] = time.perf_counter()
+        store.append(
+            TrialMetricReported(
+                experiment_id=experiment_id,
+                trial_id="t000000",
+                attempt=1,
+                parameter_id="0",
+                metric_type="PERIODICAL",
+                sequence=10_000 + sequence,
+                data=json.dumps(json.dumps(sequence)),
+            )
+        )
+        wait_until(functools.partial(operator.contains, arrived, str(10_000 + sequence)), 10, "the SSE event")
+    follower.join(10)
+    return [(arrived[str(10_000 + s)] - sent[str(s)]) * 1000 for s in range(SSE_SAMPLES)]
+
+
+def run(root: Path, runs: int) -> Section:
+    section = Section("The manager's API", "python -m bench --only api")
+    with BenchStack(root / "api", workers=WORKERS, projector=False) as stack:
+        socket_path = stack.url.removeprefix("unix://")
+        big = create_experiment(stack.client, _CONFIG, stack.root, "big")
+        polled = create_experiment(stack.client, _CONFIG, stack.root, "polled")
+        write_log(socket_path, big, BIG)
+        write_log(socket_path, polled, POLLED)
+        port = _free_port()
+        assert stack.services is not None
+        stack.services.start("manager", "--port", str(port), log_name="manager")
+        manager_pid = stack.services.processes[-1].pid
+        url = f"http://127.0.0.1:{port}"
+        heads = {experiment: EventStore(stack.client, experiment).head() for experiment in (big, polled)}
+        wait_until(
+            lambda: all(ViewStore(stack.client, exp).position() == head for exp, head in heads.items()),
+            900,
+            "the manager's projector to catch up",
+        )
+        with httpx.Client(base_url=url, timeout=120) as client:
+            gets = [
+                _timed_ms(_getter(client, f"/api/v1/experiments/{big}/trials/t{random.randrange(BIG):06d}"))
+                for _ in range(GETS)
+            ]
+            pages = [
+                _timed_ms(
+                    _getter(client, f"/api/v1/experiments/{big}/trials?offset={random.randrange(BIG - 100)}&limit=100")
+                )
+                for _ in range(PAGES)
+            ]
+            section.add(
+                Figure("GET one trial of 100,000: p50", percentile(gets, 50), "ms", "<= 2"),
+                Figure("GET one trial of 100,000: p99", percentile(gets, 99), "ms"),
+                Figure("GET a page of 100 trials of 100,000: p50", percentile(pages, 50), "ms", "<= 10"),
+                Figure("GET a page of 100 trials of 100,000: p99", percentile(pages, 99), "ms"),
+            )
+            rss_before = _rss_mb(manager_pid, "VmRSS")
+            started = time.perf_counter()
+            received = 0
+            with client.stream("GET", f"/nni/{big}/api/v1/nni/trial-jobs") as stream:
+                for chunk in stream.iter_bytes():
+                    received += len(chunk)
+            streamed_s = time.perf_counter() - started
+            growth = _rss_mb(manager_pid, "VmHWM") - rss_before
+            section.add(
+                Figure(
+                    "NNI GET /trial-jobs of 100,000 trials, streamed: manager RSS growth",
+                    max(0.0, growth),
+                    "MB",
+                    "<= 100",
+                    detail=f"{received / 1e6:.0f} MB of JSON in {streamed_s:.1f} s; peak RSS over RSS before",
+                ),
+                Figure("NNI GET /trial-jobs of 100,000 trials: time to the last byte", streamed_s, "s"),
+            )
+            latencies = _sse_latencies(stack, url, polled)
+            section.add(
+                Figure("metric appended -> delivered on SSE: p50", percentile(latencies, 50), "ms"),
+                Figure("metric appended -> delivered on SSE: p99", percentile(latencies, 99), "ms", "<= 50"),
+            )
+            quiet = [median_of(_refills(stack, client, f"quiet{index}")) for index in range(runs)]
+            nni_base = f"{url}/nni/{polled}/api/v1/nni"
+            busy = []
+            for index in range(runs):
+                pollers = _pollers(nni_base)
+                assert pollers.stdout is not None
+                pollers.stdout.readline()  # they are polling
+                busy.append(median_of(_refills(stack, client, f"busy{index}")))
+                pollers.kill()
+                pollers.wait()
+            slowdown = (median_of(busy) / median_of(quiet) - 1) * 100
+            section.add(
+                Figure("slot refill p50, no pollers", median_of(quiet), "ms"),
+                Figure(
+                    f"slot refill p50, {POLLERS} web-UI pollers of a {POLLED:,}-trial experiment", median_of(busy), "ms"
+                ),
+                Figure("slot refill slowed by the pollers", slowdown, "%", "<= 10"),
+            )
+    section.notes.append(
+        f"A real `trialstream manager` on loopback over HTTP/1.1 keep-alive; the experiments' logs written into "
+        f"Redis and projected by the manager. Pollers: {POLLERS} processes, each asking NNI's `/trial-jobs` and "
+        f"`/metric-data` of a {POLLED:,}-trial experiment back to back while a {REFILL_TRIALS}-trial experiment "
+        f"runs at concurrency {REFILL_CONCURRENCY} on {WORKERS} workers."
+    )
+    return section
