@@ -84,7 +84,7 @@ class ManagerHost:
                 else:
                     self.client.srem(keys.MANAGER_HOSTED, experiment_id)
             except (RunnerError, LookupError) as error:
-                log.warning("experiment %s not resumed: %s", experiment_id, error)
+                log.warning("experiment %s not resumed: %s", experiment_id, error, extra={"experiment": experiment_id})
 
     def shutdown(self, on_exit: OnExit, wait_s: float = 60.0) -> None:
         """`detach`: let go of every experiment (they stay RUNNING and resume at the next start);
@@ -200,12 +200,16 @@ class ManagerHost:
             runner.run()
             self.client.srem(keys.MANAGER_HOSTED, experiment_id)  # ended: nothing to resume
         except Detached:
-            log.info("experiment %s detached; the next manager resumes it", experiment_id)
+            log.info(
+                "experiment %s detached; the next manager resumes it",
+                experiment_id,
+                extra={"experiment": experiment_id},
+            )
         except ClaimLost as lost:
-            log.warning("%s", lost)
+            log.warning("%s", lost, extra={"experiment": experiment_id})
             self.client.srem(keys.MANAGER_HOSTED, experiment_id)
         except Exception:
-            log.exception("the runner of experiment %s failed", experiment_id)
+            log.exception("the runner of experiment %s failed", experiment_id, extra={"experiment": experiment_id})
         finally:
             with self._lock:
                 self._hosted.pop(experiment_id, None)

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
-from manager.api import native
+from manager.api import native, observability
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.runner import RunnerError
@@ -66,6 +66,7 @@ def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
     for error_type, status in _ERRORS.items():
         api.add_exception_handler(error_type, _handler(status))
     api.include_router(native.router)
+    api.include_router(observability.router(host))
     app: ASGIApp = api
     if options.cors_origins:
         app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
