@@ -231,4 +231,5 @@ def test_json_logs_are_one_object_per_line_with_the_experiment_id(tmp_path: Path
     assert len(detached) == 1
     assert detached[0]["experiment"] == experiment_id
     assert detached[0]["logger"] == "manager.host" and detached[0]["level"] == "info"
-    assert any(record["logger"] == "stderr" and url in record["message"] for record in records)
+    assert any(record["logger"] == "manager.cli.manager" and url in record["message"] for record in records)
+    assert manager.returncode == 0  # a SIGTERM is a clean stop, not an error

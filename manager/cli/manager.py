@@ -13,7 +13,6 @@ import uvicorn
 from core.connections import connect, redact_url
 from core.settings import PREFIX, Settings
 from manager.api.app import ApiOptions, create_app
-from manager.cli import render
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.logs import configure_logging
@@ -73,13 +72,16 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     )
     bridge = NnictlBridge(host, app) if args.nnictl_registry else None
     host.start()
-    render.note(f"manager on http://{args.host}:{args.port}/{prefix} serving {redact_url(url)}")
+    log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
     try:
-        server.run()
+        server.run()  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
+    except KeyboardInterrupt:
+        pass
     finally:
         host.shutdown(on_exit)
         if bridge is not None:
             bridge.close()
+        log.info("manager stopped (%s its experiments)", "stopped" if on_exit == "stop" else "detached from")
     return 0
 
 
@@ -101,4 +103,4 @@ def _is_loopback(host: str) -> bool:
         return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
 
 
-logging.getLogger("uvicorn.error").propagate = True
+log = logging.getLogger(__name__)
