@@ -100,7 +100,13 @@ def reap_lost_attempts(
             client.zrem(keys.LEASES, member)
             continue
         if verdict is not None:
-            log.warning("trial %s attempt %d: %s", verdict.trial_id, verdict.attempt, verdict.reason)
+            log.warning(
+                "trial %s attempt %d: %s",
+                verdict.trial_id,
+                verdict.attempt,
+                verdict.reason,
+                extra={"experiment": verdict.experiment_id, "trial": verdict.trial_id},
+            )
             verdicts.append(verdict)
     return verdicts
 

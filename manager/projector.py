@@ -179,7 +179,11 @@ class Projector:
                 except redis.WatchError as error:
                     if _connection_lost(error) and new_names and not self.client.exists(*new_names):
                         return position  # the EXEC landed before the connection went
-                    log.debug("views of %s moved during a rebuild; swapping again", experiment_id)
+                    log.debug(
+                        "views of %s moved during a rebuild; swapping again",
+                        experiment_id,
+                        extra={"experiment": experiment_id},
+                    )
 
     def run(self, stop: threading.Event, block_ms: int = 500) -> None:
         """Serve every experiment until `stop` is set, waking as soon as an event is appended.
@@ -223,11 +227,15 @@ class Projector:
             except Exception as error:  # not one event (those are skipped): the views themselves
                 self._positions.pop(experiment_id, None)  # no wake-up from a log it cannot follow: retried
                 if self._failing.get(experiment_id) != _why(error):
-                    log.exception("experiment %s: cannot update its views; retrying each round", experiment_id)
+                    log.exception(
+                        "experiment %s: cannot update its views; retrying each round",
+                        experiment_id,
+                        extra={"experiment": experiment_id},
+                    )
                     self._failing[experiment_id] = _why(error)
                 continue
             if self._failing.pop(experiment_id, None) is not None:
-                log.warning("experiment %s: views updated again", experiment_id)
+                log.warning("experiment %s: views updated again", experiment_id, extra={"experiment": experiment_id})
             if self._has_finished(experiment_id):
                 self._active.discard(experiment_id)
                 self._positions.pop(experiment_id, None)
@@ -277,7 +285,12 @@ class Projector:
                     return entries[-1].id, len(entries)
                 except redis.WatchError as error:
                     if _connection_lost(error):  # the EXEC may or may not have landed: the position says
-                        log.warning("experiment %s: connection lost mid-batch (%s); re-reading", experiment_id, error)
+                        log.warning(
+                            "experiment %s: connection lost mid-batch (%s); re-reading",
+                            experiment_id,
+                            error,
+                            extra={"experiment": experiment_id},
+                        )
                     else:
                         log.debug("another projector advanced %s; re-reading", experiment_id)
 
@@ -352,7 +365,9 @@ class Projector:
                 pipe.rpush(view_keys.metrics(trial_id), *records)
         if unreadable:
             for entry_id, why in unreadable.items():
-                log.warning("skipping unreadable event %s: %s", entry_id, why)
+                log.warning(
+                    "skipping unreadable event %s: %s", entry_id, why, extra={"experiment": view_keys.experiment_id}
+                )
             mapping: Any = unreadable
             pipe.hset(view_keys.unreadable, mapping=mapping)
         pipe.hset(view_keys.position, "position", entries[-1].id)
