@@ -151,8 +151,11 @@ class ManagerClient:
         if status < 400:
             return
         if status == 401:
-            fix = "its token is not" if self._token_given else "it requires a token: set"
-            raise ManagerError(f"the manager at {self.url} refused the request: {fix} {TOKEN_ENV}")
+            if self._token_given:
+                raise ManagerError(
+                    f"the manager at {self.url} refused the token in {TOKEN_ENV}: set it to the manager's"
+                )
+            raise ManagerError(f"the manager at {self.url} requires a token: set {TOKEN_ENV}")
         message = _message(answer.content) or f"the manager at {self.url} answered {status} {answer.reason_phrase}"
         raise (ManagerConfigError if status == 422 else ManagerError)(message)
 
