@@ -156,7 +156,11 @@ class ManagerClient:
                     f"the manager at {self.url} refused the token in {TOKEN_ENV}: set it to the manager's"
                 )
             raise ManagerError(f"the manager at {self.url} requires a token: set {TOKEN_ENV}")
-        message = _message(answer.content) or f"the manager at {self.url} answered {status} {answer.reason_phrase}"
+        asked = f"{answer.request.method} {answer.request.url.path}"
+        message = (
+            _message(answer.content)
+            or f"the manager at {self.url} answered {asked} with {status} {answer.reason_phrase}"
+        )
         raise (ManagerConfigError if status == 422 else ManagerError)(message)
 
 
@@ -183,7 +187,7 @@ def _message(body: bytes) -> str | None:
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):
         where = ".".join(str(part) for part in detail[0].get("loc", ()) if part not in ("body", "query"))
         return f"{where}: {detail[0].get('msg')}" if where else str(detail[0].get("msg"))
-    return str(detail) if isinstance(detail, str) else None
+    return None
 
 
 def log_entry(item: dict[str, Any]) -> LogEntry:
