@@ -14,6 +14,7 @@ from core.connections import RedisUnavailable
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
 from core.settings import PREFIX, REDIS_URL_ENV, Settings
+from manager.api_client import TOKEN_ENV, ManagerError
 from manager.cli import experiments, interrupts, log, manager, render, run, services, trials
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.replay import InvalidPosition, UnknownEventType
@@ -40,6 +41,7 @@ _KNOWN_ERRORS = (
     InvalidExperimentId,
     ExperimentExists,
     redis.RedisError,
+    ManagerError,
 )
 _AREAS = (run, trials, log, experiments, services, manager)
 
@@ -68,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
     """The whole command line, assembled from its areas."""
     assembled = argparse.ArgumentParser(prog="trialstream", description=__doc__)
     assembled.add_argument("--redis", help=f"Redis URL (default: ${REDIS_URL_ENV}, else a private redis-server)")
+    assembled.add_argument(
+        "--manager",
+        metavar="URL",
+        help=f"work through this `trialstream manager` (default: ${PREFIX}MANAGER_URL) instead of Redis: "
+        f"run, resume, trials, events and experiments; its token is read from ${TOKEN_ENV}",
+    )
     commands = assembled.add_subparsers(dest="command", required=True)
     for area in _AREAS:
         area.register(commands)
@@ -77,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
 def _settings(args: argparse.Namespace) -> Settings:
     """Read once, here, and handed down: no other module reads trialstream's variables."""
     try:
-        return Settings.from_environment(redis_url=args.redis)
+        return Settings.from_environment(redis_url=args.redis, manager_url=args.manager)
     except ValidationError as invalid:
         first = invalid.errors()[0]
         name = PREFIX + "_".join(str(part) for part in first["loc"][:1]).upper()

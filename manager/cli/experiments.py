@@ -1,4 +1,4 @@
-"""`trialstream experiments list|delete`: every experiment of a shared Redis or of the experiments root."""
+"""`trialstream experiments list|delete`: every experiment of a manager, a shared Redis or the experiments root."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import sys
 from core.connections import connect
 from core.settings import Settings
 from manager.cli import render
+from manager.cli.access import manager_client
 from manager.experiments import ExperimentRunning, ExperimentSummary, delete_experiment, list_experiments
 from manager.runner import RunnerError
 from manager.stack import embedded_experiments, experiment_dir, experiments_root, live_url, served_data
+from schemas.api import ExperimentState
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -40,6 +42,8 @@ def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _summaries(settings: Settings) -> list[ExperimentSummary]:
+    if settings.manager_url is not None:
+        return [_summary(state) for state in manager_client(settings).experiments()]
     if settings.redis_url is not None:
         return list_experiments(connect(settings.redis_url))
     summaries = []
@@ -49,10 +53,26 @@ def _summaries(settings: Settings) -> list[ExperimentSummary]:
     return summaries
 
 
+def _summary(state: ExperimentState) -> ExperimentSummary:
+    """A manager's experiment as `list_experiments` shows one; the API does not say where its directory is."""
+    return ExperimentSummary(
+        id=state.id,
+        status=state.status,
+        created=state.start_time,
+        ended=None if state.status == "RUNNING" else state.end_time,
+        trial_counts=state.trial_counts,
+        directory="",
+    )
+
+
 def _delete(args: argparse.Namespace, settings: Settings) -> int:
     experiment_id = args.experiment_id
     if not args.yes:
         _confirm(f"delete experiment {experiment_id} and everything it recorded?")
+    if settings.manager_url is not None:
+        deleted = manager_client(settings).delete(experiment_id)
+        print(f"deleted experiment {experiment_id} ({deleted} keys)")
+        return 0
     if settings.redis_url is not None:
         deleted = delete_experiment(connect(settings.redis_url), experiment_id)
         print(f"deleted experiment {experiment_id} ({deleted} keys)")

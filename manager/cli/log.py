@@ -14,16 +14,14 @@ from core import keys
 from core.connections import connect
 from core.settings import Settings
 from manager.cli import render
-from manager.cli.access import opened_experiment
+from manager.cli.access import opened, opened_experiment, redis_required
 from manager.projector import Projector
 from manager.replay import (
     EntryLine,
     InvalidPosition,
     describe,
-    follow_log,
     parse_position,
     parse_types,
-    read_log,
     replay_check,
     replayed,
 )
@@ -74,18 +72,17 @@ def _events(args: argparse.Namespace, settings: Settings) -> int:
     until = parse_position(args.until, end=True) if args.until else "+"
     if args.follow and args.until:
         raise InvalidPosition("--follow prints events as they come, so it takes no --until")
-    with opened_experiment(settings, args.experiment) as (service, experiment_id):
-        client = service.store.client
+    with opened(settings, args.experiment) as experiment:
         if args.trial is not None:
-            service.get_trial_job(args.trial)  # an unknown trial is an error, not an empty list
+            experiment.trial(args.trial)  # an unknown trial is an error, not an empty list
         if args.follow:
-            until = service.store.head()  # the history up to here, then everything after it
-        history = read_log(client, experiment_id, since=since, until=until, trial=args.trial, types=types)
-        title = f"events of experiment {experiment_id}"
+            until = experiment.head()  # the history up to here, then everything after it
+        history = experiment.log(since, until, args.trial, types)
+        title = f"events of experiment {experiment.experiment_id}"
         _show_entries([describe(entry) for entry in history], title, args.trial is None, args.json)
         if args.follow:
             with suppress(KeyboardInterrupt):  # ^C or SIGTERM: the way to stop following
-                for entry in follow_log(client, experiment_id, until, trial=args.trial, types=types):
+                for entry in experiment.follow(until, args.trial, types):
                     _show_entries([describe(entry)], None, args.trial is None, args.json)
     return 0
 
@@ -148,6 +145,7 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _import(args: argparse.Namespace, settings: Settings) -> int:
+    redis_required(settings)
     log = _read_log_file(args.file)
     if args.experiment_id:
         log = renamed(log, args.experiment_id)

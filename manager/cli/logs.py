@@ -1,4 +1,5 @@
-"""`trialstream trials logs TRIAL_ID`: what a trial wrote, read through its platform wherever it ran.
+"""`trialstream trials logs TRIAL_ID`: what a trial wrote, read through its platform wherever it ran (by the
+manager, with `--manager`).
 
 The bytes are the trial's: written to stdout as they are, never decoded or rendered.
 """
@@ -9,14 +10,11 @@ import argparse
 import sys
 import time
 
-from core.assignments import load_assignment
-from core.platform import OutputStream, OutputUnavailable, Platform, TrialAssignment
-from core.registry import add_platforms, platform_class
+from core.platform import OutputStream, OutputUnavailable
 from core.settings import Settings
 from manager.cli import render
-from manager.cli.access import opened_experiment
+from manager.cli.access import ExperimentAccess, opened
 from manager.cli.interrupts import Interrupted
-from manager.training_service import TrainingService
 from schemas.trial import TrialJobDetail
 
 FOLLOW_INTERVAL_S = 0.2
@@ -33,54 +31,45 @@ def register(trials: argparse._SubParsersAction) -> None:
 
 def _logs(args: argparse.Namespace, settings: Settings) -> int:
     stream: OutputStream = "stderr" if args.stderr else "stdout"
-    add_platforms(settings.platforms)
-    with opened_experiment(settings, args.experiment) as (service, _):
-        trial = service.get_trial_job(args.trial_id)
+    with opened(settings, args.experiment) as experiment:
+        trial = experiment.trial(args.trial_id)
         if trial.url is None and trial.start_time is None:
             never = "never started" if trial.status.is_terminal else "has not started yet"
             render.print_error(f"trial {trial.id} {never}: no output")
             return 1
-        platform = platform_class(trial.platform)(settings, service.store.client)
         try:
-            return _copy_output(service, platform, trial, stream, args.follow)
+            return _copy_output(experiment, trial, stream, args.follow)
         except OutputUnavailable as unavailable:
             render.print_error(str(unavailable))
             return 1
         except KeyboardInterrupt as stop:  # Ctrl-C ends a follow: quietly, with the status that says so
             return stop.exit_status if isinstance(stop, Interrupted) else 130
-        finally:
-            platform.close()
 
 
-def _copy_output(
-    service: TrainingService, platform: Platform, trial: TrialJobDetail, stream: OutputStream, follow: bool
-) -> int:
+def _copy_output(experiment: ExperimentAccess, trial: TrialJobDetail, stream: OutputStream, follow: bool) -> int:
     """Copy the output of the trial's latest attempt that started; following, until the trial has ended
     and nothing more comes (a retry that starts meanwhile is followed from its first byte)."""
     attempt = _started_attempt(trial)
-    assignment = _assignment(service, platform, trial, attempt)
     offset = 0
     while True:
         done = not follow or trial.status.is_terminal  # read before the last reads: nothing written is missed
-        offset = _copy_all(platform, assignment, trial.url or trial.working_directory, stream, offset)
+        offset = _copy_all(experiment, trial, attempt, stream, offset)
         if done:
             return 0
         time.sleep(FOLLOW_INTERVAL_S)
-        trial = service.get_trial_job(trial.id)
+        trial = experiment.trial(trial.id)
         if trial.start_time is not None and trial.attempt != attempt:
             attempt = trial.attempt
-            assignment = _assignment(service, platform, trial, attempt)
             offset = 0
             render.note(f"trial {trial.id}: attempt {attempt} started")
 
 
-def _copy_all(platform: Platform, assignment: TrialAssignment, url: str, stream: OutputStream, offset: int) -> int:
+def _copy_all(
+    experiment: ExperimentAccess, trial: TrialJobDetail, attempt: int, stream: OutputStream, offset: int
+) -> int:
     """Write everything from `offset` on, as it is; returns the offset reached."""
     out = sys.stdout.buffer
-    read_output = getattr(platform, "read_output", None)  # optional for third-party platforms
-    if read_output is None:
-        raise OutputUnavailable(f"platform {platform.name} does not offer its trials' output")
-    while chunk := read_output(assignment, url, stream, offset):
+    while chunk := experiment.output(trial, attempt, stream, offset):
         out.write(chunk)
         out.flush()
         offset += len(chunk)
@@ -90,7 +79,3 @@ def _copy_all(platform: Platform, assignment: TrialAssignment, url: str, stream:
 def _started_attempt(trial: TrialJobDetail) -> int:
     """The latest attempt that started: a retry still waiting has not, its predecessor's output stands."""
     return trial.attempt if trial.start_time is not None else max(1, trial.attempt - 1)
-
-
-def _assignment(service: TrainingService, platform: Platform, trial: TrialJobDetail, attempt: int) -> TrialAssignment:
-    return load_assignment(service.store.client, platform, trial.experiment_id, trial.id, attempt)

@@ -6,13 +6,15 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import redis
 from rich.live import Live
 
 from core.connections import connect, redact_url
 from core.settings import Settings
-from manager.cli import interrupts, render
+from manager.cli import interrupts, managed, render
+from manager.cli.access import manager_client
 from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
 from manager.experiments import new_id, resolve_experiment
 from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerError, check_served
@@ -25,8 +27,9 @@ _STOPPING = "stopping experiment {id}: its running trials are canceled (Ctrl-C a
 _INTERRUPTED = "interrupted; `trialstream resume {id}` continues experiment {id}"
 _HOW_IT_STOPS = (
     f"With a shared Redis it waits up to {SERVED_WAIT_S:g} s for a worker of the platform's queue and a "
-    "projector to serve it. Ctrl-C or SIGTERM stops the experiment: running trials are SYS_CANCELED, the "
-    "experiment is STOPPED, and the exit status is 130 (143 for SIGTERM); a second Ctrl-C quits at once."
+    "projector to serve it; with --manager URL the manager runs it and this command follows it. Ctrl-C or "
+    "SIGTERM stops the experiment: running trials are SYS_CANCELED, the experiment is STOPPED, and the exit "
+    "status is 130 (143 for SIGTERM); a second Ctrl-C quits at once."
 )
 
 
@@ -52,7 +55,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     spec = load_experiment_config(args.config)
     platform, concurrency = spec.platform.platform, spec.config.trial_concurrency
-    if settings.redis_url is not None:
+    if settings.manager_url is not None:
+        manager = manager_client(settings)
+        result = _drive(lambda show: managed.create(spec, manager, show))
+    elif settings.redis_url is not None:
         client, rq_connection = _shared(settings.redis_url, platform)
         result = _drive(
             lambda show: ExperimentRunner.create(spec, client, rq_connection, on_progress=show, settings=settings)
@@ -73,7 +79,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _resume(args: argparse.Namespace, settings: Settings) -> int:
     """Continue an experiment whose runner stopped, from its log (see ExperimentRunner.resume)."""
-    if settings.redis_url is not None:
+    if settings.manager_url is not None:
+        manager = manager_client(settings)
+        result = _drive(lambda show: managed.resume(manager, args.experiment_id, args.imported, show))
+    elif settings.redis_url is not None:
         client = connect(settings.redis_url)
         experiment_id = resolve_experiment(client, args.experiment_id)
         spec = _stored_spec(client, connect(settings.redis_url, decode=False), experiment_id)
@@ -135,7 +144,16 @@ def _stored_spec(client: redis.Redis, rq_connection: redis.Redis, experiment_id:
     return stored_experiment_spec(experiment.config, experiment.working_directory)
 
 
-def _drive(make_runner: Callable[[Callable[[Progress], None]], ExperimentRunner]) -> ExperimentResult:
+class _Run(Protocol):
+    """What `_drive` drives: a runner here, or an experiment a manager runs (manager/cli/managed.py)."""
+
+    @property
+    def experiment_id(self) -> str: ...
+
+    def run(self) -> ExperimentResult: ...
+
+
+def _drive(make_runner: Callable[[Callable[[Progress], None]], _Run]) -> ExperimentResult:
     """Run to the end with live progress; an interrupt stops the experiment cleanly (the runner's own
     unwinding) before it reaches `main`, which exits 130 or 143."""
     with Live(console=render.err, refresh_per_second=8, transient=False) as live:

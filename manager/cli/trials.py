@@ -8,8 +8,8 @@ import json
 from core.settings import Settings
 from manager.algorithms import optimize_mode_of
 from manager.cli import logs, render
-from manager.cli.access import opened_experiment
-from manager.replay import describe, read_log
+from manager.cli.access import opened
+from manager.replay import describe
 from schemas.config import ExperimentConfig
 from schemas.trial import TrialJobDetail, metric_score
 
@@ -41,15 +41,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
-    with opened_experiment(settings, args.experiment) as (service, experiment_id):
-        trials = service.list_trial_jobs()
+    with opened(settings, args.experiment) as experiment:
+        trials = experiment.trials()
         if args.sort == "metric":
-            config = ExperimentConfig.model_validate(service.experiment_view().config)
+            config = ExperimentConfig.model_validate(experiment.config())
             trials = by_metric(trials, optimize_mode_of(config.tuner_section))
     if args.json:
         print(json.dumps([json.loads(trial.to_json()) for trial in trials]))
     else:
-        render.print_trials(trials, title=f"experiment {experiment_id}")
+        render.print_trials(trials, title=f"experiment {experiment.experiment_id}")
     return 0
 
 
@@ -62,12 +62,12 @@ def by_metric(trials: list[TrialJobDetail], optimize_mode: str) -> list[TrialJob
 
 
 def _show(args: argparse.Namespace, settings: Settings) -> int:
-    with opened_experiment(settings, args.experiment) as (service, experiment_id):
-        trial = service.get_trial_job(args.trial_id)
-        metrics = service.views.metrics(args.trial_id)
+    with opened(settings, args.experiment) as experiment:
+        trial = experiment.trial(args.trial_id)
+        metrics = experiment.metrics(args.trial_id)
         history = None
         if args.history:
-            history = [describe(entry) for entry in read_log(service.store.client, experiment_id, trial=args.trial_id)]
+            history = [describe(entry) for entry in experiment.log(trial=args.trial_id)]
     if args.json:
         shown = {**json.loads(trial.to_json()), "metrics": [json.loads(m.to_json()) for m in metrics]}
         if history is not None:
@@ -81,7 +81,6 @@ def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cancel(args: argparse.Namespace, settings: Settings) -> int:
-    with opened_experiment(settings, args.experiment) as (service, _):
-        service.cancel_trial_job(args.trial_id)
-        print(f"cancel requested for trial {args.trial_id} ({service.get_trial_job(args.trial_id).status})")
+    with opened(settings, args.experiment) as experiment:
+        print(f"cancel requested for trial {args.trial_id} ({experiment.cancel(args.trial_id).status})")
     return 0

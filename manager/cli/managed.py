@@ -1,0 +1,107 @@
+"""`trialstream --manager URL run|resume`: the manager runs the experiment, this command follows it.
+
+The config is checked here first (the errors a local run gives), the code directory goes up as the
+archive the remote platform ships (`.nniignore`, NNI's limits), and progress and the result are shown
+as a local run shows them; an interrupt asks the manager to stop the experiment and waits for its end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import yaml
+
+from core.code_archive import CodeDirectoryError, archive
+from manager.algorithms import optimize_mode_of
+from manager.api_client import ManagerClient, ManagerError
+from manager.config import ExperimentSpec
+from manager.runner import ExperimentResult, Progress, RunnerError
+from schemas.api import ExperimentState
+from schemas.config import ConfigError, ExperimentConfig
+from schemas.trial import metric_score
+
+POLL_S = 0.5
+ENDED = frozenset({"DONE", "STOPPED", "ERROR"})
+_REPLACED_KEYS = frozenset({"searchspace", "searchspacefile", "trialcodedirectory"})  # normalised spellings
+
+OnProgress = Callable[[Progress], None]
+
+
+def create(spec: ExperimentSpec, client: ManagerClient, on_progress: OnProgress) -> ManagedRun:
+    """Upload the code, create the experiment on the manager (it runs it), and follow it from here."""
+    try:
+        code = archive(spec.code_directory)
+    except CodeDirectoryError as error:
+        raise ConfigError(f"{spec.source}: trialCodeDirectory: {error}") from None
+    experiment_id = client.create(request_config(spec), client.upload_code(code))
+    return ManagedRun(client, experiment_id, on_progress)
+
+
+def resume(client: ManagerClient, experiment_id: str, imported: bool, on_progress: OnProgress) -> ManagedRun:
+    if imported:
+        raise RunnerError("--imported: the manager's API does not resume imported experiments; use --redis URL")
+    experiment_id = client.resolve(experiment_id)
+    client.resume(experiment_id)
+    return ManagedRun(client, experiment_id, on_progress)
+
+
+def request_config(spec: ExperimentSpec) -> dict[str, Any]:
+    """The YAML's own mapping (secrets as written: the manager keeps them out of its log), with the search
+    space inlined; the code directory is the upload's, on the manager's side."""
+    written = yaml.safe_load(spec.source.read_text())
+    config = {key: value for key, value in written.items() if _normalised(key) not in _REPLACED_KEYS}
+    return {**config, "searchSpace": spec.search_space}
+
+
+def _normalised(key: str) -> str:
+    """Keys match case- and underscore-insensitively, as the config model reads them."""
+    return key.replace("_", "").lower()
+
+
+class ManagedRun:
+    """An experiment a manager runs, followed as ExperimentRunner.run drives one: the same progress and
+    result; an interrupt stops it (its trials SYS_CANCELED), waits for its end, and goes on up."""
+
+    def __init__(self, client: ManagerClient, experiment_id: str, on_progress: OnProgress) -> None:
+        self.client = client
+        self.experiment_id = experiment_id
+        self.on_progress = on_progress
+        state = client.experiment(experiment_id)
+        config = ExperimentConfig.model_validate(state.config)
+        elapsed_s = max(0.0, time.time() - (state.start_time or 0) / 1000)
+        self.progress = Progress(
+            experiment_id,
+            time.monotonic() - elapsed_s,
+            max_trials=config.max_trial_number,
+            optimize_mode=optimize_mode_of(config.tuner_section),
+        )
+
+    def run(self) -> ExperimentResult:
+        try:
+            self._until_ended()
+        except KeyboardInterrupt:
+            with suppress(ManagerError):  # it ended meanwhile (409); an unreachable manager fails just below
+                self.client.stop(self.experiment_id)
+            self._until_ended()
+            raise
+        return ExperimentResult(self.experiment_id, self.client.trials(self.experiment_id))
+
+    def _until_ended(self) -> None:
+        while True:
+            state = self.client.experiment(self.experiment_id)
+            self._show(state)
+            if state.status in ENDED:
+                return
+            time.sleep(POLL_S)
+
+    def _show(self, state: ExperimentState) -> None:
+        self.progress.counts = Counter(state.trial_counts)
+        best = self.client.trial_page(self.experiment_id, limit=1, sort="metric")
+        score = metric_score(best[0].final_metric) if best else None
+        if score is not None:
+            self.progress.best, self.progress.best_trial = score, best[0].id
+        self.on_progress(self.progress)

@@ -1,0 +1,230 @@
+"""`trialstream --manager URL ...` end to end: a real manager and worker on a real Redis, and the CLI as a
+subprocess whose environment names no Redis at all. What it prints is compared with what the same
+commands print reading Redis itself: one rendering, whichever way the data comes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, Processes, free_port
+from tests.waiting import wait_until
+
+TRIAL = """
+import os
+import sys
+sys.stdout.write(f"trial in {os.getcwd()}\\n")  # before the SDK, which sends stdout to trial.log as NNI's does
+sys.stdout.flush()
+import trialstream_sdk as nni
+x = nni.get_next_parameter()["x"]
+nni.report_intermediate_result(x / 2)
+nni.report_final_result(x * 10)
+"""
+SLOW_TRIAL = "import time\ntime.sleep(120)\n"
+
+
+def trialstream(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The CLI with none of trialstream's settings in its environment but those given."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "manager.cli", *args],
+        cwd=REPO,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def client_code(directory: Path, trial: str, **overrides: object) -> Path:
+    """A code directory on the client's side only, with an ignored file and a search space file."""
+    directory.mkdir()
+    (directory / "trial.py").write_text(textwrap.dedent(trial))
+    (directory / ".nniignore").write_text("secret.txt\n")
+    (directory / "secret.txt").write_text("not to be uploaded")
+    (directory / "space.json").write_text(json.dumps({"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}))
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": ".",
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "searchSpaceFile": "space.json",
+        "tuner": {"name": "Random", "classArgs": {"seed": 1}},
+        "trainingService": {"platform": "local"},
+        **overrides,
+    }
+    path = directory / "config.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+def manager_dir(tmp_path: Path) -> Path:
+    return tmp_path / "manager-experiments"
+
+
+@pytest.fixture
+def manager(processes: Processes, manager_dir: Path) -> str:
+    """A manager (its own projector) and a local worker following up to 4 trials."""
+    processes.worker(args=("--concurrency", "4"))
+    return processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(manager_dir)})
+
+
+def test_run_and_inspect_through_the_manager(tmp_path: Path, processes: Processes, manager: str, manager_dir: Path):
+    config = client_code(tmp_path / "client", TRIAL)
+    via_manager = ("--manager", manager)
+    via_redis = ("--redis", processes.redis_url)
+
+    result = trialstream(*via_manager, "run", str(config), "--json")
+    assert result.returncode == 0, result.stderr + processes.logs()
+    run = json.loads(result.stdout)
+    assert set(run) == {"experimentId", "trials"}
+    trials = run["trials"]
+    assert [trial["sequenceId"] for trial in trials] == [0, 1, 2, 3]
+    for trial in trials:
+        assert set(trial) == {"id", "status", "finalMetric", "sequenceId", "hyperParameters"}
+        assert trial["status"] == "SUCCEEDED"
+        assert trial["finalMetric"] == trial["hyperParameters"]["x"] * 10
+    assert "running" in result.stderr and "best" in result.stderr  # the live progress table
+
+    uploads = list((manager_dir / "code").iterdir())
+    assert len(uploads) == 1
+    assert {path.name for path in uploads[0].iterdir()} == {"trial.py", ".nniignore", "space.json", "config.yml"}
+
+    experiment_id, first = run["experimentId"], trials[0]["id"]
+    for command in (
+        ("trials", "list", "--json"),
+        ("trials", "list", "--sort", "metric", "--json"),
+        ("trials", "show", first, "--history", "--json"),
+        ("events", experiment_id, "--json"),
+        ("events", "--trial", first, "--type", "TrialStarted,TrialEnded", "--json"),
+        ("trials", "show", first),
+        ("events", experiment_id),
+    ):
+        managed, direct = trialstream(*via_manager, *command), trialstream(*via_redis, *command)
+        assert managed.returncode == 0, managed.stderr
+        assert managed.stdout == direct.stdout, command
+
+    listed = trialstream(*via_manager, "experiments", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [summary] = json.loads(listed.stdout)
+    assert summary["id"] == experiment_id and summary["status"] == "DONE"
+    assert summary["trialCounts"] == {"SUCCEEDED": 4}
+    [direct_summary] = json.loads(trialstream(*via_redis, "experiments", "list", "--json").stdout)
+    assert {**summary, "directory": None} == {**direct_summary, "directory": None}  # the API does not say where
+
+    logs = trialstream(*via_manager, "trials", "logs", first)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == f"trial in {uploads[0]}\n"  # it ran the uploaded code
+
+    needs_redis = trialstream(*via_manager, "replay", experiment_id, "--check")
+    assert needs_redis.returncode == 1 and "use --redis URL" in needs_redis.stderr
+    deleted = trialstream(*via_manager, "experiments", "delete", experiment_id, "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert json.loads(trialstream(*via_manager, "experiments", "list", "--json").stdout) == []
+
+
+def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Processes, manager: str) -> None:
+    config = client_code(tmp_path / "client", SLOW_TRIAL, maxTrialNumber=1, trialConcurrency=1)
+
+    def started_run() -> tuple[subprocess.Popen[str], str, str]:
+        """`run` following an experiment whose one trial is running."""
+        clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "--manager", manager, "run", str(config), "--json"],
+            cwd=REPO,
+            env=clean,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        known = {state["id"] for state in httpx.get(f"{manager}/api/v1/experiments").json()}
+
+        def running_trial() -> tuple[str, str] | None:
+            for state in httpx.get(f"{manager}/api/v1/experiments").json():
+                if state["id"] not in known:
+                    page = httpx.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
+                    running = [trial["id"] for trial in page["items"] if trial["status"] == "RUNNING"]
+                    return (state["id"], running[0]) if running else None
+            return None
+
+        experiment_id, trial_id = wait_until(running_trial, 60, what="the trial to run")
+        return process, experiment_id, trial_id
+
+    run, experiment_id, trial_id = started_run()
+    followed = tmp_path / "followed.jsonl"
+    with followed.open("w") as sink:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "--manager", manager, "events", experiment_id, "--follow", "--json"],
+            cwd=REPO,
+            env={name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")},
+            stdout=sink,
+        )
+    try:
+        wait_until(lambda: '"TrialStarted"' in followed.read_text(), 30, what="the history, followed")
+        canceled = trialstream("--manager", manager, "trials", "cancel", trial_id, "-e", experiment_id)
+        assert canceled.returncode == 0, canceled.stderr
+        assert canceled.stdout.startswith(f"cancel requested for trial {trial_id}")
+        out, err = run.communicate(timeout=60)
+        wait_until(lambda: '"ExperimentFinished"' in followed.read_text(), 30, what="new events, followed")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0
+    finally:
+        run.kill()
+        follower.kill()
+    assert run.returncode == 0, err
+    assert [trial["status"] for trial in json.loads(out)["trials"]] == ["USER_CANCELED"]
+    types = [json.loads(line)["event"]["type"] for line in followed.read_text().splitlines()]
+    assert types.count("TrialStarted") == 1 and types.count("TrialCancelRequested") == 1  # no gap, no repeat
+
+    run, experiment_id, trial_id = started_run()
+    try:
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert f"stopping experiment {experiment_id}" in err and f"resume {experiment_id}" in err
+    assert "Traceback" not in err
+    assert httpx.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "STOPPED"
+    trial = httpx.get(f"{manager}/api/v1/experiments/{experiment_id}/trials/{trial_id}").json()
+    assert trial["status"] == "SYS_CANCELED"
+
+
+def test_errors_through_the_manager_are_one_line(tmp_path: Path, processes: Processes, manager_dir: Path) -> None:
+    url = processes.manager(
+        env={"TRIALSTREAM_MANAGER_TOKEN": "the-token", "TRIALSTREAM_EXPERIMENTS_DIR": str(manager_dir)}
+    )
+    config = client_code(tmp_path / "client", TRIAL)
+
+    def fails(*args: str, token: str | None = None, manager: str = url, status: int = 1) -> str:
+        result = trialstream(*args, env={"TRIALSTREAM_MANAGER_URL": manager, "TRIALSTREAM_MANAGER_TOKEN": token or ""})
+        assert result.returncode == status, result.stderr
+        assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        return result.stderr
+
+    assert "requires a token: set TRIALSTREAM_MANAGER_TOKEN" in fails("experiments", "list")
+    assert "refused the token in TRIALSTREAM_MANAGER_TOKEN" in fails("trials", "list", token="wrong")
+    assert "experiment 'nope' not found" in fails("trials", "list", "-e", "nope", token="the-token")
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert f"cannot reach the manager at {nowhere}" in fails("experiments", "list", manager=nowhere)
+
+    config.write_text(config.read_text().replace("trialConcurrency", "trialConcurency"))
+    local = trialstream("run", str(config), timeout=30)
+    managed = trialstream("run", str(config), env={"TRIALSTREAM_MANAGER_URL": url, "TRIALSTREAM_MANAGER_TOKEN": "x"})
+    assert managed.returncode == local.returncode == 2
+    assert "trialConcurency: unknown key" in managed.stderr and managed.stderr == local.stderr  # every key's line
+    assert not (manager_dir / "code").exists()  # checked before anything was sent
+
+    listed = trialstream(
+        "experiments", "list", "--json", env={"TRIALSTREAM_MANAGER_URL": url, "TRIALSTREAM_MANAGER_TOKEN": "the-token"}
+    )
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
