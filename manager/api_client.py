@@ -117,6 +117,11 @@ class ManagerClient:
         page = self._json("GET", f"/experiments/{experiment_id}/events", params={"after": after, "limit": PAGE})
         return [log_entry(item) for item in page["items"]]
 
+    def head(self, experiment_id: str) -> str:
+        """The newest entry of the log now (0-0 for an empty one)."""
+        page = self._json("GET", f"/experiments/{experiment_id}/events", params={"after": "0-0", "limit": 1})
+        return str(page["head"])
+
     def follow(self, experiment_id: str, after: str) -> Iterator[LogEntry]:
         """Entries appended after `after`, as the manager sends them (Server-Sent Events), until the
         connection ends."""

@@ -38,6 +38,7 @@ class ExperimentState(CamelModel):
     message: str | None
     trial_counts: dict[str, int]
     hosted: bool = Field(description="this manager runs it")
+    working_directory: str = Field(description="on the manager's machine")
     config: dict[str, Any]
 
 
@@ -68,6 +69,7 @@ class MetricList(CamelModel):
 class EventPage(CamelModel):
     items: list[dict[str, Any]] = Field(description="each {id, event} or {id, unreadable, fields}")
     next: str = Field(description="pass as `after` for the next page")
+    head: str = Field(description="the newest entry of the log now (0-0 for none): following from it misses nothing")
 
 
 class ClusterMetadataValue(CamelModel):

@@ -27,6 +27,7 @@ from manager.config import experiment_spec
 from manager.experiments import delete_experiment, resolve_experiment
 from manager.host import ManagerHost
 from manager.replay import describe
+from manager.runner import check_served
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -141,6 +142,9 @@ def create_experiment(request: ExperimentRequest, host: Host) -> ExperimentCreat
             raise ConfigError(f"codeId {request.code_id}: no such upload; PUT the archive to /api/v1/code first")
         config["trialCodeDirectory"] = str(directory)
     spec = experiment_spec(config, "config")
+    check_served(
+        host.client, host.rq_connection, spec.platform.platform, "this manager's Redis"
+    )  # else trials wait forever
     return ExperimentCreatedAnswer(id=host.create(spec))
 
 
@@ -185,6 +189,7 @@ def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
         message=view.message,
         trial_counts=dict(counts),
         hosted=view.id in host.hosted(),
+        working_directory=view.working_directory,
         config=view.config,
     )
 
@@ -269,8 +274,11 @@ def list_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> EventPage:
     """The log, a page at a time, in order: each entry's id and its event as stored."""
-    entries = host.service(experiment_id).store.read(after=after, count=limit)
-    return EventPage(items=[describe(entry).json for entry in entries], next=entries[-1].id if entries else after)
+    store = host.service(experiment_id).store
+    head = store.last_id() or "0-0"
+    entries = store.read(after=after, count=limit)
+    items = [describe(entry).json for entry in entries]
+    return EventPage(items=items, next=entries[-1].id if entries else after, head=head)
 
 
 @router.get("/experiments/{experiment_id}/events/stream", response_class=StreamingResponse)

@@ -193,11 +193,7 @@ class ManagerExperiment:
         return self.client.cancel(self.experiment_id, trial_id)
 
     def head(self) -> str:
-        """The API pages the log forward only: the head is where the last page ends."""
-        head = after = "0-0"
-        while page := self.client.events(self.experiment_id, after):
-            head = after = page[-1].id
-        return head
+        return self.client.head(self.experiment_id)
 
     def log(
         self, since: str = "-", until: str = "+", trial: str | None = None, types: set[str] | None = None
