@@ -12,6 +12,7 @@ import json
 import shutil
 import tarfile
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +22,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from core import keys
-from core.event_store import check_experiment_id
+from core.event_store import check_experiment_id, stream_position
 from manager.algorithms import optimize_mode_of
 from manager.config import experiment_spec
 from manager.experiments import delete_experiment, resolve_experiment
@@ -48,6 +49,7 @@ from schemas.trial import JobApplicationForm, TrialJobDetail, TrialJobStatus
 
 router = APIRouter(prefix="/api/v1")
 SSE_BLOCK_MS = 1000
+CATCH_UP_S = 2.0  # how long a page waits for the projector to reach what was logged before the request
 
 
 def get_host(request: Request) -> ManagerHost:
@@ -173,8 +175,29 @@ def remove_experiment(experiment_id: Experiment, host: Host) -> dict[str, int]:
     return {"deletedKeys": delete_experiment(host.client, experiment_id)}
 
 
+def _caught_up(host: ManagerHost, experiment_id: str) -> None:
+    """Wait (bounded) until the projected views include every event logged before this request.
+
+    Pages and counts come from the projected indexes, while an experiment's status folds the log's
+    tail: without this, an experiment read as DONE could list trials still RUNNING, or none at all.
+    With no projector alive it answers at once with what is projected."""
+    service = host.service(experiment_id)
+    target = service.store.last_id()
+    if target is None:
+        return
+    give_up = time.monotonic() + CATCH_UP_S
+    while True:
+        position: Any = host.client.hget(service.views.keys.position, "position")
+        if position is not None and stream_position(str(position)) >= stream_position(target):
+            return
+        if time.monotonic() >= give_up or not host.client.exists(keys.PROJECTOR_HEARTBEAT):
+            return
+        time.sleep(0.01)
+
+
 def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
     service = host.service(experiment_id)
+    _caught_up(host, experiment_id)
     view = service.experiment_view()
     counts = Counter({status: count for status, count in service.views.counts().items() if status.isupper()})
     return ExperimentState(
@@ -203,6 +226,7 @@ def list_trials(
 ) -> TrialPage:
     """A page of trials, by sequence id or by final metric (best first in the tuner's optimize_mode)."""
     service = host.service(experiment_id)
+    _caught_up(host, experiment_id)
     maximize = True
     if sort == "metric":
         config = ExperimentConfig.model_validate(service.experiment_view().config)
