@@ -55,7 +55,7 @@ def run_to_mid_experiment(api: Api, experiment_id: str, ended_before_fault: int)
     while len(done := ended(api, experiment_id)) < ended_before_fault:
         running = api.wait_running(experiment_id, CONCURRENCY)
         api.release(running[0]["id"])
-        wait_until(lambda: len(ended(api, experiment_id)) > len(done), 30, what="a released trial to end")  # noqa: B023
+        wait_until(lambda: len(ended(api, experiment_id)) > len(done), 30, what="a released trial to end")
     api.wait_running(experiment_id, CONCURRENCY)
 
 
