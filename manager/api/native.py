@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
 from core import keys
-from core.event_store import check_experiment_id, stream_position
+from core.event_store import check_experiment_id, is_stream_id, stream_position
 from manager.algorithms import optimize_mode_of
 from manager.config import experiment_spec
 from manager.experiments import delete_experiment, resolve_experiment
@@ -49,6 +49,7 @@ from schemas.trial import JobApplicationForm, TrialJobDetail, TrialJobStatus
 
 router = APIRouter(prefix="/api/v1")
 SSE_BLOCK_MS = 1000
+MAX_OFFSET = 2**53  # a page offset Redis takes as an index, with room for the limit (and exact in JSON)
 CATCH_UP_S = 2.0  # how long a page waits for the projector to reach what was logged before the request
 
 
@@ -219,7 +220,7 @@ def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
 def list_trials(
     experiment_id: Experiment,
     host: Host,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     status: TrialJobStatus | None = None,
     sort: TrialOrder = "sequence",
@@ -293,6 +294,7 @@ def list_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> EventPage:
     """The log, a page at a time, in order: each entry's id and its event as stored."""
+    _check_stream_id(after, "after")
     entries = host.service(experiment_id).store.read(after=after, count=limit)
     return EventPage(items=[describe(entry).json for entry in entries], next=entries[-1].id if entries else after)
 
@@ -302,9 +304,11 @@ async def follow_events(experiment_id: Experiment, host: Host, request: Request,
     """Server-Sent Events: each new entry of the log as it is appended (`after=0-0` for all of it
     first). A client reconnecting with Last-Event-ID resumes after the last entry it got."""
     store = host.service(experiment_id).store
-    cursor = request.headers.get("last-event-id") or after
-    if cursor == "$":
+    last_event_id = request.headers.get("last-event-id")
+    cursor = last_event_id or after
+    if cursor == "$" and last_event_id is None:
         cursor = store.last_id() or "0-0"
+    _check_stream_id(cursor, "Last-Event-ID" if last_event_id else "after")
 
     async def stream() -> Any:
         nonlocal cursor
@@ -316,3 +320,11 @@ async def follow_events(experiment_id: Experiment, host: Host, request: Request,
                 yield f"id: {entry.id}\nevent: log\ndata: {json.dumps(describe(entry).json)}\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+
+def _check_stream_id(value: str, name: str) -> None:
+    """A log position from outside, checked before Redis sees it: an id Redis refuses (a part over 64
+    bits, not `ms-seq`) is the client's mistake, a 422, not a server error (and, in a stream, not a
+    broken response)."""
+    if not is_stream_id(value):
+        raise HTTPException(422, f"{name}: {value[:80]!r} is not a log position (ms-seq, each part < 2**64)")
