@@ -64,6 +64,7 @@ class ManagerHost:
         self._hosted: dict[str, _Hosted] = {}
         self._services: dict[str, TrainingService] = {}
         self._lock = threading.Lock()
+        self._customized_lock = threading.Lock()  # customized trials are checked against the budget one at a time
         self.on_change: list[Any] = []  # callables(experiment_id) told when a hosted experiment starts or ends
 
     # life cycle
@@ -158,17 +159,29 @@ class ManagerHost:
 
     def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> int | None:
         """Queue a trial with these parameters; its sequence id once the runner has submitted it (None
-        while it waits for a free slot past CUSTOMIZED_WAIT_S)."""
+        while it waits for a free slot past CUSTOMIZED_WAIT_S). Refused when maxTrialNumber is spoken
+        for: the runner would never run it. Requests are taken one at a time, each counted by the
+        runner before the next is checked, so two at once cannot both take the last place."""
         view = self._running(experiment_id)
         if not self.client.exists(keys.runner(experiment_id)):
             raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")
         budget = view.config.get("maxTrialNumber")
         service = self.service(experiment_id)
-        if budget is not None and service.views.total() >= int(budget):
-            raise ExperimentNotRunning(f"experiment {experiment_id} has used its maxTrialNumber ({budget})")
         store = EventStore(self.client, experiment_id)
-        request = store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters=parameters))
-        cursor, give_up = request, time.monotonic() + CUSTOMIZED_WAIT_S
+        with self._customized_lock:
+            with self._lock:
+                hosted = self._hosted.get(experiment_id)
+            runner = hosted.runner if hosted is not None else None
+            read_before = runner.customized_read if runner is not None else 0
+            # a runner elsewhere (`trialstream run`): what the log says was submitted
+            promised = runner.trials_promised() if runner is not None else len(service.list_trial_jobs())
+            if budget is not None and promised >= int(budget):
+                raise ExperimentNotRunning(f"experiment {experiment_id} has used its maxTrialNumber ({budget})")
+            request = store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters=parameters))
+            give_up = time.monotonic() + CUSTOMIZED_WAIT_S
+            while runner is not None and runner.customized_read == read_before and time.monotonic() < give_up:
+                time.sleep(0.005)  # the runner follows its log at least every _WAIT_S
+        cursor = request
         while (left := give_up - time.monotonic()) > 0:
             for entry in store.wait(cursor, block_ms=max(1, int(left * 1000))):
                 cursor = entry.id

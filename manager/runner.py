@@ -219,6 +219,7 @@ class ExperimentRunner:
         self._replaying = False
         self._stop_requested: str | None = None  # why, once a stop was asked for after this runner started
         self._customized: deque[dict[str, Any]] = deque()  # asked for, not yet submitted
+        self.customized_read = 0  # CustomizedTrialRequested events followed: the host waits for its own
         self._detach = threading.Event()
 
     @classmethod
@@ -306,6 +307,11 @@ class ExperimentRunner:
         """Let go of the experiment from another thread: `run` raises Detached within a round, and
         the trials go on; a later `resume` takes the experiment up again."""
         self._detach.set()
+
+    def trials_promised(self) -> int:
+        """Trials submitted plus customized trials accepted and still waiting for a slot: what counts
+        against maxTrialNumber. A customized trial past it would never run, so the host refuses it."""
+        return self._next_sequence_id + len(self._customized)
 
     def run(self) -> ExperimentResult:
         deadline = self.config.max_experiment_duration
@@ -472,6 +478,7 @@ class ExperimentRunner:
                 self._no_more = False  # a new space or budget may have more to offer
             case CustomizedTrialRequested(parameters=parameters):
                 self._customized.append(parameters)
+                self.customized_read += 1
             case ExperimentStopRequested(reason=reason) if not self._replaying:
                 self._stop_requested = reason or "stopped by the user"
 

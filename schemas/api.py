@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.trial import CamelModel, MetricRecord, TrialJobDetail
+
+
+def _encodable(value: Any) -> Any:
+    """JSON may carry lone surrogates (`"\\ud800"`), which no UTF-8 store can hold: refused here, as the
+    client's mistake (a 422), rather than failing as Redis encodes them (a 500, or half a write)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"text {value[:40]!r} holds a lone surrogate: not valid UTF-8") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _encodable(key)
+            _encodable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _encodable(item)
+    return value
 
 
 class ExperimentRequest(CamelModel):
@@ -15,7 +33,7 @@ class ExperimentRequest(CamelModel):
 
     model_config = ConfigDict(alias_generator=None, populate_by_name=True, frozen=True, extra="forbid")
 
-    config: dict[str, Any]
+    config: Annotated[dict[str, Any], AfterValidator(_encodable)]
     code_id: str | None = Field(default=None, alias="codeId", pattern=r"^[0-9a-f]{64}$")
 
 
@@ -50,7 +68,7 @@ class TrialPage(CamelModel):
 
 class CustomizedTrial(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    parameters: dict[str, Any]
+    parameters: Annotated[dict[str, Any], AfterValidator(_encodable)]
 
 
 class CustomizedTrialAnswer(CamelModel):
@@ -73,7 +91,7 @@ class EventPage(CamelModel):
 
 
 class ClusterMetadataValue(CamelModel):
-    value: str
+    value: Annotated[str, AfterValidator(_encodable)]
 
 
 class Health(CamelModel):

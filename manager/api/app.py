@@ -52,6 +52,7 @@ _ERRORS: dict[type[Exception], int] = {
     ExperimentNotRunning: 409,
     RunnerError: 409,
     MissingClusterMetadata: 409,
+    UnicodeEncodeError: 422,  # a lone surrogate in a request's text (a search space, a form) reaching Redis
 }
 
 
@@ -153,24 +154,32 @@ class BodyLimit:
             await _send_json(send, 413, {"error": f"request body over {limit} bytes"})
             return
         received = 0
+        refused = False
 
         async def limited() -> Message:
-            nonlocal received
+            """The body as it arrives; past the limit, the 413 is sent here and the app is told the
+            client left (raising instead lets FastAPI's body parsing turn it into a 400)."""
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge
+                    refused = True
+                    await _send_json(send, 413, {"error": f"request body over {limit} bytes"})
+                    return {"type": "http.disconnect"}
             return message
 
+        async def unless_refused(message: Message) -> None:
+            if not refused:  # the app's answer to a body it never got whole is not sent
+                await send(message)
+
         try:
-            await self.app(scope, limited, send)
-        except BodyTooLarge:
-            await _send_json(send, 413, {"error": f"request body over {limit} bytes"})
-
-
-class BodyTooLarge(Exception):
-    pass
+            await self.app(scope, limited, unless_refused)
+        except Exception:
+            if not refused:
+                raise  # a refused body's aftermath (a client-disconnect error) is no error of the app's
 
 
 async def _send_json(

@@ -12,16 +12,17 @@ import json
 import shutil
 import tarfile
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
 from core import keys
-from core.event_store import check_experiment_id
+from core.event_store import check_experiment_id, is_stream_id, stream_position
 from manager.algorithms import optimize_mode_of
 from manager.config import experiment_spec
 from manager.experiments import delete_experiment, resolve_experiment
@@ -49,6 +50,8 @@ from schemas.trial import JobApplicationForm, TrialJobDetail, TrialJobStatus
 
 router = APIRouter(prefix="/api/v1")
 SSE_BLOCK_MS = 1000
+MAX_OFFSET = 2**53  # a page offset Redis takes as an index, with room for the limit (and exact in JSON)
+CATCH_UP_S = 2.0  # how long a page waits for the projector to reach what was logged before the request
 
 
 def get_host(request: Request) -> ManagerHost:
@@ -177,8 +180,29 @@ def remove_experiment(experiment_id: Experiment, host: Host) -> dict[str, int]:
     return {"deletedKeys": delete_experiment(host.client, experiment_id)}
 
 
+def _caught_up(host: ManagerHost, experiment_id: str) -> None:
+    """Wait (bounded) until the projected views include every event logged before this request.
+
+    Pages and counts come from the projected indexes, while an experiment's status folds the log's
+    tail: without this, an experiment read as DONE could list trials still RUNNING, or none at all.
+    With no projector alive it answers at once with what is projected."""
+    service = host.service(experiment_id)
+    target = service.store.last_id()
+    if target is None:
+        return
+    give_up = time.monotonic() + CATCH_UP_S
+    while True:
+        position: Any = host.client.hget(service.views.keys.position, "position")
+        if position is not None and stream_position(str(position)) >= stream_position(target):
+            return
+        if time.monotonic() >= give_up or not host.client.exists(keys.PROJECTOR_HEARTBEAT):
+            return
+        time.sleep(0.01)
+
+
 def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
     service = host.service(experiment_id)
+    _caught_up(host, experiment_id)
     view = service.experiment_view()
     counts = Counter({status: count for status, count in service.views.counts().items() if status.isupper()})
     return ExperimentState(
@@ -201,13 +225,14 @@ def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
 def list_trials(
     experiment_id: Experiment,
     host: Host,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     status: TrialJobStatus | None = None,
     sort: TrialOrder = "sequence",
 ) -> TrialPage:
     """A page of trials, by sequence id or by final metric (best first in the tuner's optimize_mode)."""
     service = host.service(experiment_id)
+    _caught_up(host, experiment_id)
     maximize = True
     if sort == "metric":
         config = ExperimentConfig.model_validate(service.experiment_view().config)
@@ -274,6 +299,7 @@ def list_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> EventPage:
     """The log, a page at a time, in order: each entry's id and its event as stored."""
+    _check_stream_id(after, "after")
     store = host.service(experiment_id).store
     head = store.last_id() or "0-0"
     entries = store.read(after=after, count=limit)
@@ -286,9 +312,11 @@ async def follow_events(experiment_id: Experiment, host: Host, request: Request,
     """Server-Sent Events: each new entry of the log as it is appended (`after=0-0` for all of it
     first). A client reconnecting with Last-Event-ID resumes after the last entry it got."""
     store = host.service(experiment_id).store
-    cursor = request.headers.get("last-event-id") or after
-    if cursor == "$":
+    last_event_id = request.headers.get("last-event-id")
+    cursor = last_event_id or after
+    if cursor == "$" and last_event_id is None:
         cursor = store.last_id() or "0-0"
+    _check_stream_id(cursor, "Last-Event-ID" if last_event_id else "after")
 
     async def stream() -> Any:
         nonlocal cursor
@@ -300,3 +328,11 @@ async def follow_events(experiment_id: Experiment, host: Host, request: Request,
                 yield f"id: {entry.id}\nevent: log\ndata: {json.dumps(describe(entry).json)}\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+
+def _check_stream_id(value: str, name: str) -> None:
+    """A log position from outside, checked before Redis sees it: an id Redis refuses (a part over 64
+    bits, not `ms-seq`) is the client's mistake, a 422, not a server error (and, in a stream, not a
+    broken response)."""
+    if not is_stream_id(value):
+        raise HTTPException(422, f"{name}: {value[:80]!r} is not a log position (ms-seq, each part < 2**64)")

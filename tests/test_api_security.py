@@ -1,0 +1,226 @@
+"""The manager's API guards, on real `trialstream manager` processes: no open network bind without a
+token, the token itself (header, login cookie, token file), body limits, CORS, and secrets (an SSH
+password, the Redis password, the token) kept out of every answer, event and log line."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from core.settings import PREFIX
+from manager.api.app import MAX_BODY_BYTES, TOKEN_COOKIE
+from tests.conftest import Processes, RedisServer, free_port
+from tests.test_api import experiment_config, write_trial
+from tests.waiting import wait_until
+
+TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
+TOKEN = "tok-3c1f0e9a-do-not-leak"
+NO_TOKEN = {TOKEN_ENV: ""}  # whatever the environment running the tests holds
+
+
+def refused_start(processes: Processes, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Start a manager that must refuse to start: its exit status and its output."""
+    port = free_port()
+    process = processes.start("manager", "--port", str(port), *args, env={**NO_TOKEN, **(env or {})})
+    code = process.wait(30)
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0, "something listens on the refused manager's port"
+    output = processes.logs().strip().splitlines()
+    return code, output[-1] if output else ""
+
+
+def test_a_network_bind_without_a_token_is_refused_at_start(processes: Processes) -> None:
+    code, message = refused_start(processes, "--host", "0.0.0.0")
+    assert code != 0
+    assert "0.0.0.0 is not a loopback address" in message and TOKEN_ENV in message, message
+    assert "Traceback" not in processes.logs()
+
+
+def test_an_empty_token_file_is_refused(processes: Processes, tmp_path: Path) -> None:
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    code, message = refused_start(processes, "--host", "0.0.0.0", "--token-file", str(empty))
+    assert code != 0 and f"--token-file {empty} is empty" in message, message
+
+
+@pytest.fixture
+def guarded(processes: Processes) -> str:
+    """A manager bound to every address (allowed: it has a token), reached through loopback."""
+    return processes.manager("--host", "0.0.0.0", env={TOKEN_ENV: TOKEN})
+
+
+def test_the_token_is_required_everywhere_but_health(guarded: str, processes: Processes) -> None:
+    api = f"{guarded}/api/v1"
+    assert httpx.get(f"{api}/health").status_code == 200  # open: a container health check has no token
+    for path in ("/experiments", "/ready", "/experiments/x/trials", "/openapi.json", "/docs"):
+        url = guarded + path if path.startswith("/openapi") or path == "/docs" else api + path
+        missing = httpx.get(url)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer", (path, missing.text)
+        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(url, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+        assert httpx.get(url, cookies={TOKEN_COOKIE: "wrong"}).status_code == 401
+    assert httpx.post(f"{api}/experiments", json={"config": {}}).status_code == 401  # refused before the body
+    good = httpx.get(f"{api}/experiments", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert good.status_code == 200 and good.json() == []
+
+    wrong = httpx.get(f"{guarded}/login", params={"token": "wrong"})
+    assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+    login = httpx.get(f"{guarded}/login", params={"token": TOKEN})
+    assert login.status_code == 303
+    cookie = login.headers["set-cookie"]
+    assert cookie.startswith(f"{TOKEN_COOKIE}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert httpx.get(f"{api}/experiments", cookies=login.cookies).status_code == 200
+    assert TOKEN not in processes.logs()
+
+
+def test_a_token_file(processes: Processes, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{TOKEN}\n")
+    url = processes.manager("--token-file", str(token_file), env=NO_TOKEN)
+    assert httpx.get(f"{url}/api/v1/experiments").status_code == 401
+    assert httpx.get(f"{url}/api/v1/experiments", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_bodies_over_the_limit_are_refused_whether_or_not_they_say_their_length(processes: Processes) -> None:
+    url = processes.manager(env=NO_TOKEN)
+    over = b"x" * (MAX_BODY_BYTES + 1)
+    declared = httpx.post(f"{url}/api/v1/experiments", content=over, headers={"content-type": "application/json"})
+    assert declared.status_code == 413, declared.text
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b" " * 65536
+
+    chunked = httpx.post(f"{url}/api/v1/experiments", content=chunks(), headers={"content-type": "application/json"})
+    assert chunked.status_code == 413, chunked.text
+    assert chunked.json() == {"error": f"request body over {MAX_BODY_BYTES} bytes"}
+    # under the limit, the same path answers as usual (an invalid config, not a size problem)
+    small = httpx.post(f"{url}/api/v1/experiments", json={"config": {}})
+    assert small.status_code == 422, small.text
+    assert httpx.get(f"{url}/api/v1/health").status_code == 200  # the manager is still serving
+    assert "Traceback" not in processes.logs()
+
+
+def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> None:
+    origin = "http://ui.example"
+    plain = processes.manager(env=NO_TOKEN)
+    answer = httpx.get(f"{plain}/api/v1/experiments", headers={"Origin": origin})
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in httpx.options(f"{plain}/api/v1/experiments", headers=preflight).headers
+
+    allowing = processes.manager("--cors-origin", origin, env=NO_TOKEN)
+    answer = httpx.get(f"{allowing}/api/v1/experiments", headers={"Origin": origin})
+    assert answer.headers["access-control-allow-origin"] == origin
+    checked = httpx.options(f"{allowing}/api/v1/experiments", headers=preflight)
+    assert checked.status_code == 200 and checked.headers["access-control-allow-origin"] == origin
+    other = httpx.get(f"{allowing}/api/v1/experiments", headers={"Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: Path) -> None:
+    password = "ssh-pa55-7d1e-do-not-leak"
+    url = processes.manager(env=NO_TOKEN)
+    config = experiment_config(write_trial(tmp_path / "code"), trials=1)
+    config["trainingService"] = {
+        "platform": "remote",
+        "machineList": [{"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": password}],
+    }
+    answer = httpx.post(f"{url}/api/v1/experiments", json={"config": config})
+    assert answer.status_code in (409, 422), answer.text
+    assert password not in answer.text and "127.0.0.1" in answer.text  # it names the machine, not its password
+    assert httpx.get(f"{url}/api/v1/experiments").json() == []
+    assert password not in processes.logs()
+
+
+@pytest.fixture
+def redis_with_password(tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
+    server = RedisServer(tmp_path / "redis-data")
+    server.start()
+    password = "redis-pw-91f2-do-not-leak"
+    redis.Redis(host="127.0.0.1", port=server.port).config_set("requirepass", password)
+    yield server, password
+    server.stop()
+
+
+def test_the_redis_password_and_the_token_appear_in_no_answer_event_or_log(
+    redis_with_password: tuple[RedisServer, str], tmp_path: Path
+) -> None:
+    server, password = redis_with_password
+    url = f"redis://:{password}@127.0.0.1:{server.port}/0"
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    processes = Processes(url, log_dir)
+    try:
+        processes.worker()
+        manager = processes.manager("--log-format", "json", env={TOKEN_ENV: TOKEN})
+        http = httpx.Client(base_url=f"{manager}/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        code = write_trial(tmp_path / "code")
+        (code / "gates" / "all").touch()
+        created = http.post("/experiments", json={"config": experiment_config(code, trials=2)})
+        assert created.status_code == 201, created.text
+        experiment_id = created.json()["id"]
+        wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
+        trial_id = http.get(f"/experiments/{experiment_id}/trials").json()["items"][0]["id"]
+
+        answers: list[httpx.Response] = [
+            http.get(path)
+            for path in (
+                "/experiments",
+                f"/experiments/{experiment_id}",
+                f"/experiments/{experiment_id}/trials",
+                f"/experiments/{experiment_id}/trials/{trial_id}",
+                f"/experiments/{experiment_id}/trials/{trial_id}/metrics",
+                f"/experiments/{experiment_id}/events?limit=10000",
+                f"/experiments/{experiment_id}/cluster-metadata/trial_config",
+                f"/experiments/{experiment_id}/cluster-metadata/platform_config",
+                "/ready",
+                "/health",
+                "/experiments/nope",
+            )
+        ]
+        answers.append(http.get(f"{manager}/openapi.json"))
+        answers.append(http.post("/experiments", json={"config": {"nonsense": True}}))
+        assert [answer.status_code for answer in answers][:10] == [200] * 10, [a.text for a in answers]
+        events = json.dumps(answers[5].json())
+        assert "TrialEnded" in events
+        for answer in answers:
+            assert password not in answer.text and TOKEN not in answer.text, answer.request.url
+            assert all(password not in value and TOKEN not in value for value in answer.headers.values())
+        stored = redis.Redis(host="127.0.0.1", port=server.port, password=password)
+        log: Any = stored.xrange(f"ts:exp:{experiment_id}:events")
+        assert log
+        for entry_id, fields in log:
+            assert all(password.encode() not in value for value in fields.values()), entry_id
+        processes.stop()  # the whole life of each process is in its log, shutdown included
+        logs = processes.logs()
+        assert "manager on http" in logs and password not in logs and TOKEN not in logs
+        assert "***@127.0.0.1" in logs  # the URL is shown, its password hidden
+    finally:
+        processes.stop()
+
+
+def test_a_manager_refuses_to_start_when_its_redis_needs_a_password_it_lacks(
+    redis_with_password: tuple[RedisServer, str], tmp_path: Path
+) -> None:
+    """The Redis error names the server, not the password it was given."""
+    server, password = redis_with_password
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    processes = Processes(f"redis://:wrong-{password}@127.0.0.1:{server.port}/0", log_dir)
+    process = processes.start("manager", "--port", str(free_port()), env={**NO_TOKEN, f"{PREFIX}REDIS_RETRY_S": "0"})
+    try:
+        assert process.wait(60) != 0
+    except subprocess.TimeoutExpired:
+        processes.stop()
+        raise
+    logs = processes.logs()
+    assert password not in logs and "Traceback" not in logs, logs
