@@ -155,6 +155,7 @@ def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
                     pipe.zrem(key, member)
         pipe.zrem(keys.EXPERIMENTS, experiment_id)
         pipe.zrem(keys.ACTIVITY, experiment_id)
+        pipe.srem(keys.MANAGER_HOSTED, experiment_id)  # a manager must not resume what is gone
         try:
             pipe.execute()
         except redis.WatchError:

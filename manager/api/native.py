@@ -28,7 +28,6 @@ from manager.config import experiment_spec
 from manager.experiments import delete_experiment, resolve_experiment
 from manager.host import ManagerHost
 from manager.replay import describe
-from manager.runner import check_served
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -138,6 +137,8 @@ def list_experiments(host: Host) -> list[ExperimentState]:
 
 @router.post("/experiments", response_model=ExperimentCreatedAnswer, status_code=201)
 def create_experiment(request: ExperimentRequest, host: Host) -> ExperimentCreatedAnswer:
+    """Accepted even while no worker serves its platform: its trials wait in their queue until one
+    does (workers may be scaled up later; /metrics shows queue depth and workers)."""
     config = dict(request.config)
     if request.code_id is not None:
         directory = code_directory(host, request.code_id)
@@ -145,9 +146,6 @@ def create_experiment(request: ExperimentRequest, host: Host) -> ExperimentCreat
             raise ConfigError(f"codeId {request.code_id}: no such upload; PUT the archive to /api/v1/code first")
         config["trialCodeDirectory"] = str(directory)
     spec = experiment_spec(config, "config")
-    check_served(
-        host.client, host.rq_connection, spec.platform.platform, "this manager's Redis"
-    )  # else trials wait forever
     return ExperimentCreatedAnswer(id=host.create(spec))
 
 
