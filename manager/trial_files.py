@@ -19,6 +19,8 @@ from core.registry import add_platforms, platform_class
 from core.settings import Settings
 from schemas.trial import TrialJobDetail
 
+# NNI's names for a trial's output. `trial.log` is first the file of that name in the trial's directory (what NNI
+# serves: `nni`'s log and what the trial printed, on local), else its stdout.
 OUTPUT_STREAMS: dict[str, OutputStream] = {"trial.log": "stdout", "stdout": "stdout", "stderr": "stderr"}
 FILE_CHUNK_BYTES = 64 * 1024
 

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -27,6 +28,7 @@ from core.platform import OutputStream, OutputUnavailable
 from manager.api.native import Experiment, Host, get_host
 from manager.experiments import ExperimentNotFound, resolve_experiment
 from manager.host import ExperimentNotRunning, ManagerHost
+from manager.projection import ExperimentView
 from manager.runner import RunnerError
 from manager.training_service import TrainingService, TrialNotFound
 from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
@@ -110,6 +112,16 @@ def _records_json(
         yield from (record.wire_json() for record in keep(records))
 
 
+def _view(service: TrainingService) -> ExperimentView:
+    """The experiment as projected, as the trial lists are: the UI stops polling once it reads DONE, so DONE
+    must not be served before the trials' last events are in the views it lists them from."""
+    projected = service.views.experiment()
+    if projected is not None:
+        return projected
+    # not projected yet (the projector has not reached it): its config, but not an end the trials do not show yet
+    return service.experiment_view().model_copy(update={"status": "RUNNING", "end_time": None, "message": None})
+
+
 def _submitted(service: TrainingService) -> int:
     return service.views.total()
 
@@ -123,7 +135,7 @@ def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_re
     prefix = request.app.state.options.url_prefix
     server = request.scope.get("server")
     return nni_rest.experiment_metadata(
-        service.experiment_view(),
+        _view(service),
         _submitted(service),
         port=server[1] if server is not None else 0,
         pid=os.getpid(),
@@ -138,7 +150,7 @@ def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_re
 @router.get("/check-status")
 def check_status(experiment_id: NniExperiment, host: Host) -> Response:
     service = host.service(experiment_id)
-    view = service.experiment_view()
+    view = _view(service)
     status = nni_rest.experiment_status(view, _submitted(service))
     errors = [view.message] if view.status == "ERROR" and view.message else []
     return _json(nni_rest.CheckStatus(status=status, errors=errors).wire())
@@ -148,7 +160,7 @@ def check_status(experiment_id: NniExperiment, host: Host) -> Response:
 def experiment(experiment_id: NniExperiment, host: Host) -> Response:
     service = host.service(experiment_id)
     applied = int(service.views.client.hget(service.views.keys.position, "applied") or 0)
-    profile = nni_rest.experiment_profile(service.experiment_view(), _submitted(service), applied, _now_ms())
+    profile = nni_rest.experiment_profile(_view(service), _submitted(service), applied, _now_ms())
     return _json(profile.wire())
 
 
@@ -358,6 +370,8 @@ def trial_file_of(experiment_id: NniExperiment, trial_job_id: str, filename: str
     except TrialNotFound as missing:
         return _error(str(missing), 404)
     stream = OUTPUT_STREAMS.get(filename)
+    if filename == "trial.log" and (Path(trial.working_directory) / filename).is_file():
+        stream = None
     try:
         if stream is not None:
             chunks = output_chunks(host.settings, host.client, trial, stream)
