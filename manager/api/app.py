@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
-from manager.api import native, observability
+from manager.api import native, nni, observability, webui
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.runner import RunnerError
@@ -68,12 +68,19 @@ def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
         api.add_exception_handler(error_type, _handler(status))
     api.include_router(native.router)
     api.include_router(observability.router(host))
+    api.include_router(nni.trial_output_router)
+    api.include_router(nni.router, prefix="/api/v1/nni")
+    api.include_router(nni.router, prefix="/nni/{experiment_id}/api/v1/nni")
+    api.include_router(webui.router, prefix="/nni/{experiment_id}")
+    api.include_router(webui.router)  # last: its fallback answers every other GET, as NNI's server does
     app: ASGIApp = api
     if options.cors_origins:
         app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
     app = BodyLimit(app, options.max_body_bytes, options.max_upload_bytes)
     if options.token is not None:
         app = TokenGuard(app, options.token)
+    if options.url_prefix:
+        app = webui.UrlPrefix(app, options.url_prefix)
     return app
 
 

@@ -1,0 +1,426 @@
+"""NNI 3.0's REST API (`/api/v1/nni`), as its web UI, nnictl and `nni.experiment` read it.
+
+The router is mounted twice: at `/api/v1/nni` for the default experiment, and at
+`/nni/{experiment_id}/api/v1/nni` for that one; `nni_experiment` is the one place that decides which.
+The answers that list everything (`/trial-jobs`, `/metric-data*`, `/export-data`) are JSON arrays streamed
+a chunk of trials at a time from a sync generator (Starlette iterates it on its thread pool), so 100,000
+trials are never in memory at once. Errors are `{"error": ...}`: 404 for what does not exist, else 500
+(NNI's code for a refused write, which its UI and nnictl expect).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from core.event_store import InvalidExperimentId, check_experiment_id
+from core.platform import OutputStream, OutputUnavailable
+from manager.api.native import Experiment, Host, get_host
+from manager.experiments import ExperimentNotFound, resolve_experiment
+from manager.host import ExperimentNotRunning, ManagerHost
+from manager.projection import ExperimentView
+from manager.runner import RunnerError
+from manager.training_service import TrainingService, TrialNotFound
+from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
+from manager.views import CHUNK
+from schemas import nni_rest
+from schemas.events import ExperimentChanges
+from schemas.trial import TrialJobDetail
+
+# app.state attribute: local port -> experiment id. nnictl reaches an experiment at `localhost:<port>` with no
+# prefix; a manager listening on one port per experiment fills this and `nni_experiment` honours it.
+PORT_EXPERIMENTS = "nni_port_experiments"
+JSON_TYPE = "application/json"
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+router = APIRouter(tags=["nni"])
+trial_output_router = APIRouter(prefix="/api/v1", tags=["trials"])
+
+
+def nni_experiment(request: Request) -> str:
+    """The experiment a request is about: the one its path names (`/nni/<id>/...`), else the one its local
+    port is mapped to, else the newest in Redis."""
+    host = get_host(request)
+    named = request.path_params.get("experiment_id")
+    if named is not None:
+        try:
+            return resolve_experiment(host.client, check_experiment_id(named))
+        except InvalidExperimentId as invalid:
+            raise ExperimentNotFound(str(invalid)) from None
+    by_port: dict[int, str] = getattr(request.app.state, PORT_EXPERIMENTS, {})
+    server = request.scope.get("server")
+    if server is not None and server[1] in by_port:
+        return by_port[server[1]]
+    return resolve_experiment(host.client, None)
+
+
+NniExperiment = Annotated[str, Depends(nni_experiment)]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body, separators=(",", ":"), ensure_ascii=False), status, media_type=JSON_TYPE)
+
+
+def _error(message: str, status: int = 500) -> Response:
+    """NNI's error answer: 404 for what does not exist, else 500 (also for a refused write)."""
+    return _json({"error": message}, status)
+
+
+def _empty() -> Response:
+    """NNI's empty 200 (writes, an unknown trial), still typed JSON as every answer of this API."""
+    return Response(b"", media_type=JSON_TYPE)
+
+
+def _streamed_array(items: Iterable[str]) -> StreamingResponse:
+    def body() -> Iterator[str]:
+        yield "["
+        separator = ""
+        while batch := list(islice(items, CHUNK)):
+            yield separator + ",".join(batch)
+            separator = ","
+        yield "]"
+
+    return StreamingResponse(body(), media_type=JSON_TYPE)
+
+
+def _metrics_of(
+    service: TrainingService, trials: Iterator[TrialJobDetail]
+) -> Iterator[list[nni_rest.MetricDataRecord]]:
+    """Each trial's served metrics, reading a chunk of trials' records in one round trip."""
+    while chunk := list(islice(trials, CHUNK)):
+        stored = service.views.raw_metrics([trial.id for trial in chunk])
+        for trial in chunk:
+            yield nni_rest.metric_records(trial, stored[trial.id])
+
+
+def _records_json(
+    batches: Iterator[list[nni_rest.MetricDataRecord]],
+    keep: Callable[[list[nni_rest.MetricDataRecord]], list[nni_rest.MetricDataRecord]] = lambda records: records,
+) -> Iterator[str]:
+    for records in batches:
+        yield from (record.wire_json() for record in keep(records))
+
+
+def _view(service: TrainingService) -> ExperimentView:
+    """The experiment as projected, as the trial lists are: the UI stops polling once it reads DONE, so DONE
+    must not be served before the trials' last events are in the views it lists them from."""
+    projected = service.views.experiment()
+    if projected is not None:
+        return projected
+    # not projected yet (the projector has not reached it): its config, but not an end the trials do not show yet
+    return service.experiment_view().model_copy(update={"status": "RUNNING", "end_time": None, "message": None})
+
+
+def _submitted(service: TrainingService) -> int:
+    return service.views.total()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_rest.ExperimentMetadata:
+    service = host.service(experiment_id)
+    prefix = request.app.state.options.url_prefix
+    server = request.scope.get("server")
+    return nni_rest.experiment_metadata(
+        _view(service),
+        _submitted(service),
+        port=server[1] if server is not None else 0,
+        pid=os.getpid(),
+        prefix_url=f"{prefix}/nni/{experiment_id}" if prefix else f"nni/{experiment_id}",
+        now_ms=_now_ms(),
+    )
+
+
+# the experiment
+
+
+@router.get("/check-status")
+def check_status(experiment_id: NniExperiment, host: Host) -> Response:
+    service = host.service(experiment_id)
+    view = _view(service)
+    status = nni_rest.experiment_status(view, _submitted(service))
+    errors = [view.message] if view.status == "ERROR" and view.message else []
+    return _json(nni_rest.CheckStatus(status=status, errors=errors).wire())
+
+
+@router.get("/experiment")
+def experiment(experiment_id: NniExperiment, host: Host) -> Response:
+    service = host.service(experiment_id)
+    applied = int(service.views.client.hget(service.views.keys.position, "applied") or 0)
+    profile = nni_rest.experiment_profile(_view(service), _submitted(service), applied, _now_ms())
+    return _json(profile.wire())
+
+
+@router.get("/experiment-metadata")
+def experiment_metadata(experiment_id: NniExperiment, host: Host, request: Request) -> Response:
+    return _json(_metadata(request, host, experiment_id).wire())
+
+
+@router.get("/experiments-info")
+def experiments_info(host: Host, request: Request) -> Response:
+    """Every experiment in Redis, each reachable at `<prefix>/nni/<id>` on this manager."""
+    entries = []
+    for experiment_id in host.experiment_ids():
+        try:
+            entries.append(_metadata(request, host, experiment_id).wire())
+        except LookupError:  # deleted meanwhile, or no ExperimentCreated: nothing to show
+            continue
+    return _json(entries)
+
+
+@router.get("/version")
+def version() -> Response:
+    """The bare text `3.0.0`, typed JSON as NNI sends it (the UI shows `v3.0`; the number `3.0` shows ERROR)."""
+    return Response(nni_rest.NNI_VERSION, media_type=JSON_TYPE)
+
+
+@router.put("/experiment")
+def update_experiment(
+    experiment_id: NniExperiment,
+    host: Host,
+    profile: dict[str, Any],
+    update_type: Annotated[Literal["TRIAL_CONCURRENCY", "MAX_EXEC_DURATION", "SEARCH_SPACE", "MAX_TRIAL_NUM"], Query()],
+) -> Response:
+    """NNI's Overview edits: the body is the whole profile, `update_type` says which param changed."""
+    params = profile.get("params")
+    if not isinstance(params, dict):
+        return _error("the body must be the experiment profile, with `params`")
+    try:
+        changes = _changes(update_type, params)
+        host.update(experiment_id, changes)
+    except (ValidationError, ValueError, ExperimentNotRunning, RunnerError) as refused:
+        return _error(str(refused))
+    return _empty()
+
+
+def _changes(update_type: str, params: dict[str, Any]) -> ExperimentChanges:
+    match update_type:
+        case "TRIAL_CONCURRENCY":
+            return ExperimentChanges(trial_concurrency=params.get("trialConcurrency"))
+        case "MAX_TRIAL_NUM":
+            return ExperimentChanges(max_trial_number=params.get("maxTrialNumber"))
+        case "MAX_EXEC_DURATION":
+            return ExperimentChanges(max_experiment_duration=_seconds(params.get("maxExperimentDuration")))
+        case _:
+            return ExperimentChanges(search_space=params.get("searchSpace"))
+
+
+def _seconds(duration: Any) -> float:
+    if isinstance(duration, int | float) and not isinstance(duration, bool):
+        return float(duration)
+    match = _DURATION.match(str(duration))
+    if match is None:
+        raise ValueError(f"maxExperimentDuration {duration!r}: expected seconds or <n>s|m|h|d")
+    return float(match[1]) * _SECONDS[match[2]]
+
+
+@router.get("/experiment/imported-data")
+def imported_data() -> Response:
+    """Data imported into the tuner (`nnictl experiment import`): not supported, so none."""
+    return _json([])
+
+
+@router.get("/job-statistics")
+def job_statistics(experiment_id: NniExperiment, host: Host) -> Response:
+    counts = host.service(experiment_id).views.counts()
+    return _json([statistic.wire() for statistic in nni_rest.job_statistics(counts)])
+
+
+@router.get("/tensorboard-tasks")
+def tensorboard_tasks() -> Response:
+    return _json(nni_rest.TENSORBOARD_TASKS)
+
+
+# trials
+
+
+@router.get("/trial-jobs")
+def trial_jobs(experiment_id: NniExperiment, host: Host, status: str | None = None) -> StreamingResponse:
+    views = host.service(experiment_id).views
+    return _streamed_array(nni_rest.trial_job_info(trial).wire_json() for trial in views.iter_trials(status=status))
+
+
+@router.get("/trial-jobs/{trial_job_id}")
+def trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Response:
+    """One trial; an unknown id is NNI's 200 with an empty body."""
+    try:
+        trial = host.service(experiment_id).get_trial_job(trial_job_id)
+    except TrialNotFound:
+        return _empty()
+    return _json(nni_rest.trial_job_info(trial).wire())
+
+
+@router.post("/trial-jobs")
+def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str, Any]) -> Response:
+    """A customized trial with these parameters; its sequence id (null while it waits for a free slot)."""
+    try:
+        sequence_id = host.add_customized_trial(experiment_id, parameters)
+    except (ExperimentNotRunning, RunnerError) as refused:
+        return _error(str(refused))
+    return _json(nni_rest.SequenceId(sequenceId=sequence_id).wire())
+
+
+@router.delete("/trial-jobs/{trial_job_id}")
+def cancel_trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Response:
+    """The UI's kill and `nnictl trial kill`: the trial ends USER_CANCELED (one that has ended stays as it is)."""
+    try:
+        host.service(experiment_id).cancel_trial_job(trial_job_id)
+    except TrialNotFound as missing:
+        return _error(str(missing), 404)
+    return _empty()
+
+
+# metrics
+
+
+@router.get("/metric-data")
+def metric_data(
+    experiment_id: NniExperiment, host: Host, type: nni_rest.NniMetricType | None = None
+) -> StreamingResponse:
+    service = host.service(experiment_id)
+    keep = _of_type(type)
+    return _streamed_array(_records_json(_metrics_of(service, service.views.iter_trials()), keep))
+
+
+@router.get("/metric-data/{trial_job_id}")
+def trial_metric_data(
+    experiment_id: NniExperiment,
+    trial_job_id: str,
+    host: Host,
+    type: nni_rest.NniMetricType | None = None,
+) -> Response:
+    service = host.service(experiment_id)
+    try:
+        trial = service.get_trial_job(trial_job_id)
+    except TrialNotFound:
+        return _json([])
+    records = nni_rest.metric_records(trial, service.views.raw_metrics([trial.id])[trial.id])
+    return _json([record.wire() for record in _of_type(type)(records)])
+
+
+def _of_type(
+    metric_type: str | None,
+) -> Callable[[list[nni_rest.MetricDataRecord]], list[nni_rest.MetricDataRecord]]:
+    if metric_type is None:
+        return lambda records: records
+    return lambda records: [record for record in records if record.type == metric_type]
+
+
+@router.get("/metric-data-latest")
+@router.get("/metric-data-latest/")
+def metric_data_latest(experiment_id: NniExperiment, host: Host) -> StreamingResponse:
+    service = host.service(experiment_id)
+    batches = _metrics_of(service, service.views.iter_trials())
+    return _streamed_array(_records_json(batches, nni_rest.latest_metric_records))
+
+
+@router.get("/metric-data-range/{min_sequence_id}/{max_sequence_id}")
+def metric_data_range(
+    experiment_id: NniExperiment, min_sequence_id: int, max_sequence_id: int, host: Host
+) -> StreamingResponse:
+    """All metrics of the trials whose sequence id is in [min, max], found through the order index."""
+    service = host.service(experiment_id)
+    trials = _trials_in_range(service, min_sequence_id, max_sequence_id)
+    return _streamed_array(_records_json(_metrics_of(service, trials)))
+
+
+def _trials_in_range(service: TrainingService, low: int, high: int) -> Iterator[TrialJobDetail]:
+    views = service.views
+    start = 0
+    while True:
+        ids = [str(i) for i in views.client.zrangebyscore(views.keys.order, low, high, start=start, num=CHUNK)]
+        if ids:
+            for raw in views.client.hmget(views.keys.trials, ids):
+                if raw:
+                    yield TrialJobDetail.model_validate_json(raw)
+        if len(ids) < CHUNK:
+            return
+        start += CHUNK
+
+
+@router.get("/export-data")
+def export_data(experiment_id: NniExperiment, host: Host) -> StreamingResponse:
+    trials = host.service(experiment_id).views.iter_trials(status="SUCCEEDED")
+    return _streamed_array(entry.wire_json() for trial in trials for entry in nni_rest.export_entries(trial))
+
+
+# files
+
+
+@router.get("/trial-file/{trial_job_id}/{filename:path}")
+def trial_file_of(experiment_id: NniExperiment, trial_job_id: str, filename: str, host: Host) -> Response:
+    """`trial.log`/`stdout`/`stderr`: the trial's output, read through its platform; another name: that file
+    under the trial's working directory, never outside it. Text as it is, never rendered; empty:
+    `<filename> is empty.`"""
+    try:
+        trial = host.service(experiment_id).get_trial_job(trial_job_id)
+    except TrialNotFound as missing:
+        return _error(str(missing), 404)
+    stream = OUTPUT_STREAMS.get(filename)
+    if filename == "trial.log" and (Path(trial.working_directory) / filename).is_file():
+        stream = None
+    try:
+        if stream is not None:
+            chunks = output_chunks(host.settings, host.client, trial, stream)
+        else:
+            chunks = file_chunks(trial_file(trial, filename))
+        first = next(chunks, b"")
+    except (OutputUnavailable, TrialFileRefused) as missing:
+        return _error(str(missing), 404)
+    if not first:
+        return Response(f"{filename} is empty.", media_type="text/plain")
+    media_type = "text/plain; charset=utf-8" if _is_text(first) else "application/octet-stream"
+    return StreamingResponse(_prepend(first, chunks), media_type=media_type, headers=_NOT_SNIFFED)
+
+
+_NOT_SNIFFED = {"x-content-type-options": "nosniff"}  # trial output is data: never let a browser render it as markup
+
+
+def _is_text(sample: bytes) -> bool:
+    if b"\0" in sample:
+        return False
+    try:
+        sample.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return error.start >= len(sample) - 3  # a character cut at the chunk's end is still text
+    return True
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
+
+
+@trial_output_router.get("/experiments/{experiment_id}/trials/{trial_id}/output", response_class=Response)
+def trial_output(
+    experiment_id: Experiment,
+    trial_id: str,
+    host: Host,
+    stream: OutputStream = "stdout",
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    """The trial's raw stdout or stderr from byte `offset` on (`trialstream trials logs` through the manager;
+    a follower asks again from `offset` + what it got). 404 when it cannot be read."""
+    trial = host.service(experiment_id).get_trial_job(trial_id)
+    chunks = output_chunks(host.settings, host.client, trial, stream, offset)
+    try:
+        first = next(chunks, b"")
+    except OutputUnavailable as missing:
+        return JSONResponse({"error": str(missing)}, status_code=404)
+    return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=_NOT_SNIFFED)
+
+
+__all__ = ["PORT_EXPERIMENTS", "nni_experiment", "router", "trial_output_router"]
