@@ -21,12 +21,12 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from manager.api.nni import PINNED_EXPERIMENT
 from manager.host import ManagerHost
 from manager.nnictl_registry import NnictlRegistry, RegistryEntry
 
 log = logging.getLogger(__name__)
 
-PINNED_EXPERIMENT = "trialstream.experiment"  # the ASGI scope key NNI's routes read the experiment from
 _NNI_STATUS = {"RUNNING": "RUNNING", "DONE": "DONE", "STOPPED": "STOPPED", "ERROR": "ERROR"}
 
 

@@ -37,9 +37,9 @@ from schemas import nni_rest
 from schemas.events import ExperimentChanges
 from schemas.trial import TrialJobDetail
 
-# app.state attribute: local port -> experiment id. nnictl reaches an experiment at `localhost:<port>` with no
-# prefix; a manager listening on one port per experiment fills this and `nni_experiment` honours it.
-PORT_EXPERIMENTS = "nni_port_experiments"
+# ASGI scope key: the experiment every request of a connection is about. nnictl reaches an experiment at
+# `localhost:<port>` with no prefix: the manager's per-experiment listeners (manager/nnictl.py) set it.
+PINNED_EXPERIMENT = "trialstream.experiment"
 JSON_TYPE = "application/json"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,8 +49,8 @@ trial_output_router = APIRouter(prefix="/api/v1", tags=["trials"])
 
 
 def nni_experiment(request: Request) -> str:
-    """The experiment a request is about: the one its path names (`/nni/<id>/...`), else the one its local
-    port is mapped to, else the newest in Redis."""
+    """The experiment a request is about: the one its path names (`/nni/<id>/...`), else the one its
+    listener is pinned to, else the newest in Redis."""
     host = get_host(request)
     named = request.path_params.get("experiment_id")
     if named is not None:
@@ -58,10 +58,9 @@ def nni_experiment(request: Request) -> str:
             return resolve_experiment(host.client, check_experiment_id(named))
         except InvalidExperimentId as invalid:
             raise ExperimentNotFound(str(invalid)) from None
-    by_port: dict[int, str] = getattr(request.app.state, PORT_EXPERIMENTS, {})
-    server = request.scope.get("server")
-    if server is not None and server[1] in by_port:
-        return by_port[server[1]]
+    pinned = request.scope.get(PINNED_EXPERIMENT)
+    if pinned is not None:
+        return str(pinned)
     return resolve_experiment(host.client, None)
 
 
@@ -423,4 +422,4 @@ def trial_output(
     return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=_NOT_SNIFFED)
 
 
-__all__ = ["PORT_EXPERIMENTS", "nni_experiment", "router", "trial_output_router"]
+__all__ = ["PINNED_EXPERIMENT", "nni_experiment", "router", "trial_output_router"]

@@ -1,0 +1,125 @@
+"""The real `nnictl` (from the `nni` package) against `trialstream manager --nnictl-registry`: it finds the
+experiment in its registry and reads it through the experiment's own port, as it reads NNI's manager."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.nnictl import nnictl_environment
+from tests.conftest import Processes
+from tests.test_api_smoke import experiment_config
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.skipif(shutil.which("nnictl") is None, reason="nnictl comes with the nni extra")
+
+# Each trial waits for its gate file, so the experiment is running while nnictl looks at it.
+TRIAL = """
+import os, pathlib, time, trialstream_sdk as nni
+x = nni.get_next_parameter()["x"]
+gate = pathlib.Path(os.environ["GATES"]) / os.environ["NNI_TRIAL_JOB_ID"]
+while not gate.exists():
+    time.sleep(0.05)
+nni.report_final_result(x)
+"""
+
+
+def nnictl(home: Path, *args: str) -> str:
+    environment = nnictl_environment(home / "scratch")
+    environment["HOME"] = str(home)
+    done = subprocess.run(
+        [sys.executable, "-m", "nni.tools.nnictl.nnictl", *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"nnictl {' '.join(args)}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_nnictl_lists_shows_exports_and_stops_an_experiment_the_manager_runs(
+    tmp_path: Path, processes: Processes
+) -> None:
+    home, gates = tmp_path / "home", tmp_path / "gates"
+    home.mkdir()
+    gates.mkdir()
+    (tmp_path / "trial.py").write_text(TRIAL)
+    processes.worker(env={"GATES": str(gates)})
+    url = processes.manager("--nnictl-registry", env={"HOME": str(home)})
+    manager = processes.running[-1]
+    config = {**experiment_config(tmp_path, trials=3), "experimentName": "nnictl-sees-me", "trialConcurrency": 1}
+    experiment_id = httpx.post(f"{url}/api/v1/experiments", json={"config": config}).json()["id"]
+    registry = home / "nni-experiments" / ".experiment"
+    wait_until(lambda: registry.exists() and experiment_id in json.loads(registry.read_text()), 30, what="the entry")
+
+    def trials() -> list[dict[str, object]]:
+        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+
+    first = wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")[0]
+    (gates / str(first["id"])).touch()
+    wait_until(lambda: any(t["status"] == "SUCCEEDED" for t in trials()), 30, what="a trial to succeed")
+
+    listed = nnictl(home, "experiment", "list")
+    assert experiment_id in listed and "nnictl-sees-me" in listed and "RUNNING" in listed
+    shown = nnictl(home, "experiment", "show", experiment_id)
+    assert json.loads(shown[shown.index("{") :])["id"] == experiment_id
+    assert "RUNNING" in nnictl(home, "experiment", "status", experiment_id)
+    listed_trials = nnictl(home, "trial", "ls", experiment_id)
+    assert str(first["id"]) in listed_trials and "SUCCEEDED" in listed_trials
+    exported = tmp_path / "export.json"
+    nnictl(home, "experiment", "export", experiment_id, "--type", "json", "--filename", str(exported))
+    rows = json.loads(exported.read_text())
+    assert [row["trialJobId"] for row in rows] == [first["id"]]
+    assert rows[0]["parameter"] == json.loads(str(first["form"]["hyperParameters"]["value"]))["parameters"]  # type: ignore[index]
+
+    assert str(first["id"]) in nnictl_top(home)
+
+    # nnictl waits until the pid is gone: the manager is this test's child, so reap it as a shell would
+    exited = concurrent.futures.ThreadPoolExecutor(1).submit(manager.wait, 60)
+    nnictl(home, "stop", experiment_id)  # SIGTERM to the manager: with --nnictl-registry it stops its experiments
+    assert exited.result() == 0
+    entry = json.loads(registry.read_text())[experiment_id]
+    assert entry["status"] == "STOPPED" and isinstance(entry["endTime"], int)
+    statuses = {str(t["status"]) for t in trials_from_redis(processes, experiment_id)}
+    assert statuses <= {"SUCCEEDED", "SYS_CANCELED"} and "SYS_CANCELED" in statuses
+
+
+def nnictl_top(home: Path) -> str:
+    """`nnictl top` refreshes forever: what it printed once it showed a trial table."""
+    environment = nnictl_environment(home / "scratch")
+    environment["HOME"] = str(home)
+    top = subprocess.Popen(
+        [sys.executable, "-m", "nni.tools.nnictl.nnictl", "top", "--time", "1"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert top.stdout is not None
+    printed = ""
+    try:
+        while "SUCCEEDED" not in printed:
+            line = top.stdout.readline()  # the pipe closes if it exits: then the loop ends on the assert below
+            assert line, f"nnictl top exited: {printed}"
+            printed += line
+    finally:
+        top.kill()
+        top.wait()
+    return printed
+
+
+def trials_from_redis(processes: Processes, experiment_id: str) -> list[dict[str, object]]:
+    from core.connections import connect
+    from manager.training_service import TrainingService
+
+    client = connect(processes.redis_url)
+    service = TrainingService(client, connect(processes.redis_url, decode=False), experiment_id)
+    return [json.loads(trial.to_json()) for trial in service.list_trial_jobs()]
