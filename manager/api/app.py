@@ -36,7 +36,6 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 @dataclass(frozen=True)
 class ApiOptions:
     token: str | None = field(default=None, repr=False)
-    url_prefix: str = ""  # NNI's --url-prefix: everything under /<prefix>
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = MAX_BODY_BYTES
     max_upload_bytes: int = 50 * 1024 * 1024  # code archives: NNI's own limit for code sent to other machines
@@ -79,9 +78,13 @@ def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
     app = BodyLimit(app, options.max_body_bytes, options.max_upload_bytes)
     if options.token is not None:
         app = TokenGuard(app, options.token)
-    if options.url_prefix:
-        app = webui.UrlPrefix(app, options.url_prefix)
     return app
+
+
+def served_under(app: ASGIApp, url_prefix: str) -> ASGIApp:
+    """The application as the main port serves it: under NNI's optional `--url-prefix`. (nnictl's
+    per-experiment ports serve it without: nnictl never applies the prefix.)"""
+    return webui.UrlPrefix(app, url_prefix) if url_prefix else app
 
 
 def _handler(status: int) -> Any:
@@ -130,7 +133,7 @@ class TokenGuard:
         if not hmac.compare_digest(token, self.token):
             await _send_json(send, 401, {"error": "wrong token"})
             return
-        target = scope["path"][: -len("login")] + "oview"
+        target = scope.get("root_path", "") + scope["path"][: -len("login")] + "oview"  # under any url prefix
         cookie = f"{TOKEN_COOKIE}={token.decode()}; HttpOnly; SameSite=Strict; Path=/"
         await send(
             {

@@ -131,7 +131,7 @@ def _now_ms() -> int:
 
 def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_rest.ExperimentMetadata:
     service = host.service(experiment_id)
-    prefix = request.app.state.options.url_prefix
+    prefix = request.scope.get("root_path", "").strip("/")  # NNI's --url-prefix, as UrlPrefix passed it on
     server = request.scope.get("server")
     return nni_rest.experiment_metadata(
         _view(service),

@@ -86,7 +86,11 @@ class UrlPrefix:
             return
         path: str = scope["path"]
         if path == self.prefix or path.startswith(self.prefix + "/"):
-            inner = {**scope, "path": path[len(self.prefix) :] or "/"}
+            inner = {
+                **scope,
+                "path": path[len(self.prefix) :] or "/",
+                "root_path": scope.get("root_path", "") + self.prefix,
+            }
             raw_path = scope.get("raw_path")
             if raw_path is not None and raw_path.startswith(self.prefix.encode()):
                 inner["raw_path"] = raw_path[len(self.prefix) :] or b"/"

@@ -12,7 +12,7 @@ import uvicorn
 
 from core.connections import connect, redact_url
 from core.settings import PREFIX, Settings
-from manager.api.app import ApiOptions, create_app
+from manager.api.app import ApiOptions, create_app, served_under
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.logs import configure_logging
@@ -63,11 +63,15 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         raise RunnerError("--url-prefix: NNI's web UI misreads a prefix containing 'experiment'; choose another")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
     host = ManagerHost(connect(url), settings)
-    options = ApiOptions(token=token, url_prefix=prefix, cors_origins=tuple(args.cors_origin))
-    app = create_app(host, options)
+    app = create_app(host, ApiOptions(token=token, cors_origins=tuple(args.cors_origin)))
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=args.host, port=args.port, log_config=None, access_log=False, timeout_graceful_shutdown=5
+            served_under(app, prefix),
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=5,
         )
     )
     bridge = NnictlBridge(host, app) if args.nnictl_registry else None
