@@ -88,16 +88,17 @@ class Processes:
 
     def manager(self, *args: str, env: dict[str, str] | None = None) -> str:
         """A `trialstream manager` on a free loopback port (it hosts its own projector), returned as its
-        base URL once its health check answers."""
+        base URL (without any --url-prefix) once its health check answers."""
         port = free_port()
         process = self.start("manager", "--port", str(port), *args, env=env)
         url = f"http://127.0.0.1:{port}"
+        prefix = args[args.index("--url-prefix") + 1].strip("/") + "/" if "--url-prefix" in args else ""
 
         def healthy() -> bool:
             if process.poll() is not None:
                 raise AssertionError(f"the manager exited ({process.returncode}):\n{self.logs()}")
             try:
-                return httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200
+                return httpx.get(f"{url}/{prefix}api/v1/health", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
 

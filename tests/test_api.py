@@ -7,7 +7,6 @@ Trials are gated: each waits for a file named after its trial id (or `all`) in t
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import Processes
+from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until
 
 GATED_TRIAL = """\
@@ -44,20 +44,6 @@ def write_trial(code: Path) -> Path:
     (code / "gates").mkdir(exist_ok=True)
     (code / "params").mkdir(exist_ok=True)
     return code
-
-
-def experiment_config(code: Path, trials: int = 4, concurrency: int = 2, **extra: Any) -> dict[str, Any]:
-    return {
-        "trialCommand": f"{sys.executable} trial.py",
-        "trialCodeDirectory": str(code),
-        "trialConcurrency": concurrency,
-        "maxTrialNumber": trials,
-        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "tuner": {"name": "Random"},
-        "trainingService": {"platform": "local"},
-        "experimentWorkingDirectory": str(code / "experiments"),
-        **extra,
-    }
 
 
 @dataclass

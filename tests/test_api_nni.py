@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ from pydantic import ValidationError
 from manager.projection import ExperimentView
 from schemas import nni_rest
 from schemas.trial import HyperParameters, JobApplicationForm, MetricRecord, TrialJobDetail, TrialJobStatus
-from tests.conftest import Processes, ServiceFactory, form, free_port, metric
+from tests.conftest import Processes, ServiceFactory, form, metric
+from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until
 
 # unit: the conversions
@@ -161,26 +161,15 @@ nni.report_final_result(params["x"])
 """
 
 
-def _config(code: Path, trials: int, concurrency: int) -> dict[str, Any]:
-    return {
-        "experimentName": "nni-api",
-        "trialCommand": f"{sys.executable} trial.py",
-        "trialCodeDirectory": str(code),
-        "trialConcurrency": concurrency,
-        "maxTrialNumber": trials,
-        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "tuner": {"name": "Random"},
-        "trainingService": {"platform": "local"},
-        "experimentWorkingDirectory": str(code / "experiments"),
-    }
-
-
 def _experiment(url: str, code: Path, trials: int, concurrency: int, released: bool) -> str:
     code.mkdir(exist_ok=True)
     (code / "trial.py").write_text(TRIAL.format(out=code / "files"))
     if released:
         (code / "release").touch()
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": _config(code, trials, concurrency)})
+    created = httpx.post(
+        f"{url}/api/v1/experiments",
+        json={"config": experiment_config(code, trials, concurrency, experimentName="nni-api")},
+    )
     assert created.status_code == 201, created.text
     return str(created.json()["id"])
 
@@ -351,22 +340,6 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     assert refused.status_code == 500 and "not running" in refused.json()["error"]
 
 
-def _manager_under_prefix(processes: Processes, prefix: str) -> str:
-    """`processes.manager()` checks health outside any prefix: this one checks it under `/<prefix>`."""
-    port = free_port()
-    processes.start("manager", "--port", str(port), "--url-prefix", prefix)
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/{prefix}/api/v1/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(healthy, 30, what="the manager to answer under its prefix")
-    return url
-
-
 def test_hundreds_of_trials_stream_under_a_url_prefix(processes: Processes, make_service: ServiceFactory) -> None:
     service = make_service()
     for sequence_id in range(400):
@@ -374,7 +347,7 @@ def test_hundreds_of_trials_stream_under_a_url_prefix(processes: Processes, make
     trial_id = service.list_trial_jobs()[7].id
     for sequence in (0, 2, 5):  # as a trial that skipped steps reported them
         service.store.append(metric(service.experiment_id, trial_id, sequence))
-    url = _manager_under_prefix(processes, "ts")
+    url = processes.manager("--url-prefix", "ts")
     api = f"{url}/ts/api/v1/nni"
 
     def projected() -> bool:

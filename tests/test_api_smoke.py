@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -13,16 +14,18 @@ from tests.waiting import wait_until
 TRIAL = "import trialstream_sdk as nni\nnni.report_final_result(nni.get_next_parameter()['x'])\n"
 
 
-def experiment_config(code: Path, trials: int = 4) -> dict[str, object]:
+def experiment_config(code: Path, trials: int = 4, concurrency: int = 2, **extra: Any) -> dict[str, Any]:
+    """A small experiment of `trial.py` in `code`, NNI's keys; `extra` adds or replaces keys."""
     return {
         "trialCommand": f"{sys.executable} trial.py",
         "trialCodeDirectory": str(code),
-        "trialConcurrency": 2,
+        "trialConcurrency": concurrency,
         "maxTrialNumber": trials,
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "Random"},
         "trainingService": {"platform": "local"},
         "experimentWorkingDirectory": str(code / "experiments"),
+        **extra,
     }
 
 
