@@ -16,14 +16,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from manager.api.nni import PINNED_EXPERIMENT
 from manager.host import ManagerHost
-from manager.nnictl_registry import NnictlRegistry, RegistryEntry
+from manager.nnictl_registry import NnictlRegistry
+from schemas.nni_rest import experiment_metadata
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,11 @@ class NnictlBridge:
         if not running:
             self.registry.update(experiment_id, _NNI_STATUS[view.status], view.end_time)
             return
-        config = view.config
-        entry = {
-            "id": experiment_id,
-            "port": listener.port,
-            "startTime": view.start_time or 0,
-            "status": "RUNNING",
-            "platform": str(config.get("trainingService", {}).get("platform", "local")),
-            "experimentName": str(config.get("experimentName") or experiment_id),
-            "pid": os.getpid(),
-            "logDir": str(Path(view.working_directory).parent),
-        }
-        self.registry.register(RegistryEntry.model_validate(entry))
+        submitted = self.host.service(experiment_id).views.total()
+        entry = experiment_metadata(
+            view, submitted, port=listener.port, pid=os.getpid(), prefix_url=None, now_ms=_now_ms()
+        )
+        self.registry.register(entry)
 
     def close(self) -> None:
         """The manager is going: every entry it kept is STOPPED (nothing answers on its port any more)."""

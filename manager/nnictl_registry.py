@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from time import sleep
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from schemas.nni_rest import ExperimentMetadata
 
 REGISTRY_PATH_DEFAULT = Path("~/nni-experiments/.experiment")
 LOCK_STALE_S = 2.0  # NNI's `stale=2` (Python) and `lockStale = 2000` (Node): an older lock file is ignored
@@ -31,25 +31,6 @@ class RegistryLockTimeout(TimeoutError):
     """The registry stayed locked by another writer (nnictl, NNI's manager, another of us) past our deadline."""
 
 
-class RegistryEntry(BaseModel):
-    """One experiment as nnictl reads it; fields in the order nnictl's `add_experiment` writes them."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    id: str
-    port: int
-    start_time: int = Field(alias="startTime")
-    end_time: int | Literal["N/A"] = Field(default="N/A", alias="endTime")
-    status: str
-    platform: str
-    experiment_name: str = Field(alias="experimentName")
-    tag: list[str] = Field(default_factory=list)
-    pid: int
-    web_ui_url: list[str] = Field(default_factory=list, alias="webuiUrl")
-    log_dir: str = Field(alias="logDir")  # the parent of `<id>/`, as nnictl's entries have it
-    prefix_url: str | None = Field(default=None, alias="prefixUrl")
-
-
 class NnictlRegistry:
     """nnictl's registry file; `path` defaults to NNI's fixed location, expanded when used (so HOME is honoured)."""
 
@@ -61,7 +42,7 @@ class NnictlRegistry:
     def path(self) -> Path:
         return (self._path or REGISTRY_PATH_DEFAULT).expanduser()
 
-    def register(self, entry: RegistryEntry) -> None:
+    def register(self, entry: ExperimentMetadata) -> None:
         """Add or replace our entry."""
 
         def change(experiments: dict[str, Any]) -> bool:

@@ -7,7 +7,7 @@ terminal status, and a metric is counted once however often it is delivered.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from schemas.events import (
     ClusterMetadataSet,
@@ -28,19 +28,7 @@ from schemas.events import (
     TrialSubmitted,
     TrialUnreachable,
 )
-from schemas.trial import CamelModel, MetricRecord, TrialJobDetail, TrialJobStatus, can_transition
-
-
-class ExperimentView(CamelModel):
-    id: str
-    status: Literal["RUNNING", "DONE", "ERROR", "STOPPED"] = "RUNNING"
-    config: dict[str, Any] = {}
-    working_directory: str = ""
-    start_time: int | None = None
-    end_time: int | None = None
-    message: str | None = None
-    metadata: dict[str, str] = {}
-    imported: bool = False  # its log came from another Redis, and no runner here has taken it up yet
+from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus, can_transition
 
 
 def metric_record(event: TrialMetricReported) -> MetricRecord:

@@ -25,10 +25,10 @@ from core import keys
 from core.connections import same_server
 from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, stream_position
 from core.keys import ViewKeys
-from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial, metric_record_json
+from manager.projection import apply_to_experiment, apply_to_trial, metric_record_json
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
-from schemas.trial import TrialJobDetail, TrialJobStatus, metric_score
+from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus, metric_score
 
 log = logging.getLogger(__name__)
 

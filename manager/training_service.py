@@ -21,7 +21,7 @@ import redis
 from core.dispatch import TrialJob, dispatch, submission_key
 from core.event_store import EventStore, StoredEvent
 from core.keys import LOG_PREFIX
-from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial
+from manager.projection import apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
 from schemas.events import (
     PLATFORM_CONFIG,
@@ -37,7 +37,14 @@ from schemas.events import (
     TrialRequeued,
     TrialSubmitted,
 )
-from schemas.trial import JobApplicationForm, TrialConfig, TrialJobDetail, TrialJobMetric, TrialJobStatus
+from schemas.trial import (
+    ExperimentView,
+    JobApplicationForm,
+    TrialConfig,
+    TrialJobDetail,
+    TrialJobMetric,
+    TrialJobStatus,
+)
 
 log = logging.getLogger(__name__)
 

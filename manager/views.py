@@ -13,8 +13,7 @@ from typing import Any, Literal
 import redis
 
 from core.keys import LOG_PREFIX, ViewKeys
-from manager.projection import ExperimentView
-from schemas.trial import MetricRecord, TrialJobDetail
+from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail
 
 CHUNK = 500
 TrialOrder = Literal["sequence", "metric"]

@@ -12,14 +12,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.trial import TrialJobDetail, TrialJobStatus
-
-if TYPE_CHECKING:
-    from manager.projection import ExperimentView
+from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
 NNI_VERSION = "3.0.0"
 NniMetricType = Literal["PERIODICAL", "FINAL", "CUSTOM"]
@@ -293,7 +290,7 @@ def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_
 
 
 def experiment_metadata(
-    view: ExperimentView, submitted: int, *, port: int, pid: int, prefix_url: str, now_ms: int
+    view: ExperimentView, submitted: int, *, port: int, pid: int, prefix_url: str | None, now_ms: int
 ) -> ExperimentMetadata:
     platform = view.config.get("trainingService", {})
     platform_name = platform.get("platform", "local") if isinstance(platform, dict) else "hybrid"

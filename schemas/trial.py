@@ -157,3 +157,17 @@ class TrialConfig(CamelModel):
     gpu_number: int | None = None
     max_trial_duration: float | None = None
     max_retries: int = 0
+
+
+class ExperimentView(CamelModel):
+    """An experiment as the projection folds it: status, config (secrets masked), times, cluster metadata."""
+
+    id: str
+    status: Literal["RUNNING", "DONE", "ERROR", "STOPPED"] = "RUNNING"
+    config: dict[str, Any] = {}
+    working_directory: str = ""
+    start_time: int | None = None
+    end_time: int | None = None
+    message: str | None = None
+    metadata: dict[str, str] = {}
+    imported: bool = False  # its log came from another Redis, and no runner here has taken it up yet

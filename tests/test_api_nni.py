@@ -15,9 +15,15 @@ from nni.experiment import TrialHyperParameters, TrialJob, TrialMetricData
 from nni.experiment.data import TrialResult
 from pydantic import ValidationError
 
-from manager.projection import ExperimentView
 from schemas import nni_rest
-from schemas.trial import HyperParameters, JobApplicationForm, MetricRecord, TrialJobDetail, TrialJobStatus
+from schemas.trial import (
+    ExperimentView,
+    HyperParameters,
+    JobApplicationForm,
+    MetricRecord,
+    TrialJobDetail,
+    TrialJobStatus,
+)
 from tests.conftest import Processes, ServiceFactory, form, metric
 from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from manager import nnictl_registry
-from manager.nnictl_registry import SETTLE_S, NnictlRegistry, RegistryEntry, RegistryLockTimeout
+from manager.nnictl_registry import SETTLE_S, NnictlRegistry, RegistryLockTimeout
+from schemas.nni_rest import ExperimentMetadata as RegistryEntry
 
 config_utils = pytest.importorskip("nni.tools.nnictl.config_utils")
 common_utils = pytest.importorskip("nni.tools.nnictl.common_utils")
@@ -30,6 +31,8 @@ def entry(experiment_id: str, **changes: Any) -> RegistryEntry:
         "experiment_name": "trialstream",
         "pid": os.getpid(),
         "log_dir": "/home/user/nni-experiments",
+        "end_time": "N/A",
+        "prefix_url": None,
     }
     return RegistryEntry(**{**fields, **changes})
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from manager.projection import ExperimentView, apply_to_experiment, apply_to_trial
+from manager.projection import apply_to_experiment, apply_to_trial
 from schemas.events import (
     ClusterMetadataSet,
     Event,
@@ -27,7 +27,7 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
 )
-from schemas.trial import TrialJobDetail, TrialJobStatus
+from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 from tests.conftest import form
 
 S = TrialJobStatus

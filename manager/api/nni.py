@@ -28,14 +28,13 @@ from core.platform import OutputStream, OutputUnavailable
 from manager.api.native import Experiment, Host, get_host
 from manager.experiments import ExperimentNotFound, resolve_experiment
 from manager.host import ExperimentNotRunning, ManagerHost
-from manager.projection import ExperimentView
 from manager.runner import RunnerError
 from manager.training_service import TrainingService, TrialNotFound
 from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
 from manager.views import CHUNK
 from schemas import nni_rest
 from schemas.events import ExperimentChanges
-from schemas.trial import TrialJobDetail
+from schemas.trial import ExperimentView, TrialJobDetail
 
 # ASGI scope key: the experiment every request of a connection is about. nnictl reaches an experiment at
 # `localhost:<port>` with no prefix: the manager's per-experiment listeners (manager/nnictl.py) set it.

@@ -30,9 +30,8 @@ from rq import Queue, Worker
 from core import keys
 from core.dispatch import SERIALIZER, queue_name
 from manager.host import ManagerHost
-from manager.projection import ExperimentView
 from manager.training_service import PLATFORM_CONFIG
-from schemas.trial import TrialJobStatus
+from schemas.trial import ExperimentView, TrialJobStatus
 
 LAG_CAP = 10_000  # events counted past the projection position at most, so a scrape stays cheap
 QUEUE_PREFIX = queue_name("")
