@@ -8,7 +8,6 @@ whichever runner drives it acts on, in this process or in a `trialstream run` el
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -186,7 +185,7 @@ class ManagerHost:
             for entry in store.wait(cursor, block_ms=max(1, int(left * 1000))):
                 cursor = entry.id
                 event = entry.event if isinstance(entry, StoredEvent) else None
-                if isinstance(event, TrialSubmitted) and _is_customized(event.form.hyper_parameters.value):
+                if isinstance(event, TrialSubmitted) and event.requested_by == request:
                     return event.form.sequence_id
         return None
 
@@ -228,11 +227,6 @@ class ManagerHost:
                 self._hosted.pop(experiment_id, None)
             for listener in self.on_change:
                 listener(experiment_id)
-
-
-def _is_customized(hyper_parameters: str) -> bool:
-    packed = json.loads(hyper_parameters)
-    return isinstance(packed, dict) and packed.get("parameter_source") == "customized"
 
 
 __all__ = ["ExperimentNotFound", "ExperimentNotRunning", "ManagerHost", "OnExit"]

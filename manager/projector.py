@@ -13,6 +13,7 @@ each command for a while (core.connections), and `run` then backs off and tries 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 from collections import Counter
@@ -73,6 +74,13 @@ def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
         view_keys.counts,
     }
     return fixed | {view_keys.metrics(trial_id) for trial_id in trial_ids}
+
+
+def _rank_score(trial: TrialJobDetail) -> float | None:
+    """The trial's place in the ranking: its final metric's score, if finite (Redis refuses a NaN score,
+    and a diverged trial's NaN or inf is no result to rank by)."""
+    score = metric_score(trial.final_metric)
+    return score if score is not None and math.isfinite(score) else None
 
 
 def _view_names(client: redis.Redis, view_keys: ViewKeys) -> set[str]:
@@ -385,6 +393,7 @@ class Projector:
         Counts are written whole and zeros dropped, so they do not depend on how the log was batched."""
         order: Any = {}
         ranking: Any = {}
+        unranked: list[str] = []
         for trial_id, (before, after) in changes.items():
             assert after is not None
             if before is None:
@@ -393,13 +402,18 @@ class Projector:
                 counts[str(before.status)] -= 1
             if before is None or before.status is not after.status:
                 counts[str(after.status)] += 1
-            score = metric_score(after.final_metric)
-            if score is not None and (before is None or score != metric_score(before.final_metric)):
+            score = _rank_score(after)
+            if score is None:
+                if before is not None and _rank_score(before) is not None:
+                    unranked.append(trial_id)  # a retry started again without a result
+            elif before is None or score != _rank_score(before):
                 ranking[trial_id] = score
         if order:
             pipe.zadd(view_keys.order, order)
         if ranking:
             pipe.zadd(view_keys.ranking, ranking)
+        if unranked:
+            pipe.zrem(view_keys.ranking, *unranked)
         for name, delta in counts.items():
             total = int(stored_counts.get(name, 0)) + delta
             if total:

@@ -39,12 +39,15 @@ from manager.transfer import end_imported_trials
 from manager.tuner_thread import TunerThread
 from schemas.events import (
     CustomizedTrialRequested,
+    ExperimentCreated,
+    ExperimentFinished,
     ExperimentResumed,
     ExperimentStopRequested,
     ExperimentUpdated,
     TrialEvent,
     TrialMetricReported,
     TrialsRequested,
+    TrialSubmitted,
 )
 from schemas.secrets import secret_values, with_secrets
 from schemas.trial import (
@@ -218,7 +221,8 @@ class ExperimentRunner:
         self._epoch = 0
         self._replaying = False
         self._stop_requested: str | None = None  # why, once a stop was asked for after this runner started
-        self._customized: deque[dict[str, Any]] = deque()  # asked for, not yet submitted
+        self._customized: deque[tuple[str, dict[str, Any]]] = deque()  # (request id, parameters) not yet submitted
+        self._pending_stop: str | None = None  # a replayed stop request no ExperimentFinished answered
         self.customized_read = 0  # CustomizedTrialRequested events followed: the host waits for its own
         self._detach = threading.Event()
 
@@ -320,15 +324,15 @@ class ExperimentRunner:
         assert tuner is not None, "create() or resume() starts the tuner"
         try:
             while True:
+                if self._stop_requested is not None:  # before a detach: a stop asked for is never dropped
+                    self._stop_all(self._stop_requested)
+                    return self._finish("STOPPED", self._stop_requested)
                 if self._detach.is_set():
                     raise Detached(f"the runner of experiment {self.experiment_id} let go of it")
                 self._keep_claim()
                 self._take_outputs()
                 if tuner.error is not None:
                     return self._tuner_failed(tuner.error)
-                if self._stop_requested is not None:
-                    self._stop_all(self._stop_requested)
-                    return self._finish("STOPPED", self._stop_requested)
                 deadline = self.config.max_experiment_duration  # an ExperimentUpdated may change it
                 out_of_time = deadline is not None and time.monotonic() - started >= deadline
                 if not out_of_time:
@@ -401,7 +405,16 @@ class ExperimentRunner:
             self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
             raise RunnerError(f"{tuner.label} could not be built: {error}") from None
         self._tuner = TunerThread(dispatcher)
-        self._tuner.call("initialize", self.spec.search_space)
+        created = next(
+            (
+                entry.event
+                for entry in replay
+                if isinstance(entry, StoredEvent) and isinstance(entry.event, ExperimentCreated)
+            ),
+            None,
+        )  # on resume: the space it was created with; a replayed ExperimentUpdated changes it where it did
+        original = created.config.get("searchSpace") if created is not None else None
+        self._tuner.call("initialize", original if original is not None else self.spec.search_space)
         requests = deque(
             entry.event
             for entry in replay
@@ -413,6 +426,7 @@ class ExperimentRunner:
                 self._tuner.call("request_trials", requests.popleft().count)
             self._follow([entry])
         self._replaying = False
+        self._stop_requested = self._pending_stop
         for request in requests:
             self._tuner.call("request_trials", request.count)
         if replay:
@@ -434,7 +448,7 @@ class ExperimentRunner:
             if not isinstance(entry, StoredEvent):
                 continue
             if not isinstance(entry.event, TrialEvent):
-                self._experiment_command(entry.event)
+                self._experiment_command(entry.id, entry.event)
                 continue
             event = entry.event
             trial_id = event.trial_id
@@ -453,21 +467,22 @@ class ExperimentRunner:
             self._trials[trial_id] = after
             if before is None:
                 self._submitted(after)
-                if self._parameter_ids[trial_id] is None and self._customized:
-                    self._customized.popleft()  # submitted by an earlier runner: replayed, not run again
+                if isinstance(event, TrialSubmitted) and event.requested_by is not None:
+                    # submitted by an earlier runner: replayed, not run again
+                    self._customized = deque(pair for pair in self._customized if pair[0] != event.requested_by)
             if after.final_metric_data and trial_id not in self._reported:
                 self._reported.add(trial_id)
-                if self._parameter_ids[trial_id] is not None:  # customized trials are not the tuner's
-                    self._tuner_call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
+                self._tuner_call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
             if before is not None and after.status is not before.status:
                 self.progress.counts[str(before.status)] -= 1
                 self.progress.counts[str(after.status)] += 1
                 if after.status.is_terminal:
                     self._ended(after)
 
-    def _experiment_command(self, event: object) -> None:
+    def _experiment_command(self, entry_id: str, event: object) -> None:
         """What the user asked of the running experiment (through the API): new limits or search space,
-        a customized trial, a stop. A stop logged before a resume was for the runner that was then."""
+        a customized trial, a stop. A replayed stop counts only if no ExperimentFinished answered it
+        (its runner died, or let go, first): then it is carried out as soon as the replay ends."""
         match event:
             case ExperimentUpdated(changes=changes):
                 updates = changes.model_dump(exclude_none=True, exclude={"search_space"})
@@ -477,10 +492,14 @@ class ExperimentRunner:
                     self._tuner_call("initialize", changes.search_space)
                 self._no_more = False  # a new space or budget may have more to offer
             case CustomizedTrialRequested(parameters=parameters):
-                self._customized.append(parameters)
+                self._customized.append((entry_id, parameters))
                 self.customized_read += 1
-            case ExperimentStopRequested(reason=reason) if not self._replaying:
+            case ExperimentStopRequested(reason=reason) if self._replaying:
+                self._pending_stop = reason or "stopped by the user"
+            case ExperimentStopRequested(reason=reason):
                 self._stop_requested = reason or "stopped by the user"
+            case ExperimentFinished():
+                self._pending_stop = None  # that stop was carried out
 
     def _submitted(self, trial: TrialJobDetail) -> None:
         packed = json.loads(trial.form.hyper_parameters.value)  # parsed once: this runs for every trial
@@ -496,8 +515,8 @@ class ExperimentRunner:
         self._active.discard(trial.id)
         self._ends += 1
         self._no_more = False  # NNI asks again when a trial ends: PBT and Hyperband may have more now
-        if self._parameter_ids[trial.id] is not None:
-            self._tuner_call("trial_end", trial.id, self._parameter_ids[trial.id], str(trial.status))
+        # a customized trial's end reaches the assessor; the dispatcher keeps it from the tuner
+        self._tuner_call("trial_end", trial.id, self._parameter_ids[trial.id], str(trial.status))
         score = metric_score(trial.final_metric)
         if score is not None and (self.progress.best is None or (score > self.progress.best) == self.maximize):
             self.progress.best = score
@@ -557,7 +576,8 @@ class ExperimentRunner:
             and (budget is None or self._next_sequence_id < budget)
         ):
             if self._customized:
-                self._submit(NewTrial(None, self._customized.popleft(), source="customized"))
+                request, parameters = self._customized.popleft()
+                self._submit(NewTrial(None, parameters, source="customized"), requested_by=request)
             else:
                 self._submit(self._ready.popleft())
 
@@ -572,12 +592,12 @@ class ExperimentRunner:
         self._take_outputs()  # what it said before it went idle
         return self._no_more and not self._ready
 
-    def _submit(self, new: NewTrial) -> None:
+    def _submit(self, new: NewTrial, requested_by: str | None = None) -> None:
         self._keep_claim()
         form = JobApplicationForm(
             sequence_id=self._next_sequence_id, hyper_parameters=HyperParameters(value=new.hyper_parameters)
         )
-        trial = self.service.submit_trial_job(form)
+        trial = self.service.submit_trial_job(form, requested_by)
         self._trials[trial.id] = trial
         self._submitted(trial)
 

@@ -127,8 +127,9 @@ class TrainingService:
     def set_cluster_metadata(self, key: str, value: str) -> None:
         self.store.append(ClusterMetadataSet(experiment_id=self.experiment_id, key=key, value=value))
 
-    def submit_trial_job(self, form: JobApplicationForm) -> TrialJobDetail:
-        """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither."""
+    def submit_trial_job(self, form: JobApplicationForm, requested_by: str | None = None) -> TrialJobDetail:
+        """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither.
+        `requested_by`: the CustomizedTrialRequested event a customized trial answers."""
         experiment = self.experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
         platform_section = json.loads(_metadata(experiment, PLATFORM_CONFIG))
@@ -147,6 +148,7 @@ class TrainingService:
                 max_duration_seconds=trial_config.max_trial_duration,
                 max_retries=trial_config.max_retries,
             ),
+            requested_by=requested_by,
         )
         job = TrialJob(event.platform, self.experiment_id, trial_id, 1)
         with self._client.pipeline(transaction=True) as pipe:
@@ -275,7 +277,9 @@ class TrainingService:
                     tail.trial_events.setdefault(entry.event.trial_id, []).append(entry.event)
                 elif isinstance(entry, StoredEvent):
                     tail.experiment_events.append(entry.event)
-            return tail
+            # a copy: the manager's threads share this service, and the next read appends to the tail
+            trial_events = {trial_id: list(events) for trial_id, events in tail.trial_events.items()}
+            return _Tail(tail.base, tail.upto, trial_events, list(tail.experiment_events))
 
     def experiment_view(self) -> ExperimentView:
         with self._client.pipeline(transaction=True) as pipe:  # one round trip, and a consistent pair

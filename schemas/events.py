@@ -133,6 +133,7 @@ class TrialSubmitted(TrialEvent):
     form: JobApplicationForm
     working_directory: str
     launch: TrialLaunchSpec
+    requested_by: str | None = None  # a customized trial: the id of its CustomizedTrialRequested event
 
 
 class TrialDeferred(TrialEvent):
