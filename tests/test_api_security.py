@@ -126,6 +126,30 @@ def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> Non
     assert "access-control-allow-origin" not in other.headers
 
 
+def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes: Processes) -> None:
+    """A browser's preflight never carries the token: CORS answers it before the token is asked for."""
+    origin = "http://ui.example"
+    url = processes.manager("--cors-origin", origin, env={TOKEN_ENV: TOKEN})
+    preflight = httpx.options(
+        f"{url}/api/v1/experiments",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization",
+        },
+    )
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] == origin
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    answer = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin, "Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
+    refused = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin})  # the page can tell it needs the token
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
+    other = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": "http://evil.example"})
+    assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
+
+
 def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: Path) -> None:
     password = "ssh-pa55-7d1e-do-not-leak"
     url = processes.manager(env=NO_TOKEN)

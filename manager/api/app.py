@@ -1,7 +1,9 @@
 """The ASGI application: routers, and what guards every request (token, body size, CORS, errors).
 
 The guards are plain ASGI middleware, in front of FastAPI: a refused request costs no routing, and a
-streamed answer (100,000 trials) passes through untouched.
+streamed answer (100,000 trials) passes through untouched. `build_api` makes the routes; `guarded` is
+what the main port serves (CORS, then the token, then the body limit); `body_limited` is what nnictl's
+per-experiment loopback ports serve (nnictl sends no token and no Origin).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ _ERRORS: dict[type[Exception], int] = {
 }
 
 
-def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
+def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
+    """The routes, with no guard in front: serve it through `guarded` or `body_limited`."""
     api = FastAPI(
         title="trialstream manager",
         version="1",
@@ -72,12 +75,22 @@ def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
     api.include_router(nni.router, prefix="/nni/{experiment_id}/api/v1/nni")
     api.include_router(webui.router, prefix="/nni/{experiment_id}")
     api.include_router(webui.router)  # last: its fallback answers every other GET, as NNI's server does
-    app: ASGIApp = api
-    if options.cors_origins:
-        app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
-    app = BodyLimit(app, options.max_body_bytes, options.max_upload_bytes)
+    return api
+
+
+def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
+    """The API behind its body limits alone: what nnictl's per-experiment 127.0.0.1 ports serve."""
+    return BodyLimit(api, options.max_body_bytes, options.max_upload_bytes)
+
+
+def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:
+    """The API as the main port serves it. CORS is outermost: a browser's preflight never carries the
+    token, so it is answered before the token is asked for, and a 401 still says which origin may read it."""
+    app = body_limited(api, options)
     if options.token is not None:
         app = TokenGuard(app, options.token)
+    if options.cors_origins:
+        app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
     return app
 
 
