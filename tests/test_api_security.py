@@ -150,6 +150,14 @@ def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes
     assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
 
 
+def test_the_token_cookie_is_read_beside_another_apps_malformed_cookie(guarded: str) -> None:
+    """Browsers send every cookie of the host: one another app set (a JSON value) must not hide ours."""
+    cookies = f'other={{"a": 1}}; {TOKEN_COOKIE}={TOKEN}; last=1'
+    assert httpx.get(f"{guarded}/api/v1/experiments", headers={"Cookie": cookies}).status_code == 200
+    wrong = f'other={{"a": 1}}; {TOKEN_COOKIE}=wrong'
+    assert httpx.get(f"{guarded}/api/v1/experiments", headers={"Cookie": wrong}).status_code == 401
+
+
 def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: Path) -> None:
     password = "ssh-pa55-7d1e-do-not-leak"
     url = processes.manager(env=NO_TOKEN)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import json
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -19,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.event_store import InvalidExperimentId
@@ -136,9 +136,9 @@ class TokenGuard:
         scheme, _, credential = authorization.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token):
             return True
-        cookie = SimpleCookie(headers.get(b"cookie", b"").decode("latin-1"))
-        presented = cookie.get(TOKEN_COOKIE)
-        return presented is not None and hmac.compare_digest(presented.value.encode(), self.token)
+        # Starlette's lenient parser: http.cookies drops the whole header for one malformed cookie of another app's
+        presented = cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(TOKEN_COOKIE)
+        return presented is not None and hmac.compare_digest(presented.encode("latin-1"), self.token)
 
     async def _login(self, scope: Scope, send: Send) -> None:
         """Set the token cookie and go to the web UI: a user opens `<manager>/login?token=...` once."""
