@@ -12,7 +12,7 @@ import hmac
 import json
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import quote, unquote_to_bytes
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -142,11 +142,14 @@ class TokenGuard:
 
     async def _login(self, scope: Scope, send: Send) -> None:
         """Set the token cookie and go to the web UI: a user opens `<manager>/login?token=...` once."""
-        token = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[0].encode()
+        token = _query_parameter(scope.get("query_string", b""), b"token")
         if not hmac.compare_digest(token, self.token):
             await _send_json(send, 401, {"error": "wrong token"})
             return
         target = scope.get("root_path", "") + scope["path"][: -len("login")] + "oview"  # under any url prefix
+        # a path of this host, whatever the request's: `//evil.example/login` must not send the browser to
+        # `//evil.example/oview` (nor `/\evil.example`, nor `/%09/evil.example`, which browsers read the same)
+        target = "/" + quote(target, safe="/;:@!$&'()*+,=-._~").lstrip("/")
         cookie = f"{TOKEN_COOKIE}={token.decode()}; HttpOnly; SameSite=Strict; Path=/"
         await send(
             {
@@ -156,6 +159,15 @@ class TokenGuard:
             }
         )
         await send({"type": "http.response.body", "body": b""})
+
+
+def _query_parameter(query_string: bytes, name: bytes) -> bytes:
+    """A query parameter's value, percent-decoded only: a `+` stays a `+` (a base64 token has them)."""
+    for pair in query_string.split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if unquote_to_bytes(key) == name:
+            return unquote_to_bytes(value)
+    return b""
 
 
 class BodyLimit:
