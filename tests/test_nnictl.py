@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,53 @@ def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Pr
         assert httpx.get(f"{url}{path}").status_code == 401, path
     (code / "gates" / "all").touch()
     wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
+
+
+def test_a_registry_it_cannot_write_costs_no_experiment(tmp_path: Path, processes: Processes) -> None:
+    """nnictl's registry is a side matter: where it cannot be written (~/nni-experiments is a file), the
+    experiment is still created (201) and run, and a manager that starts again still resumes it."""
+    home, code = tmp_path / "home", write_trial(tmp_path / "code")
+    home.mkdir()
+    (home / "nni-experiments").write_text("a file where nnictl wants its directory")
+    processes.worker()
+    args = ("--nnictl-registry", "--on-exit", "detach", "--log-format", "json")
+    url = processes.manager(*args, env={"HOME": str(home)})
+    created = httpx.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=1)})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+
+    def experiment() -> dict[str, Any]:
+        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()
+
+    def trials() -> list[dict[str, Any]]:
+        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+
+    wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")
+    assert experiment()["status"] == "RUNNING"
+    failures = [line for line in json_lines(processes) if line.get("experiment") == experiment_id]
+    assert any(line["level"] == "error" and "nni-experiments" in line.get("exception", "") for line in failures)
+
+    first = processes.running[-1]
+    first.send_signal(signal.SIGTERM)  # detached: the next manager resumes the experiment
+    assert first.wait(60) == 0
+    url = processes.manager(*args, env={"HOME": str(home)})  # its start, resuming, meets the same registry
+    assert experiment()["status"] == "RUNNING"
+    (code / "gates" / "all").touch()
+    wait_until(lambda: experiment()["status"] == "DONE", 60, what="DONE")
+    assert [t["status"] for t in trials()] == ["SUCCEEDED"]
+    assert processes.running[-1].poll() is None
+
+
+def json_lines(processes: Processes) -> list[dict[str, Any]]:
+    lines = []
+    for line in processes.logs().splitlines():
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict):
+            lines.append(parsed)
+    return lines
 
 
 def nnictl_top(home: Path) -> str:

@@ -84,9 +84,11 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        host.shutdown(on_exit)
-        if bridge is not None:
-            bridge.close()
+        try:
+            host.shutdown(on_exit)
+        finally:  # nnictl's entries say STOPPED whatever shutdown met
+            if bridge is not None:
+                bridge.close()
         log.info("manager stopped (%s its experiments)", "stopped" if on_exit == "stop" else "detached from")
     return 0
 
