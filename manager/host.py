@@ -92,10 +92,20 @@ class ManagerHost:
         with self._lock:
             hosted = dict(self._hosted)
         for experiment_id, entry in hosted.items():
-            if on_exit == "stop":
-                self.stop(experiment_id, "the manager was stopped")
-            else:
-                entry.runner.detach()
+            try:  # one experiment's error leaves every other one stopped or detached all the same
+                if on_exit == "stop":
+                    self.stop(experiment_id, "the manager was stopped")
+                else:
+                    entry.runner.detach()
+            except (ExperimentNotRunning, LookupError) as error:  # it ended meanwhile: nothing left to stop
+                log.info("experiment %s not stopped: %s", experiment_id, error, extra={"experiment": experiment_id})
+            except Exception:
+                log.exception(
+                    "experiment %s: not %s",
+                    experiment_id,
+                    "stopped" if on_exit == "stop" else "detached",
+                    extra={"experiment": experiment_id},
+                )
         give_up = time.monotonic() + wait_s
         for entry in hosted.values():
             entry.thread.join(max(0.0, give_up - time.monotonic()))
@@ -203,8 +213,11 @@ class ManagerHost:
         with self._lock:
             self._hosted[experiment_id] = _Hosted(runner, thread)
         thread.start()
-        for listener in self.on_change:
-            listener(experiment_id)
+        for listener in self.on_change:  # side matters (nnictl's registry): theirs are not the experiment's errors
+            try:
+                listener(experiment_id)
+            except Exception:
+                log.exception("experiment %s: on_change failed", experiment_id, extra={"experiment": experiment_id})
 
     def _run(self, runner: ExperimentRunner) -> None:
         experiment_id = runner.experiment_id
@@ -225,8 +238,11 @@ class ManagerHost:
         finally:
             with self._lock:
                 self._hosted.pop(experiment_id, None)
-            for listener in self.on_change:
-                listener(experiment_id)
+            for listener in self.on_change:  # side matters (nnictl's registry): theirs are not the experiment's errors
+                try:
+                    listener(experiment_id)
+                except Exception:
+                    log.exception("experiment %s: on_change failed", experiment_id, extra={"experiment": experiment_id})
 
 
 __all__ = ["ExperimentNotFound", "ExperimentNotRunning", "ManagerHost", "OnExit"]

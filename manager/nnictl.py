@@ -56,36 +56,52 @@ class NnictlBridge:
         self.app = app
         self.registry = registry or NnictlRegistry()
         self._listeners: dict[str, _Listener] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # experiment_changed and close, whole: one registry write at a time, in order
+        self._closed = False
         host.on_change.append(self.experiment_changed)
 
     def experiment_changed(self, experiment_id: str) -> None:
-        """A hosted experiment started (register it, with its own port) or its runner ended (its status)."""
-        view = self.host.service(experiment_id).experiment_view()
+        """A hosted experiment started (register it, with its own port) or its runner ended (its status).
+
+        All of it under the lock, its view read there too: the call for the start (the API's thread) and the
+        one for the end (the runner's) can come together, and the first one's RUNNING, written last, would
+        otherwise stand over the DONE in the registry."""
         with self._lock:
+            if self._closed:  # the manager is going: close() marked every entry STOPPED
+                return
+            view = self.host.service(experiment_id).experiment_view()
             listener = self._listeners.get(experiment_id)
             if listener is None:
                 listener = self._listeners[experiment_id] = self._listen(experiment_id)
-        running = experiment_id in self.host.hosted() and view.status == "RUNNING"
-        if not running:
-            self.registry.update(experiment_id, _NNI_STATUS[view.status], view.end_time)
-            return
-        submitted = self.host.service(experiment_id).views.total()
-        entry = experiment_metadata(
-            view, submitted, port=listener.port, pid=os.getpid(), prefix_url=None, now_ms=_now_ms()
-        )
-        self.registry.register(entry)
+            running = experiment_id in self.host.hosted() and view.status == "RUNNING"
+            if not running:
+                self.registry.update(experiment_id, _NNI_STATUS[view.status], view.end_time)
+                return
+            submitted = self.host.service(experiment_id).views.total()
+            entry = experiment_metadata(
+                view, submitted, port=listener.port, pid=os.getpid(), prefix_url=None, now_ms=_now_ms()
+            )
+            self.registry.register(entry)
 
     def close(self) -> None:
         """The manager is going: every entry it kept is STOPPED (nothing answers on its port any more)."""
         with self._lock:
+            self._closed = True
             listeners = dict(self._listeners)
             self._listeners.clear()
-        for experiment_id, listener in listeners.items():
-            listener.server.should_exit = True
-            listener.thread.join(5)
-            view = self.host.service(experiment_id).experiment_view()
-            self.registry.update(experiment_id, "STOPPED", view.end_time or _now_ms())
+            for listener in listeners.values():
+                listener.server.should_exit = True
+            for experiment_id, listener in listeners.items():
+                listener.thread.join(5)
+                try:  # one entry the registry refuses leaves the others STOPPED all the same
+                    view = self.host.service(experiment_id).experiment_view()
+                    self.registry.update(experiment_id, "STOPPED", view.end_time or _now_ms())
+                except Exception:
+                    log.exception(
+                        "experiment %s: nnictl's registry not updated",
+                        experiment_id,
+                        extra={"experiment": experiment_id},
+                    )
 
     def _listen(self, experiment_id: str) -> _Listener:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

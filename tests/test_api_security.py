@@ -126,6 +126,63 @@ def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> Non
     assert "access-control-allow-origin" not in other.headers
 
 
+def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes: Processes) -> None:
+    """A browser's preflight never carries the token: CORS answers it before the token is asked for."""
+    origin = "http://ui.example"
+    url = processes.manager("--cors-origin", origin, env={TOKEN_ENV: TOKEN})
+    preflight = httpx.options(
+        f"{url}/api/v1/experiments",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization",
+        },
+    )
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] == origin
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    answer = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin, "Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
+    refused = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin})  # the page can tell it needs the token
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
+    other = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": "http://evil.example"})
+    assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
+
+
+def test_the_token_cookie_is_read_beside_another_apps_malformed_cookie(guarded: str) -> None:
+    """Browsers send every cookie of the host: one another app set (a JSON value) must not hide ours."""
+    cookies = f'other={{"a": 1}}; {TOKEN_COOKIE}={TOKEN}; last=1'
+    assert httpx.get(f"{guarded}/api/v1/experiments", headers={"Cookie": cookies}).status_code == 200
+    wrong = f'other={{"a": 1}}; {TOKEN_COOKIE}=wrong'
+    assert httpx.get(f"{guarded}/api/v1/experiments", headers={"Cookie": wrong}).status_code == 401
+
+
+def test_login_takes_a_base64_token_as_it_is_written(processes: Processes) -> None:
+    """`+` in a query is a `+` (only form bodies make it a space): a base64 token pasted into the URL works."""
+    token = "b64+tok/3c1f+0e9a=="
+    url = processes.manager(env={TOKEN_ENV: token})
+    login = httpx.get(f"{url}/login?token={token}")
+    assert login.status_code == 303, login.text
+    assert httpx.get(f"{url}/api/v1/experiments", cookies=login.cookies).status_code == 200
+    assert httpx.get(f"{url}/login", params={"token": token}).status_code == 303  # percent-encoded: %2B, %2F, %3D
+    assert httpx.get(f"{url}/login?token={token.replace('+', ' ')}").status_code == 401
+
+
+def test_login_redirects_only_within_the_manager(guarded: str) -> None:
+    """However the login path starts, the redirect is a path of this host, never `//elsewhere`."""
+    for path, target in (
+        ("/login", "/oview"),
+        ("//evil.example/login", "/evil.example/oview"),
+        ("///evil.example/login", "/evil.example/oview"),
+        ("/%5Cevil.example/login", "/%5Cevil.example/oview"),  # a browser reads `/\` as `//`
+        ("/%09/evil.example/login", "/%09/evil.example/oview"),  # and drops a tab
+    ):
+        login = httpx.get(f"{guarded}{path}?token={TOKEN}")
+        assert login.status_code == 303, (path, login.text)
+        assert login.headers["location"] == target, path
+
+
 def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: Path) -> None:
     password = "ssh-pa55-7d1e-do-not-leak"
     url = processes.manager(env=NO_TOKEN)

@@ -6,19 +6,26 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from bench.nnictl import nnictl_environment
+from core.settings import PREFIX
+from manager.api.app import MAX_BODY_BYTES
 from tests.conftest import Processes
+from tests.test_api import write_trial
 from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("nnictl") is None, reason="nnictl comes with the nni extra")
+needs_nnictl = pytest.mark.skipif(shutil.which("nnictl") is None, reason="nnictl comes with the nni extra")
+TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
+TOKEN = "tok-5b0e77c2-nnictl"
 
 # Each trial waits for its gate file, so the experiment is running while nnictl looks at it.
 TRIAL = """
@@ -45,6 +52,7 @@ def nnictl(home: Path, *args: str) -> str:
     return done.stdout
 
 
+@needs_nnictl
 def test_nnictl_lists_shows_exports_and_stops_an_experiment_the_manager_runs(
     tmp_path: Path, processes: Processes
 ) -> None:
@@ -90,6 +98,88 @@ def test_nnictl_lists_shows_exports_and_stops_an_experiment_the_manager_runs(
     assert entry["status"] == "STOPPED" and isinstance(entry["endTime"], int)
     statuses = {str(t["status"]) for t in trials_from_redis(processes, experiment_id)}
     assert statuses <= {"SUCCEEDED", "SYS_CANCELED"} and "SYS_CANCELED" in statuses
+
+
+@needs_nnictl
+def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Processes) -> None:
+    """nnictl sends no token: the experiment's own port (127.0.0.1 alone) asks for none; the main port still does."""
+    home, code = tmp_path / "home", write_trial(tmp_path / "code")
+    home.mkdir()
+    processes.worker()
+    url = processes.manager("--nnictl-registry", env={"HOME": str(home), TOKEN_ENV: TOKEN})  # on 127.0.0.1
+    http = httpx.Client(base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    created = http.post("/experiments", json={"config": experiment_config(code, trials=1)})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    registry = home / "nni-experiments" / ".experiment"
+    wait_until(lambda: registry.exists() and experiment_id in json.loads(registry.read_text()), 30, what="the entry")
+    port = json.loads(registry.read_text())[experiment_id]["port"]
+
+    def running() -> list[Any]:
+        trials = http.get(f"/experiments/{experiment_id}/trials").json()["items"]
+        return [trial["id"] for trial in trials if trial["status"] == "RUNNING"]
+
+    trial_id = wait_until(running, 30, what="a running trial")[0]
+    listed = nnictl(home, "trial", "ls", experiment_id)
+    assert trial_id in listed and "RUNNING" in listed, listed
+
+    own = f"http://127.0.0.1:{port}/api/v1/nni"
+    assert httpx.get(f"{own}/check-status").status_code == 200
+    over = httpx.put(
+        f"{own}/experiment", content=b"x" * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"}
+    )
+    assert over.status_code == 413  # its body limit stays
+    for path in ("/api/v1/nni/check-status", f"/nni/{experiment_id}/api/v1/nni/check-status", "/api/v1/experiments"):
+        assert httpx.get(f"{url}{path}").status_code == 401, path
+    (code / "gates" / "all").touch()
+    wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
+
+
+def test_a_registry_it_cannot_write_costs_no_experiment(tmp_path: Path, processes: Processes) -> None:
+    """nnictl's registry is a side matter: where it cannot be written (~/nni-experiments is a file), the
+    experiment is still created (201) and run, and a manager that starts again still resumes it."""
+    home, code = tmp_path / "home", write_trial(tmp_path / "code")
+    home.mkdir()
+    (home / "nni-experiments").write_text("a file where nnictl wants its directory")
+    processes.worker()
+    args = ("--nnictl-registry", "--on-exit", "detach", "--log-format", "json")
+    url = processes.manager(*args, env={"HOME": str(home)})
+    created = httpx.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=1)})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+
+    def experiment() -> dict[str, Any]:
+        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()
+
+    def trials() -> list[dict[str, Any]]:
+        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+
+    wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")
+    assert experiment()["status"] == "RUNNING"
+    failures = [line for line in json_lines(processes) if line.get("experiment") == experiment_id]
+    assert any(line["level"] == "error" and "nni-experiments" in line.get("exception", "") for line in failures)
+
+    first = processes.running[-1]
+    first.send_signal(signal.SIGTERM)  # detached: the next manager resumes the experiment
+    assert first.wait(60) == 0
+    url = processes.manager(*args, env={"HOME": str(home)})  # its start, resuming, meets the same registry
+    assert experiment()["status"] == "RUNNING"
+    (code / "gates" / "all").touch()
+    wait_until(lambda: experiment()["status"] == "DONE", 60, what="DONE")
+    assert [t["status"] for t in trials()] == ["SUCCEEDED"]
+    assert processes.running[-1].poll() is None
+
+
+def json_lines(processes: Processes) -> list[dict[str, Any]]:
+    lines = []
+    for line in processes.logs().splitlines():
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict):
+            lines.append(parsed)
+    return lines
 
 
 def nnictl_top(home: Path) -> str:

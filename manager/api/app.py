@@ -1,7 +1,9 @@
 """The ASGI application: routers, and what guards every request (token, body size, CORS, errors).
 
 The guards are plain ASGI middleware, in front of FastAPI: a refused request costs no routing, and a
-streamed answer (100,000 trials) passes through untouched.
+streamed answer (100,000 trials) passes through untouched. `build_api` makes the routes; `guarded` is
+what the main port serves (CORS, then the token, then the body limit); `body_limited` is what nnictl's
+per-experiment loopback ports serve (nnictl sends no token and no Origin).
 """
 
 from __future__ import annotations
@@ -9,14 +11,14 @@ from __future__ import annotations
 import hmac
 import json
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import quote, unquote_to_bytes
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.event_store import InvalidExperimentId
@@ -55,7 +57,8 @@ _ERRORS: dict[type[Exception], int] = {
 }
 
 
-def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
+def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
+    """The routes, with no guard in front: serve it through `guarded` or `body_limited`."""
     api = FastAPI(
         title="trialstream manager",
         version="1",
@@ -72,12 +75,22 @@ def create_app(host: ManagerHost, options: ApiOptions) -> ASGIApp:
     api.include_router(nni.router, prefix="/nni/{experiment_id}/api/v1/nni")
     api.include_router(webui.router, prefix="/nni/{experiment_id}")
     api.include_router(webui.router)  # last: its fallback answers every other GET, as NNI's server does
-    app: ASGIApp = api
-    if options.cors_origins:
-        app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
-    app = BodyLimit(app, options.max_body_bytes, options.max_upload_bytes)
+    return api
+
+
+def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
+    """The API behind its body limits alone: what nnictl's per-experiment 127.0.0.1 ports serve."""
+    return BodyLimit(api, options.max_body_bytes, options.max_upload_bytes)
+
+
+def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:
+    """The API as the main port serves it. CORS is outermost: a browser's preflight never carries the
+    token, so it is answered before the token is asked for, and a 401 still says which origin may read it."""
+    app = body_limited(api, options)
     if options.token is not None:
         app = TokenGuard(app, options.token)
+    if options.cors_origins:
+        app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
     return app
 
 
@@ -123,17 +136,20 @@ class TokenGuard:
         scheme, _, credential = authorization.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token):
             return True
-        cookie = SimpleCookie(headers.get(b"cookie", b"").decode("latin-1"))
-        presented = cookie.get(TOKEN_COOKIE)
-        return presented is not None and hmac.compare_digest(presented.value.encode(), self.token)
+        # Starlette's lenient parser: http.cookies drops the whole header for one malformed cookie of another app's
+        presented = cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(TOKEN_COOKIE)
+        return presented is not None and hmac.compare_digest(presented.encode("latin-1"), self.token)
 
     async def _login(self, scope: Scope, send: Send) -> None:
         """Set the token cookie and go to the web UI: a user opens `<manager>/login?token=...` once."""
-        token = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[0].encode()
+        token = _query_parameter(scope.get("query_string", b""), b"token")
         if not hmac.compare_digest(token, self.token):
             await _send_json(send, 401, {"error": "wrong token"})
             return
         target = scope.get("root_path", "") + scope["path"][: -len("login")] + "oview"  # under any url prefix
+        # a path of this host, whatever the request's: `//evil.example/login` must not send the browser to
+        # `//evil.example/oview` (nor `/\evil.example`, nor `/%09/evil.example`, which browsers read the same)
+        target = "/" + quote(target, safe="/;:@!$&'()*+,=-._~").lstrip("/")
         cookie = f"{TOKEN_COOKIE}={token.decode()}; HttpOnly; SameSite=Strict; Path=/"
         await send(
             {
@@ -143,6 +159,15 @@ class TokenGuard:
             }
         )
         await send({"type": "http.response.body", "body": b""})
+
+
+def _query_parameter(query_string: bytes, name: bytes) -> bytes:
+    """A query parameter's value, percent-decoded only: a `+` stays a `+` (a base64 token has them)."""
+    for pair in query_string.split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if unquote_to_bytes(key) == name:
+            return unquote_to_bytes(value)
+    return b""
 
 
 class BodyLimit:

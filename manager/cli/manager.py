@@ -12,7 +12,7 @@ import uvicorn
 
 from core.connections import connect, redact_url
 from core.settings import PREFIX, Settings
-from manager.api.app import ApiOptions, create_app, served_under
+from manager.api.app import ApiOptions, body_limited, build_api, guarded, served_under
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.logs import configure_logging
@@ -63,10 +63,11 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         raise RunnerError("--url-prefix: NNI's web UI misreads a prefix containing 'experiment'; choose another")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
     host = ManagerHost(connect(url), settings)
-    app = create_app(host, ApiOptions(token=token, cors_origins=tuple(args.cors_origin)))
+    options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin))
+    api = build_api(host, options)
     server = uvicorn.Server(
         uvicorn.Config(
-            served_under(app, prefix),
+            served_under(guarded(api, options), prefix),
             host=args.host,
             port=args.port,
             log_config=None,
@@ -74,7 +75,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
             timeout_graceful_shutdown=5,
         )
     )
-    bridge = NnictlBridge(host, app) if args.nnictl_registry else None
+    # nnictl's per-experiment ports (127.0.0.1 only) take no token: nnictl has no way to send one
+    bridge = NnictlBridge(host, body_limited(api, options)) if args.nnictl_registry else None
     host.start()
     log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
     try:
@@ -82,9 +84,11 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        host.shutdown(on_exit)
-        if bridge is not None:
-            bridge.close()
+        try:
+            host.shutdown(on_exit)
+        finally:  # nnictl's entries say STOPPED whatever shutdown met
+            if bridge is not None:
+                bridge.close()
         log.info("manager stopped (%s its experiments)", "stopped" if on_exit == "stop" else "detached from")
     return 0
 
