@@ -129,6 +129,8 @@ def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Pr
         f"{own}/experiment", content=b"x" * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"}
     )
     assert over.status_code == 413  # its body limit stays
+    for elsewhere in ("/api/v1/experiments", f"/api/v1/experiments/{experiment_id}/trials", "/metrics", "/oview"):
+        assert httpx.get(f"http://127.0.0.1:{port}{elsewhere}").status_code == 404, elsewhere  # NNI's API alone
     for path in ("/api/v1/nni/check-status", f"/nni/{experiment_id}/api/v1/nni/check-status", "/api/v1/experiments"):
         assert httpx.get(f"{url}{path}").status_code == 401, path
     (code / "gates" / "all").touch()

@@ -58,16 +58,8 @@ _ERRORS: dict[type[Exception], int] = {
 
 
 def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
-    """The routes, with no guard in front: serve it through `guarded` or `body_limited`."""
-    api = FastAPI(
-        title="trialstream manager",
-        version="1",
-        description="trialstream's API; NNI's REST API is under /api/v1/nni (and /nni/<experiment>/api/v1/nni).",
-    )
-    api.state.host = host
-    api.state.options = options
-    for error_type, status in _ERRORS.items():
-        api.add_exception_handler(error_type, _handler(status))
+    """The routes, with no guard in front: serve it through `guarded`."""
+    api = _api(host, options)
     api.include_router(native.router)
     api.include_router(observability.router(host))
     api.include_router(nni.trial_output_router)
@@ -78,9 +70,29 @@ def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     return api
 
 
+def nnictl_api(host: ManagerHost, options: ApiOptions) -> ASGIApp:
+    """What nnictl's per-experiment 127.0.0.1 ports serve: NNI's REST API alone, behind the body limits
+    but no token (nnictl sends none). Nothing else of the manager is reachable there."""
+    api = _api(host, options)
+    api.include_router(nni.router, prefix="/api/v1/nni")
+    return body_limited(api, options)
+
+
 def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
-    """The API behind its body limits alone: what nnictl's per-experiment 127.0.0.1 ports serve."""
     return BodyLimit(api, options.max_body_bytes, options.max_upload_bytes)
+
+
+def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
+    api = FastAPI(
+        title="trialstream manager",
+        version="1",
+        description="trialstream's API; NNI's REST API is under /api/v1/nni (and /nni/<experiment>/api/v1/nni).",
+    )
+    api.state.host = host
+    api.state.options = options
+    for error_type, status in _ERRORS.items():
+        api.add_exception_handler(error_type, _handler(status))
+    return api
 
 
 def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:

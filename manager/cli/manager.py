@@ -12,7 +12,7 @@ import uvicorn
 
 from core.connections import connect, redact_url
 from core.settings import PREFIX, Settings
-from manager.api.app import ApiOptions, body_limited, build_api, guarded, served_under
+from manager.api.app import ApiOptions, build_api, guarded, nnictl_api, served_under
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.logs import configure_logging
@@ -76,7 +76,7 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         )
     )
     # nnictl's per-experiment ports (127.0.0.1 only) take no token: nnictl has no way to send one
-    bridge = NnictlBridge(host, body_limited(api, options)) if args.nnictl_registry else None
+    bridge = NnictlBridge(host, nnictl_api(host, options)) if args.nnictl_registry else None
     host.start()
     log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
     try:
