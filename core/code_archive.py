@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 IGNORE_FILE = ".nniignore"
 MAX_FILES = 2000
 MAX_BYTES = 300 * 1024 * 1024  # NNI: ``fileTotalSize > 300 * 1024 * 1024`` is an error
+# The tar stream `write_archive` writes within those limits is at most MAX_TAR_BYTES: per member a
+# header block, PAX records for a long or non-ASCII name and link target (each under PATH_MAX, 4096
+# bytes) with their own header, and padding to 512 bytes; then the end blocks and the last record's padding.
+MEMBER_OVERHEAD_BYTES = 16 * 1024
+MAX_TAR_BYTES = MAX_BYTES + MAX_FILES * MEMBER_OVERHEAD_BYTES + 2 * tarfile.RECORDSIZE
+# ...and gzip makes at most this of it (zlib's compressBound, plus gzip's header and trailer): the
+# largest upload the CLI can send, what an HTTP limit on code uploads must let through.
+MAX_ARCHIVE_BYTES = MAX_TAR_BYTES + (MAX_TAR_BYTES >> 12) + (MAX_TAR_BYTES >> 14) + (MAX_TAR_BYTES >> 25) + 13 + 18
 _OFFENDERS = 5
 _GZIP_LEVEL = 6
 

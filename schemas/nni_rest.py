@@ -276,7 +276,7 @@ def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_
     if "maxExperimentDuration" in params and not _is_duration(params["maxExperimentDuration"]):
         params.pop("maxExperimentDuration")  # unreadable to the UI's toSeconds: shown as no limit
     if not _is_search_space(params.get("searchSpace", {})):
-        params.pop("searchSpace")  # the UI reads `_type` of each entry: an unreadable space is not shown
+        params["searchSpace"] = {}  # the UI reads `_type` of each entry (and its keys): shown as empty, not broken
     return ExperimentProfile(
         params=params,
         id=view.id,

@@ -447,3 +447,39 @@ def test_event_stream_follows_new_entries_and_resumes_after_the_last_event_id(ap
     wait_until(lambda: len(everything.events) == len(log), 30, what="the whole log on the stream")
     everything.close()
     assert [event["id"] for event in everything.events] == log_ids
+
+
+def test_a_search_space_change_is_checked_as_a_configs_is(api: Api) -> None:
+    experiment_id = api.create(experiment_config(api.code, trials=1, concurrency=1))
+    api.wait_running(experiment_id, 1)
+    for space, key in (
+        ({"lr": [0.1, 0.2]}, "searchSpace.lr"),
+        ({"lr": {"_type": "nonsense", "_value": [1, 2]}}, "searchSpace.lr._type"),
+        ({"lr": {"_type": "uniform", "_value": "wide"}}, "searchSpace.lr._value"),
+    ):
+        refused = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": space})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"].startswith(key), refused.text
+    good = {"lr": {"_type": "loguniform", "_value": [0.001, 0.1]}}
+    changed = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": good})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["config"]["searchSpace"] == good
+    api.release_all()
+
+
+def test_event_stream_followers_leave_the_thread_pool_to_ordinary_requests(api: Api) -> None:
+    """Followers wait on the log in blocking reads, on threads of their own: more of them than the
+    handlers' pool has threads (40) still leave ordinary requests answered."""
+    experiment_id = api.create(experiment_config(api.code, trials=1, concurrency=1))
+    api.wait_running(experiment_id, 1)
+    url = f"{str(api.http.base_url).rstrip('/')}/experiments/{experiment_id}/events/stream"
+    followers = [SseReader(url) for _ in range(45)]
+    try:
+        with httpx.Client(base_url=str(api.http.base_url), timeout=10) as http:
+            for _ in range(3):
+                assert http.get(f"/experiments/{experiment_id}").status_code == 200
+                assert http.get(f"/experiments/{experiment_id}/trials").status_code == 200
+    finally:
+        for follower in followers:
+            follower.close()
+        api.release_all()

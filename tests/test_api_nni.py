@@ -140,6 +140,8 @@ def test_experiment_status_profile_and_registry_entry() -> None:
     profile = nni_rest.experiment_profile(view, 2, 7, now_ms=4500).wire()
     assert profile["execDuration"] == 3 and "endTime" not in profile
     assert "maxExperimentDuration" not in profile["params"]
+    unreadable = view.model_copy(update={"config": {**config, "searchSpace": {"x": [0, 1]}}})
+    assert nni_rest.experiment_profile(unreadable, 2, 7, now_ms=0).wire()["params"]["searchSpace"] == {}
     done = view.model_copy(update={"status": "DONE", "end_time": 9000})
     assert nni_rest.experiment_profile(done, 2, 7, now_ms=99_000).wire()["endTime"] == 9000
     entry = nni_rest.experiment_metadata(done, 2, port=80, pid=5, prefix_url="nni/exp", now_ms=0).wire()
@@ -305,6 +307,17 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
         answer = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": update_type}, json=body)
         assert (answer.status_code, answer.content) == (200, b""), answer.text
 
+    for space in ({"x": [0, 1]}, {"x": {"_type": "nonsense", "_value": [0, 1]}}, "wide"):
+        body = {**profile, "params": {**profile["params"], "searchSpace": space}}
+        refused = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "SEARCH_SPACE"}, json=body)
+        assert refused.status_code == 500 and refused.json()["error"].startswith("searchSpace"), refused.text
+    assert _nni(url, "/experiment")["params"]["searchSpace"] == profile["params"]["searchSpace"]  # unchanged
+    update("SEARCH_SPACE", searchSpace={"x": {"_type": "choice", "_value": [0.5, 0.75]}})
+    wait_until(
+        lambda: _nni(url, "/experiment")["params"]["searchSpace"]["x"]["_type"] == "choice",
+        30,
+        what="the new search space in the profile",
+    )
     update("TRIAL_CONCURRENCY", trialConcurrency=2)
     update("MAX_TRIAL_NUM", maxTrialNumber=3)
     assert _nni(url, "/experiment")["params"]["trialConcurrency"] == 2

@@ -6,28 +6,37 @@ ManagerHost or a read of the views, so one slow request never holds up the other
 
 from __future__ import annotations
 
+import asyncio
+import bz2
+import gzip
 import hashlib
 import io
 import json
+import lzma
+import os
 import shutil
 import tarfile
 import tempfile
 import time
+import weakref
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 
-from core import keys
+from core import code_archive, keys
 from core.event_store import check_experiment_id, is_stream_id, stream_position
-from manager.algorithms import optimize_mode_of
+from manager.algorithms import AlgorithmError, optimize_mode_of, resolve
 from manager.config import experiment_spec
 from manager.experiments import delete_experiment, resolve_experiment
 from manager.host import ManagerHost
 from manager.replay import describe
+from manager.tuners import SearchSpaceError, validate_search_space
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -49,6 +58,8 @@ from schemas.trial import JobApplicationForm, TrialJobDetail, TrialJobStatus
 
 router = APIRouter(prefix="/api/v1")
 SSE_BLOCK_MS = 1000
+SSE_BATCH = 1000  # entries a follower reads at once: `after=0-0` on a long log is read a batch at a time
+SSE_THREADS = 256  # followers reading at once (more wait for a free thread), apart from the handlers' pool
 MAX_OFFSET = 2**53  # a page offset Redis takes as an index, with room for the limit (and exact in JSON)
 CATCH_UP_S = 2.0  # how long a page waits for the projector to reach what was logged before the request
 
@@ -98,33 +109,130 @@ def ready(host: Host) -> Any:
 # code
 
 
-@router.put("/code", response_model=CodeUploaded, status_code=201)
-async def upload_code(request: Request, host: Host) -> CodeUploaded:
+@router.put("/code", response_model=CodeUploaded, status_code=201, responses={413: {}, 422: {}})
+async def upload_code(request: Request, host: Host) -> Any:
     """A tar.gz of the trial code directory (the CLI packs it with `.nniignore`). Stored by content
-    hash, so uploading the same code again costs nothing; members that would leave it are refused."""
+    hash, so uploading the same code again costs nothing. Unpacked within NNI's limits for code
+    (core/code_archive: files, bytes), or refused with a 413 naming the limit; members that would
+    leave the directory, or write through a link, are refused (422). Symlinks are kept as they are,
+    absolute ones included (`data -> /nfs/datasets`), as the CLI archives them."""
     body = await request.body()
-    code_id = hashlib.sha256(body).hexdigest()
-    target = code_directory(host, code_id)
-    if not target.is_dir():
-        await anyio.to_thread.run_sync(_unpack, body, target)
-    return CodeUploaded(code_id=code_id, size=len(body))
+    try:
+        # hashing (up to the upload limit) and unpacking are blocking work: not on the event loop
+        return await anyio.to_thread.run_sync(_store_code, body, code_directory(host, "."))
+    except UploadTooLarge as error:
+        return JSONResponse({"error": str(error)}, status_code=413)
 
 
 def code_directory(host: ManagerHost, code_id: str) -> Path:
     return Path(host.settings.experiments_dir).expanduser().resolve() / "code" / code_id
 
 
+class UploadTooLarge(ValueError):
+    """An archive over NNI's limits for a code directory; the message names the limit."""
+
+
+# What an upload may unpack to: NNI's limits on a code directory (core/code_archive), as the CLI
+# applies them before it uploads. `tar` (unlike the CLI) also writes one entry per directory.
+UPLOAD_MAX_FILES = code_archive.MAX_FILES  # files and links
+UPLOAD_MAX_DIRECTORIES = code_archive.MAX_FILES
+UPLOAD_MAX_BYTES = code_archive.MAX_BYTES  # their contents (a link counts its target's length, as in NNI)
+# The tar stream itself (headers, padding, directory entries): bounded before any header is parsed,
+# so a small archive cannot decompress to gigabytes of headers either.
+UPLOAD_MAX_TAR_BYTES = code_archive.MAX_TAR_BYTES + UPLOAD_MAX_DIRECTORIES * code_archive.MEMBER_OVERHEAD_BYTES
+
+
+def _store_code(body: bytes, code_root: Path) -> CodeUploaded:
+    code_id = hashlib.sha256(body).hexdigest()
+    target = code_root / code_id
+    if not target.is_dir():
+        _unpack(body, target)
+    return CodeUploaded(code_id=code_id, size=len(body))
+
+
 def _unpack(body: bytes, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=".upload-"))
     try:
-        with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as archive:
-            archive.extractall(scratch, filter="data")  # no absolute paths, `..`, links out or devices
-        scratch.rename(target)
-    except (tarfile.TarError, OSError) as error:
+        with tarfile.open(fileobj=_Capped(_decompressed(body), UPLOAD_MAX_TAR_BYTES), mode="r|") as archive:
+            files = directories = size = 0
+            for member in archive:  # one at a time, each counted before it is written
+                if member.isdir():
+                    directories += 1
+                else:
+                    files += 1
+                    size += member.size if member.isreg() else len(member.linkname)
+                if files > UPLOAD_MAX_FILES:
+                    raise UploadTooLarge(f"code upload: more than {UPLOAD_MAX_FILES} files (NNI's limit for code)")
+                if directories > UPLOAD_MAX_DIRECTORIES:
+                    raise UploadTooLarge(f"code upload: more than {UPLOAD_MAX_DIRECTORIES} directories")
+                if size > UPLOAD_MAX_BYTES:
+                    raise UploadTooLarge(
+                        f"code upload: its files hold more than {UPLOAD_MAX_BYTES} bytes (NNI's limit for code)"
+                    )
+                archive.extract(member, scratch, filter=_code_member)
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not target.is_dir():  # else the same upload, unpacked at the same time: it is there
+                raise
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as error:
         raise ConfigError(f"code upload: not a usable tar archive ({error})") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _code_member(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
+    """`tarfile.tar_filter` (no path outside `destination`, none written through a link, no setuid or
+    group/other write bits) and, as the `data` filter, no devices, no foreign owners, a hard link only
+    to a path inside: but symlinks stay as they are, absolute ones included, as in NNI's uploads."""
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        raise tarfile.SpecialFileError(member)
+    if member.islnk():
+        inside = os.path.realpath(destination)
+        linked = os.path.realpath(os.path.join(inside, member.linkname))
+        if os.path.commonpath([linked, inside]) != inside:
+            raise tarfile.LinkOutsideDestinationError(member, linked)
+    member = tarfile.tar_filter(member, destination)
+    mode = member.mode
+    if member.isreg() or member.islnk():
+        mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+    elif member.isdir():
+        mode |= 0o700
+    return member.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
+
+
+def _decompressed(body: bytes) -> io.BufferedIOBase:
+    """The tar stream of a .tar.gz (what the CLI sends), .tar.bz2, .tar.xz or plain .tar, read lazily."""
+    raw = io.BytesIO(body)
+    if body.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if body.startswith(b"BZh"):
+        return bz2.BZ2File(raw)
+    if body.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw)
+    return raw
+
+
+class _Capped(io.RawIOBase):
+    """A stream that refuses to give more than `limit` bytes: a gzip bomb stops at the limit."""
+
+    def __init__(self, source: io.BufferedIOBase, limit: int) -> None:
+        super().__init__()
+        self._source = source
+        self._limit = limit
+        self._read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(min(len(buffer), self._limit + 1 - self._read))
+        self._read += len(data)
+        if self._read > self._limit:
+            raise UploadTooLarge(f"code upload: unpacks to more than {self._limit} bytes of tar (NNI's limit for code)")
+        buffer[: len(data)] = data
+        return len(data)
 
 
 # experiments
@@ -157,8 +265,32 @@ def get_experiment(experiment_id: Experiment, host: Host) -> ExperimentState:
 @router.patch("/experiments/{experiment_id}", response_model=ExperimentState)
 def update_experiment(experiment_id: Experiment, changes: ExperimentChanges, host: Host) -> ExperimentState:
     """Change trialConcurrency, maxTrialNumber, maxExperimentDuration (seconds) or the search space."""
+    check_changes(host, experiment_id, changes)
     host.update(experiment_id, changes)
     return _state(host, experiment_id)
+
+
+def check_changes(host: ManagerHost, experiment_id: str, changes: ExperimentChanges) -> None:
+    """A new search space is checked as a config's is, by the experiment's tuner (a ConfigError naming
+    the offending key): the tuner would fail on it, and NNI's web UI cannot show it."""
+    space = changes.search_space
+    if space is None:
+        return
+    tuner, custom = None, False
+    try:
+        section = ExperimentConfig.model_validate(host.service(experiment_id).experiment_view().config).tuner_section
+        custom = section.class_name is not None
+        if not custom:  # a custom tuner reads its space alone: its code is not imported here
+            tuner = resolve(section, "tuner")
+    except (ValidationError, AlgorithmError):
+        pass  # a tuner that cannot be loaded here: the structure is checked all the same
+    try:
+        if tuner is not None:
+            tuner.check_search_space(space)
+        elif not custom:
+            validate_search_space(space, allow_empty=True)
+    except SearchSpaceError as error:
+        raise ConfigError(str(error)) from None
 
 
 @router.post("/experiments/{experiment_id}/stop", status_code=202)
@@ -308,24 +440,42 @@ def list_events(
 @router.get("/experiments/{experiment_id}/events/stream", response_class=StreamingResponse)
 async def follow_events(experiment_id: Experiment, host: Host, request: Request, after: str = "$") -> StreamingResponse:
     """Server-Sent Events: each new entry of the log as it is appended (`after=0-0` for all of it
-    first). A client reconnecting with Last-Event-ID resumes after the last entry it got."""
-    store = host.service(experiment_id).store
+    first, SSE_BATCH entries at a time). A client reconnecting with Last-Event-ID resumes after the
+    last entry it got.
+
+    Its blocking reads run on threads of their own (SSE_THREADS), not on the pool every plain handler
+    runs on: a follower waits in a read nearly all the time, and 40 of them would hold that whole pool."""
     last_event_id = request.headers.get("last-event-id")
     cursor = last_event_id or after
+    store = (await anyio.to_thread.run_sync(host.service, experiment_id)).store
     if cursor == "$" and last_event_id is None:
-        cursor = store.last_id() or "0-0"
+        newest: str | None = await anyio.to_thread.run_sync(store.last_id)
+        cursor = newest or "0-0"
     _check_stream_id(cursor, "Last-Event-ID" if last_event_id else "after")
+    limiter = _sse_threads()
 
     async def stream() -> Any:
         nonlocal cursor
         yield ": following the log\n\n"
         while not await request.is_disconnected():
-            entries = await anyio.to_thread.run_sync(store.wait, cursor, SSE_BLOCK_MS)
+            entries = await anyio.to_thread.run_sync(store.wait, cursor, SSE_BLOCK_MS, SSE_BATCH, limiter=limiter)
             for entry in entries:
                 cursor = entry.id
                 yield f"id: {entry.id}\nevent: log\ndata: {json.dumps(describe(entry).json)}\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+
+_SSE_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = weakref.WeakKeyDictionary()
+
+
+def _sse_threads() -> anyio.CapacityLimiter:
+    """The event loop's limiter for followers' reads (one per loop: nnictl's listeners run loops of their own)."""
+    loop = asyncio.get_running_loop()
+    limiter = _SSE_LIMITERS.get(loop)
+    if limiter is None:
+        limiter = _SSE_LIMITERS[loop] = anyio.CapacityLimiter(SSE_THREADS)
+    return limiter
 
 
 def _check_stream_id(value: str, name: str) -> None:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from core.event_store import InvalidExperimentId, check_experiment_id
 from core.platform import OutputStream, OutputUnavailable
-from manager.api.native import Experiment, Host, get_host
+from manager.api.native import Experiment, Host, check_changes, get_host
 from manager.experiments import ExperimentNotFound, resolve_experiment
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.runner import RunnerError
@@ -198,6 +198,7 @@ def update_experiment(
         return _error("the body must be the experiment profile, with `params`")
     try:
         changes = _changes(update_type, params)
+        check_changes(host, experiment_id, changes)  # a search space is checked as a config's is
         host.update(experiment_id, changes)
     except (ValidationError, ValueError, ExperimentNotRunning, RunnerError) as refused:
         return _error(str(refused))
@@ -213,7 +214,9 @@ def _changes(update_type: str, params: dict[str, Any]) -> ExperimentChanges:
         case "MAX_EXEC_DURATION":
             return ExperimentChanges(max_experiment_duration=_seconds(params.get("maxExperimentDuration")))
         case _:
-            return ExperimentChanges(search_space=params.get("searchSpace"))
+            if not isinstance(params.get("searchSpace"), dict):
+                raise ValueError("searchSpace: expected a mapping of parameter names to {_type, _value}")
+            return ExperimentChanges(search_space=params["searchSpace"])
 
 
 def _seconds(duration: Any) -> float:

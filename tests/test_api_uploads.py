@@ -1,0 +1,124 @@
+"""Code uploads (`PUT /api/v1/code`) to a real `trialstream manager`: what the CLI packs is unpacked as it
+was (absolute symlinks included), and what would not fit NNI's limits for code, or would leave the
+upload's directory, is refused with the reason."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core import code_archive
+from tests.conftest import Processes
+
+
+@pytest.fixture
+def uploads(processes: Processes, tmp_path: Path) -> Iterator[tuple[httpx.Client, Path]]:
+    """A manager's /api/v1 and where it unpacks uploads."""
+    experiments = tmp_path / "experiments"
+    url = processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(experiments)})
+    with httpx.Client(base_url=f"{url}/api/v1", timeout=60) as http:
+        yield http, experiments / "code"
+
+
+def tar_gz(members: list[tuple[tarfile.TarInfo, io.RawIOBase | io.BufferedIOBase | None]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|gz", format=tarfile.PAX_FORMAT) as archive:
+        for info, content in members:
+            archive.addfile(info, content)
+    return buffer.getvalue()
+
+
+def regular(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, io.BytesIO]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, io.BytesIO(data)
+
+
+class Zeros(io.RawIOBase):
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        buffer[:] = bytes(len(buffer))
+        return len(buffer)
+
+
+def test_an_archive_the_cli_makes_keeps_its_absolute_symlink(
+    uploads: tuple[httpx.Client, Path], tmp_path: Path
+) -> None:
+    http, stored = uploads
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "trial.py").write_text("print('hi')\n")
+    (code / "pkg" / "run.sh").write_text("#!/bin/sh\n")
+    (code / "pkg" / "run.sh").chmod(0o755)
+    os.symlink("/nfs/datasets", code / "data")  # a shared mount, absent here: kept as it is, as NNI does
+    body = code_archive.archive(code)
+    answer = http.put("/code", content=body)
+    assert answer.status_code == 201, answer.text
+    unpacked = stored / answer.json()["codeId"]
+    assert os.readlink(unpacked / "data") == "/nfs/datasets"
+    assert (unpacked / "trial.py").read_text() == "print('hi')\n"
+    assert os.access(unpacked / "pkg" / "run.sh", os.X_OK)
+
+
+def test_a_gzip_bomb_is_refused_naming_the_limit(uploads: tuple[httpx.Client, Path]) -> None:
+    http, stored = uploads
+    info = tarfile.TarInfo("zeros.bin")
+    info.size = code_archive.MAX_BYTES + 1024 * 1024  # a few hundred KB of gzip, over 300 MiB unpacked
+    body = tar_gz([(info, Zeros())])
+    assert len(body) < 2 * 1024 * 1024
+    answer = http.put("/code", content=body)
+    assert answer.status_code == 413, answer.text
+    assert str(code_archive.MAX_BYTES) in answer.json()["error"]
+    assert not any(path.is_file() for path in stored.rglob("*"))  # nothing left behind
+
+
+def test_more_files_than_nni_allows_are_refused(uploads: tuple[httpx.Client, Path]) -> None:
+    http, _ = uploads
+    body = tar_gz([regular(f"f{index}.txt") for index in range(code_archive.MAX_FILES + 1)])
+    answer = http.put("/code", content=body)
+    assert answer.status_code == 413, answer.text
+    assert f"more than {code_archive.MAX_FILES} files" in answer.json()["error"]
+
+
+def test_members_leaving_the_upload_are_refused(uploads: tuple[httpx.Client, Path], tmp_path: Path) -> None:
+    http, _ = uploads
+    escape = tar_gz([regular("trial.py"), regular("../escaped.txt")])
+    answer = http.put("/code", content=escape)
+    assert answer.status_code == 422, answer.text
+    assert "escaped.txt" in answer.json()["error"]
+    assert not (tmp_path / "experiments" / "escaped.txt").exists()
+    link = tarfile.TarInfo("out")
+    link.type, link.linkname = tarfile.SYMTYPE, str(tmp_path)
+    through = tar_gz([(link, None), regular("out/through-the-link.txt")])  # writing through a link
+    answer = http.put("/code", content=through)
+    assert answer.status_code == 422, answer.text
+    assert not (tmp_path / "through-the-link.txt").exists()
+
+
+def test_the_same_upload_at_once_succeeds_twice(uploads: tuple[httpx.Client, Path]) -> None:
+    http, stored = uploads
+    body = tar_gz([regular(f"dir{index}/f.txt", b"data" * 1000) for index in range(200)])
+    start = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def upload() -> None:
+        start.wait()
+        answers.append(http.put("/code", content=body))
+
+    threads = [threading.Thread(target=upload) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [answer.status_code for answer in answers] == [201, 201], [answer.text for answer in answers]
+    assert answers[0].json() == answers[1].json()
+    assert (stored / answers[0].json()["codeId"] / "dir199" / "f.txt").read_bytes() == b"data" * 1000
