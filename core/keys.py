@@ -123,6 +123,22 @@ class ViewKeys:
         """Hash: status -> trials in it, and `lost` / `retried` attempts: what /metrics reports."""
         return f"{self._base}:counts"
 
+    @property
+    def fixed(self) -> frozenset[str]:
+        """The views' keys but the per-trial metric lists."""
+        return frozenset(
+            {
+                self.position,
+                self.trials,
+                self.experiment,
+                self.metric_keys,
+                self.unreadable,
+                self.order,
+                self.ranking,
+                self.counts,
+            }
+        )
+
     def metrics(self, trial_id: str) -> str:
         """List of MetricRecord JSON of one trial, in log order."""
         return f"{self._base}:metrics:{trial_id}"

@@ -63,17 +63,7 @@ def _position(client: redis.Redis | redis.client.Pipeline, view_keys: ViewKeys) 
 
 def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
     """The keys the views may have: one of each kind, and a metric list per trial."""
-    fixed = {
-        view_keys.position,
-        view_keys.trials,
-        view_keys.experiment,
-        view_keys.metric_keys,
-        view_keys.unreadable,
-        view_keys.order,
-        view_keys.ranking,
-        view_keys.counts,
-    }
-    return fixed | {view_keys.metrics(trial_id) for trial_id in trial_ids}
+    return set(view_keys.fixed) | {view_keys.metrics(trial_id) for trial_id in trial_ids}
 
 
 def _rank_score(trial: TrialJobDetail) -> float | None:

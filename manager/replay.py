@@ -276,7 +276,7 @@ def snapshot_views(client: redis.Redis, experiment_id: str, namespace: str = key
     view_keys = ViewKeys(experiment_id, namespace)
     prefix = view_keys.pattern[:-1]
     known = {str(name) for name in client.scan_iter(match=_pattern(view_keys), count=_BATCH)}
-    known |= {view_keys.position, view_keys.trials, view_keys.experiment, view_keys.metric_keys, view_keys.unreadable}
+    known |= view_keys.fixed  # a commit may create them after the SCAN
     kinds: dict[str, str] = {}
     with client.pipeline() as pipe:
         while True:

@@ -52,11 +52,17 @@ def api_schema(manager: tuple[str, str]) -> Any:
     return schemathesis.openapi.from_url(f"{url}/openapi.json")
 
 
+NNI_PATHS = r"(^/api/v1/nni/|^/nni/)"
 schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=r"/events/stream$")
+native = schema.exclude(path_regex=NNI_PATHS)
+# NNI's REST API keeps NNI's wire quirks (`/version` is the bare text 3.0.0 typed as JSON, an unknown trial
+# is a 200 with an empty body, a refused write is a 500 {"error"}): its reads are fuzzed for server
+# errors only; its shapes are checked against NNI's own client classes in tests/test_api_nni.py.
+nni_reads = schema.include(path_regex=NNI_PATHS, method="GET")
 
 
 @pytest.mark.timeout(900)
-@schema.parametrize()
+@native.parametrize()
 @settings(
     max_examples=30,
     derandomize=True,
@@ -72,6 +78,23 @@ def test_every_operation_answers_within_its_schema_and_never_with_a_server_error
     if isinstance(generated, str) and len(generated) % 2 == 0 and case.method.upper() != "DELETE":
         parameters["experiment_id"] = experiment_id
     case.call_and_validate(base_url=url, checks=[not_a_server_error, response_schema_conformance], timeout=30)
+
+
+@pytest.mark.timeout(900)
+@nni_reads.parametrize()
+@settings(
+    max_examples=15,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
+def test_nni_reads_never_answer_with_a_server_error(case: Any, manager: tuple[str, str]) -> None:
+    url, experiment_id = manager
+    parameters = case.path_parameters or {}
+    generated = parameters.get("experiment_id")
+    if isinstance(generated, str) and len(generated) % 2 == 0:
+        parameters["experiment_id"] = experiment_id
+    case.call_and_validate(base_url=url, checks=[not_a_server_error], timeout=30)
 
 
 def test_the_schema_is_served(manager: tuple[str, str]) -> None:

@@ -73,6 +73,7 @@ def test_a_customized_trial_is_answered_with_its_own_sequence_id(api: Api) -> No
 def parameters(trial: dict[str, object]) -> object:
     return json.loads(trial["form"]["hyperParameters"]["value"])["parameters"]  # type: ignore[index]
 
+
 def test_the_ranking_keeps_only_finite_current_results_and_a_rebuild_agrees(
     make_service: ServiceFactory, client: redis.Redis
 ) -> None:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.code_archive import MAX_ARCHIVE_BYTES
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
 from manager.api import native, nni, observability, webui
@@ -40,7 +41,7 @@ class ApiOptions:
     token: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = MAX_BODY_BYTES
-    max_upload_bytes: int = 50 * 1024 * 1024  # code archives: NNI's own limit for code sent to other machines
+    max_upload_bytes: int = MAX_ARCHIVE_BYTES  # the largest code archive the CLI makes (NNI's limits, gzipped)
 
 
 _ERRORS: dict[type[Exception], int] = {
