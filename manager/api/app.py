@@ -25,6 +25,7 @@ from core.code_archive import MAX_ARCHIVE_BYTES
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
 from manager.api import native, nni, observability, webui
+from manager.api.listings import ListingCache
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.runner import RunnerError
@@ -91,6 +92,7 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     )
     api.state.host = host
     api.state.options = options
+    api.state.listings = ListingCache()
     for error_type, status in _ERRORS.items():
         api.add_exception_handler(error_type, _handler(status))
     return api

@@ -2,9 +2,9 @@
 
 The router is mounted twice: at `/api/v1/nni` for the default experiment, and at
 `/nni/{experiment_id}/api/v1/nni` for that one; `nni_experiment` is the one place that decides which.
-The answers that list everything (`/trial-jobs`, `/metric-data*`, `/export-data`) are JSON arrays streamed
-a chunk of trials at a time from a sync generator (Starlette iterates it on its thread pool), so 100,000
-trials are never in memory at once. Errors are `{"error": ...}`: 404 for what does not exist, else 500
+The answers that list everything (`/trial-jobs`, `/metric-data*`, `/export-data`) are rendered once per
+projection position for a small experiment (what the UI polls), and streamed a chunk of trials at a time
+for a large one, so 100,000 trials are never in memory at once (manager/api/listings.py). Errors are `{"error": ...}`: 404 for what does not exist, else 500
 (NNI's code for a refused write, which its UI and nnictl expect).
 """
 
@@ -25,13 +25,14 @@ from pydantic import ValidationError
 
 from core.event_store import InvalidExperimentId, check_experiment_id
 from core.platform import OutputStream, OutputUnavailable
+from manager.api.listings import ListingCache
 from manager.api.native import Experiment, Host, check_changes, get_host
 from manager.experiments import ExperimentNotFound, resolve_experiment
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.runner import RunnerError
 from manager.training_service import TrainingService, TrialNotFound
 from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
-from manager.views import CHUNK
+from manager.views import CHUNK, ViewStore
 from schemas import nni_rest
 from schemas.events import ExperimentChanges
 from schemas.trial import ExperimentView, TrialJobDetail
@@ -80,16 +81,11 @@ def _empty() -> Response:
     return Response(b"", media_type=JSON_TYPE)
 
 
-def _streamed_array(items: Iterable[str]) -> StreamingResponse:
-    def body() -> Iterator[str]:
-        yield "["
-        separator = ""
-        while batch := list(islice(items, CHUNK)):
-            yield separator + ",".join(batch)
-            separator = ","
-        yield "]"
-
-    return StreamingResponse(body(), media_type=JSON_TYPE)
+def _listing(request: Request, experiment_id: str, views: ViewStore, items: Callable[[], Iterable[str]]) -> Response:
+    """A whole-list answer: kept per projection position for a small experiment, streamed for a large one."""
+    key = (experiment_id, request.url.path.rsplit("/api/v1/nni", 1)[-1], str(request.url.query))
+    cache: ListingCache = request.app.state.listings
+    return cache.answer(views, key, items)
 
 
 def _metrics_of(
@@ -249,9 +245,14 @@ def tensorboard_tasks() -> Response:
 
 
 @router.get("/trial-jobs")
-def trial_jobs(experiment_id: NniExperiment, host: Host, status: str | None = None) -> StreamingResponse:
+def trial_jobs(experiment_id: NniExperiment, host: Host, request: Request, status: str | None = None) -> Response:
     views = host.service(experiment_id).views
-    return _streamed_array(nni_rest.trial_job_info(trial).wire_json() for trial in views.iter_trials(status=status))
+    return _listing(
+        request,
+        experiment_id,
+        views,
+        lambda: (nni_rest.trial_job_info(trial).wire_json() for trial in views.iter_trials(status=status)),
+    )
 
 
 @router.get("/trial-jobs/{trial_job_id}")
@@ -289,11 +290,16 @@ def cancel_trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host
 
 @router.get("/metric-data")
 def metric_data(
-    experiment_id: NniExperiment, host: Host, type: nni_rest.NniMetricType | None = None
-) -> StreamingResponse:
+    experiment_id: NniExperiment, host: Host, request: Request, type: nni_rest.NniMetricType | None = None
+) -> Response:
     service = host.service(experiment_id)
     keep = _of_type(type)
-    return _streamed_array(_records_json(_metrics_of(service, service.views.iter_trials()), keep))
+    return _listing(
+        request,
+        experiment_id,
+        service.views,
+        lambda: _records_json(_metrics_of(service, service.views.iter_trials()), keep),
+    )
 
 
 @router.get("/metric-data/{trial_job_id}")
@@ -322,20 +328,28 @@ def _of_type(
 
 @router.get("/metric-data-latest")
 @router.get("/metric-data-latest/")
-def metric_data_latest(experiment_id: NniExperiment, host: Host) -> StreamingResponse:
+def metric_data_latest(experiment_id: NniExperiment, host: Host, request: Request) -> Response:
     service = host.service(experiment_id)
-    batches = _metrics_of(service, service.views.iter_trials())
-    return _streamed_array(_records_json(batches, nni_rest.latest_metric_records))
+    return _listing(
+        request,
+        experiment_id,
+        service.views,
+        lambda: _records_json(_metrics_of(service, service.views.iter_trials()), nni_rest.latest_metric_records),
+    )
 
 
 @router.get("/metric-data-range/{min_sequence_id}/{max_sequence_id}")
 def metric_data_range(
-    experiment_id: NniExperiment, min_sequence_id: int, max_sequence_id: int, host: Host
-) -> StreamingResponse:
+    experiment_id: NniExperiment, min_sequence_id: int, max_sequence_id: int, host: Host, request: Request
+) -> Response:
     """All metrics of the trials whose sequence id is in [min, max], found through the order index."""
     service = host.service(experiment_id)
-    trials = _trials_in_range(service, min_sequence_id, max_sequence_id)
-    return _streamed_array(_records_json(_metrics_of(service, trials)))
+    return _listing(
+        request,
+        experiment_id,
+        service.views,
+        lambda: _records_json(_metrics_of(service, _trials_in_range(service, min_sequence_id, max_sequence_id))),
+    )
 
 
 def _trials_in_range(service: TrainingService, low: int, high: int) -> Iterator[TrialJobDetail]:
@@ -353,9 +367,18 @@ def _trials_in_range(service: TrainingService, low: int, high: int) -> Iterator[
 
 
 @router.get("/export-data")
-def export_data(experiment_id: NniExperiment, host: Host) -> StreamingResponse:
-    trials = host.service(experiment_id).views.iter_trials(status="SUCCEEDED")
-    return _streamed_array(entry.wire_json() for trial in trials for entry in nni_rest.export_entries(trial))
+def export_data(experiment_id: NniExperiment, host: Host, request: Request) -> Response:
+    views = host.service(experiment_id).views
+    return _listing(
+        request,
+        experiment_id,
+        views,
+        lambda: (
+            entry.wire_json()
+            for trial in views.iter_trials(status="SUCCEEDED")
+            for entry in nni_rest.export_entries(trial)
+        ),
+    )
 
 
 # files

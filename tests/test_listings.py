@@ -1,0 +1,56 @@
+"""NNI's whole-list answers are rendered once per projection position, and never kept for a large experiment."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+from fastapi.responses import StreamingResponse
+
+from manager.api import listings
+from manager.api.listings import ListingCache
+from manager.projector import Projector
+from tests.conftest import ServiceFactory, form
+
+
+def test_an_answer_is_rendered_again_only_when_the_projection_moves(
+    make_service: ServiceFactory, client: redis.Redis
+) -> None:
+    service = make_service()
+    service.submit_trial_job(form(0))
+    Projector(client).catch_up(service.experiment_id)
+    cache, renders = ListingCache(), []
+
+    def items() -> list[str]:
+        renders.append(1)
+        return [json.dumps(trial.id) for trial in service.views.iter_trials()]
+
+    first = cache.answer(service.views, ("e", "/trial-jobs", ""), items)
+    again = cache.answer(service.views, ("e", "/trial-jobs", ""), items)
+    assert first.body == again.body and len(renders) == 1
+    assert len(json.loads(first.body)) == 1
+
+    service.submit_trial_job(form(1))
+    Projector(client).catch_up(service.experiment_id)
+    moved = cache.answer(service.views, ("e", "/trial-jobs", ""), items)
+    assert len(renders) == 2 and len(json.loads(moved.body)) == 2
+    other_query = cache.answer(service.views, ("e", "/trial-jobs", "status=RUNNING"), items)
+    assert len(renders) == 3 and other_query.body == moved.body
+
+
+def test_a_large_experiment_is_streamed_and_kept_answers_stay_within_their_bytes(
+    make_service: ServiceFactory, client: redis.Redis, monkeypatch: object
+) -> None:
+    service = make_service()
+    for index in range(3):
+        service.submit_trial_job(form(index))
+    Projector(client).catch_up(service.experiment_id)
+    monkeypatch.setattr(listings, "CACHED_TRIALS", 2)  # type: ignore[attr-defined]
+    streamed = ListingCache().answer(service.views, ("e", "/trial-jobs", ""), lambda: ['"a"', '"b"', '"c"'])
+    assert isinstance(streamed, StreamingResponse)
+
+    monkeypatch.setattr(listings, "CACHED_TRIALS", 100)  # type: ignore[attr-defined]
+    small = ListingCache(max_bytes=10)
+    for key in ("one", "two", "three"):
+        small.answer(service.views, ("e", key, ""), lambda: ['"xyz"'])  # 7 bytes each: one fits
+    assert small._bytes <= 10 and len(small._answers) == 1
