@@ -25,17 +25,19 @@ def test_an_answer_is_rendered_again_only_when_the_projection_moves(
         renders.append(1)
         return [json.dumps(trial.id) for trial in service.views.iter_trials()]
 
-    first = cache.answer(service.views, ("e", "/trial-jobs", ""), items)
-    again = cache.answer(service.views, ("e", "/trial-jobs", ""), items)
+    first = cache.answer(service.views, ("e", "/trial-jobs", ""), items, None)
+    again = cache.answer(service.views, ("e", "/trial-jobs", ""), items, None)
     assert first.body == again.body and len(renders) == 1
     assert len(json.loads(first.body)) == 1
 
     service.submit_trial_job(form(1))
     Projector(client).catch_up(service.experiment_id)
-    moved = cache.answer(service.views, ("e", "/trial-jobs", ""), items)
+    moved = cache.answer(service.views, ("e", "/trial-jobs", ""), items, None)
     assert len(renders) == 2 and len(json.loads(moved.body)) == 2
-    other_query = cache.answer(service.views, ("e", "/trial-jobs", "status=RUNNING"), items)
+    other_query = cache.answer(service.views, ("e", "/trial-jobs", "status=RUNNING"), items, None)
     assert len(renders) == 3 and other_query.body == moved.body
+    revalidated = cache.answer(service.views, ("e", "/trial-jobs", ""), items, moved.headers["etag"])
+    assert revalidated.status_code == 304 and not revalidated.body and len(renders) == 3  # as a browser asks
 
 
 def test_a_large_experiment_is_streamed_and_kept_answers_stay_within_their_bytes(
@@ -46,11 +48,11 @@ def test_a_large_experiment_is_streamed_and_kept_answers_stay_within_their_bytes
         service.submit_trial_job(form(index))
     Projector(client).catch_up(service.experiment_id)
     monkeypatch.setattr(listings, "CACHED_TRIALS", 2)  # type: ignore[attr-defined]
-    streamed = ListingCache().answer(service.views, ("e", "/trial-jobs", ""), lambda: ['"a"', '"b"', '"c"'])
+    streamed = ListingCache().answer(service.views, ("e", "/trial-jobs", ""), lambda: ['"a"', '"b"', '"c"'], None)
     assert isinstance(streamed, StreamingResponse)
 
     monkeypatch.setattr(listings, "CACHED_TRIALS", 100)  # type: ignore[attr-defined]
     small = ListingCache(max_bytes=10)
     for key in ("one", "two", "three"):
-        small.answer(service.views, ("e", key, ""), lambda: ['"xyz"'])  # 7 bytes each: one fits
+        small.answer(service.views, ("e", key, ""), lambda: ['"xyz"'], None)  # 7 bytes each: one fits
     assert small._bytes <= 10 and len(small._answers) == 1

@@ -5,6 +5,8 @@ shows, every few seconds, from every open browser tab; between two projector com
 change. So an answer of an experiment up to CACHED_TRIALS trials is rendered once and kept with the
 projection position it was read at (the answer holds at least what that position has): a poll then
 costs one HGET. Larger experiments are streamed a chunk at a time and never kept, so memory stays bounded.
+Every answer carries the position as its ETag (with `Cache-Control: no-cache`), so a browser revalidates
+and gets a bodiless 304 while nothing has changed.
 """
 
 from __future__ import annotations
@@ -30,20 +32,26 @@ class ListingCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def answer(self, views: ViewStore, key: tuple[str, ...], items: Callable[[], Iterable[str]]) -> Response:
-        """The JSON array of `items()` (each item one JSON text), from the cache while the projection has
-        not moved, else rendered (and kept, for a small experiment) or streamed (a large one)."""
+    def answer(
+        self, views: ViewStore, key: tuple[str, ...], items: Callable[[], Iterable[str]], if_none_match: str | None
+    ) -> Response:
+        """The JSON array of `items()` (each item one JSON text): a 304 if the client has it already, from
+        the cache while the projection has not moved, else rendered (and kept, for a small experiment) or
+        streamed (a large one)."""
         position = views.position()
+        headers = {"etag": f'"{position}"', "cache-control": "no-cache"}
+        if if_none_match == headers["etag"]:
+            return Response(status_code=304, headers=headers)
         with self._lock:
             kept = self._answers.get(key)
             if kept is not None and kept[0] == position:
                 self._answers.move_to_end(key)
-                return Response(kept[1], media_type=JSON_TYPE)
+                return Response(kept[1], media_type=JSON_TYPE, headers=headers)
         if views.total() > CACHED_TRIALS:
-            return StreamingResponse(_array(items()), media_type=JSON_TYPE)
+            return StreamingResponse(_array(items()), media_type=JSON_TYPE, headers=headers)
         body = "".join(_array(items())).encode()
         self._keep(key, position, body)
-        return Response(body, media_type=JSON_TYPE)
+        return Response(body, media_type=JSON_TYPE, headers=headers)
 
     def _keep(self, key: tuple[str, ...], position: str, body: bytes) -> None:
         with self._lock:

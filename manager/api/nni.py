@@ -4,8 +4,9 @@ The router is mounted twice: at `/api/v1/nni` for the default experiment, and at
 `/nni/{experiment_id}/api/v1/nni` for that one; `nni_experiment` is the one place that decides which.
 The answers that list everything (`/trial-jobs`, `/metric-data*`, `/export-data`) are rendered once per
 projection position for a small experiment (what the UI polls), and streamed a chunk of trials at a time
-for a large one, so 100,000 trials are never in memory at once (manager/api/listings.py). Errors are `{"error": ...}`: 404 for what does not exist, else 500
-(NNI's code for a refused write, which its UI and nnictl expect).
+for a large one, so 100,000 trials are never in memory at once (manager/api/listings.py). Errors are
+`{"error": ...}`: 404 for what does not exist, else 500 (NNI's code for a refused write, which its UI and
+nnictl expect).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _listing(request: Request, experiment_id: str, views: ViewStore, items: Call
     """A whole-list answer: kept per projection position for a small experiment, streamed for a large one."""
     key = (experiment_id, request.url.path.rsplit("/api/v1/nni", 1)[-1], str(request.url.query))
     cache: ListingCache = request.app.state.listings
-    return cache.answer(views, key, items)
+    return cache.answer(views, key, items, request.headers.get("if-none-match"))
 
 
 def _metrics_of(
