@@ -237,8 +237,10 @@ def run(root: Path, runs: int) -> Section:
             )
     section.notes.append(
         f"A real `trialstream manager` on loopback over HTTP/1.1 keep-alive; the experiments' logs written into "
-        f"Redis and projected by the manager. Pollers: {POLLERS} processes, each asking NNI's `/trial-jobs` and "
-        f"`/metric-data` of a {POLLED:,}-trial experiment back to back while a {REFILL_TRIALS}-trial experiment "
-        f"runs at concurrency {REFILL_CONCURRENCY} on {WORKERS} workers."
+        f"Redis and projected by the manager. Pollers: {POLLERS} threads in one process of their own, each asking "
+        f"NNI's `/trial-jobs` and `/metric-data` of a {POLLED:,}-trial experiment back to back (revalidating with "
+        f"the ETag it was given, as a browser does) while a {REFILL_TRIALS}-trial experiment runs at concurrency "
+        f"{REFILL_CONCURRENCY} on {WORKERS} workers; on this 2-core machine the pollers' own process takes "
+        "a core the experiment would otherwise have."
     )
     return section
