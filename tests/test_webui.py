@@ -47,6 +47,18 @@ def _click_in_row(wait: WebDriverWait[WebDriver], trial_id: str, selector: str) 
     wait.until(click)
 
 
+def _click_tab(wait: WebDriverWait[WebDriver], label: str) -> None:
+    """A pivot tab of Trials detail (its label follows an icon glyph)."""
+
+    def click(driver: WebDriver) -> bool:
+        tabs = [tab for tab in driver.find_elements(By.CSS_SELECTOR, "[role=tab]") if label in tab.text]
+        if tabs:
+            tabs[0].click()
+        return bool(tabs)
+
+    wait.until(click)
+
+
 def _click_button(wait: WebDriverWait[WebDriver], label: str) -> None:
     """Click the button once it is there; the UI re-renders as it polls, so a stale one is looked up again."""
 
@@ -83,6 +95,15 @@ def test_the_web_ui_shows_and_drives_experiments(tmp_path: Path, processes: Proc
     x = json.loads(jobs[0]["hyperParameters"][0])["parameters"]["x"]
     wait.until(_shows(str(x)[:6]))
     browser.screenshot("detail-finished")
+
+    # its charts: the default metric of every trial, and each trial's intermediate results (3 each)
+    charts = len(driver.find_elements(By.TAG_NAME, "canvas"))
+    assert charts >= 1  # the default metric chart
+    _click_tab(wait, "Intermediate result")
+    wait.until(lambda d: len(d.find_elements(By.TAG_NAME, "canvas")) >= 1 and "Intermediate result" in _text(d))
+    browser.screenshot("detail-intermediate")
+    _click_tab(wait, "Duration")
+    browser.screenshot("detail-duration")
 
     # a trial's log opens at the trial-file URL the UI links to; its output is text, not markup
     log = f"{url}/nni/{finished}/api/v1/nni/trial-file/{jobs[0]['trialJobId']}/trial.log"
