@@ -13,6 +13,7 @@ if [ "${1:-}" = "--test" ]; then  # real sshd hosts for the remote platform's te
   # NNI's web UI is tested in a real headless browser (tests/browser.py): Debian's, never a downloaded one
   [ -x /usr/bin/chromium ] || need_apt+=(chromium)
   [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+  [ -d /usr/share/fonts/truetype/liberation ] || need_apt+=(fonts-liberation)  # a font to render pages with
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -52,6 +52,11 @@ def api_schema(manager: tuple[str, str]) -> Any:
     return schemathesis.openapi.from_url(f"{url}/openapi.json")
 
 
+FUZZING = settings(  # repeatable, bounded, and patient with a real server
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
 NNI_PATHS = r"(^/api/v1/nni/|^/nni/)"
 schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=r"/events/stream$")
 native = schema.exclude(path_regex=NNI_PATHS)
@@ -63,12 +68,7 @@ nni_reads = schema.include(path_regex=NNI_PATHS, method="GET")
 
 @pytest.mark.timeout(900)
 @native.parametrize()
-@settings(
-    max_examples=30,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
-)
+@settings(FUZZING, max_examples=30)
 def test_every_operation_answers_within_its_schema_and_never_with_a_server_error(
     case: Any, manager: tuple[str, str]
 ) -> None:
@@ -82,12 +82,7 @@ def test_every_operation_answers_within_its_schema_and_never_with_a_server_error
 
 @pytest.mark.timeout(900)
 @nni_reads.parametrize()
-@settings(
-    max_examples=15,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
-)
+@settings(FUZZING, max_examples=15)
 def test_nni_reads_never_answer_with_a_server_error(case: Any, manager: tuple[str, str]) -> None:
     url, experiment_id = manager
     parameters = case.path_parameters or {}
