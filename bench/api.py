@@ -11,7 +11,6 @@ import functools
 import json
 import operator
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,8 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.harness import BenchStack, Figure, Section, median_of, percentile, wait_until
+from bench.harness import BenchStack, Figure, Section, median_of, peak_rss_mb, percentile, rss_mb, wait_until
+from bench.nnictl import free_port
 from bench.overhead import slot_refills_ms
 from bench.scale import write_log
 from core.event_store import EventStore
@@ -45,19 +45,6 @@ _CONFIG: dict[str, Any] = {
     "tuner": {"name": "Random"},
     "trainingService": {"platform": "local"},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _rss_mb(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} for {pid}")
 
 
 def _timed_ms(action: Callable[[], object]) -> float:
@@ -166,7 +153,7 @@ def run(root: Path, runs: int) -> Section:
         polled = create_experiment(stack.client, _CONFIG, stack.root, "polled")
         write_log(socket_path, big, BIG)
         write_log(socket_path, polled, POLLED)
-        port = _free_port()
+        port = free_port()
         assert stack.services is not None
         stack.services.start("manager", "--port", str(port), log_name="manager")
         manager_pid = stack.services.processes[-1].pid
@@ -194,14 +181,14 @@ def run(root: Path, runs: int) -> Section:
                 Figure("GET a page of 100 trials of 100,000: p50", percentile(pages, 50), "ms", "<= 10"),
                 Figure("GET a page of 100 trials of 100,000: p99", percentile(pages, 99), "ms"),
             )
-            rss_before = _rss_mb(manager_pid, "VmRSS")
+            rss_before = rss_mb(manager_pid)
             started = time.perf_counter()
             received = 0
             with client.stream("GET", f"/nni/{big}/api/v1/nni/trial-jobs") as stream:
                 for chunk in stream.iter_bytes():
                     received += len(chunk)
             streamed_s = time.perf_counter() - started
-            growth = _rss_mb(manager_pid, "VmHWM") - rss_before
+            growth = peak_rss_mb(manager_pid) - rss_before
             section.add(
                 Figure(
                     "NNI GET /trial-jobs of 100,000 trials, streamed: manager RSS growth",

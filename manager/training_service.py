@@ -255,31 +255,34 @@ class TrainingService:
 
     def _fold_tail(self, trials: dict[str, TrialJobDetail], position: str, wanted: set[str] | None) -> None:
         """Fold into `trials` the events of the trials `wanted` (all, for None) after `position`."""
-        tail = self._tail_after(position)
-        for trial_id, events in tail.trial_events.items():
-            if wanted is None or trial_id in wanted:
-                view: TrialJobDetail | None = trials.get(trial_id)
-                for event in events:
-                    view = apply_to_trial(view, event)
-                if view is not None:
-                    trials[trial_id] = view
+        with self._tail_lock:  # the manager's threads share this service: take the events under the lock
+            tail = self._tail_after(position)
+            if wanted is None:
+                picked = [(trial_id, list(events)) for trial_id, events in tail.trial_events.items()]
+            else:
+                found = wanted.intersection(tail.trial_events)
+                picked = [(trial_id, list(tail.trial_events[trial_id])) for trial_id in found]
+        for trial_id, events in picked:
+            view: TrialJobDetail | None = trials.get(trial_id)
+            for event in events:
+                view = apply_to_trial(view, event)
+            if view is not None:
+                trials[trial_id] = view
 
     def _tail_after(self, position: str) -> _Tail:
         """The events after the projection's `position`, read from the log once: while the projector lags or
-        is down, each read fetches and decodes only what was appended since the last one."""
-        with self._tail_lock:
-            if self._tail.base != position:
-                self._tail = _Tail(position)
-            tail = self._tail
-            for entry in self.store.read(after=tail.upto):
-                tail.upto = entry.id
-                if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
-                    tail.trial_events.setdefault(entry.event.trial_id, []).append(entry.event)
-                elif isinstance(entry, StoredEvent):
-                    tail.experiment_events.append(entry.event)
-            # a copy: the manager's threads share this service, and the next read appends to the tail
-            trial_events = {trial_id: list(events) for trial_id, events in tail.trial_events.items()}
-            return _Tail(tail.base, tail.upto, trial_events, list(tail.experiment_events))
+        is down, each read fetches and decodes only what was appended since the last one. Called with
+        `_tail_lock` held, since the next read appends to what it returns."""
+        if self._tail.base != position:
+            self._tail = _Tail(position)
+        tail = self._tail
+        for entry in self.store.read(after=tail.upto):
+            tail.upto = entry.id
+            if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
+                tail.trial_events.setdefault(entry.event.trial_id, []).append(entry.event)
+            elif isinstance(entry, StoredEvent):
+                tail.experiment_events.append(entry.event)
+        return tail
 
     def experiment_view(self) -> ExperimentView:
         with self._client.pipeline(transaction=True) as pipe:  # one round trip, and a consistent pair
@@ -287,7 +290,9 @@ class TrainingService:
             pipe.hget(self.views.keys.experiment, "view")
             position, raw = pipe.execute()
         view = ExperimentView.model_validate_json(raw) if raw else None
-        for event in self._tail_after(position or "0-0").experiment_events:
+        with self._tail_lock:
+            events = list(self._tail_after(position or "0-0").experiment_events)
+        for event in events:
             view = apply_to_experiment(view, event)
         if view is None:
             raise LookupError(f"experiment {self.experiment_id} has no ExperimentCreated event")

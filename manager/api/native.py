@@ -20,7 +20,6 @@ import tempfile
 import time
 import weakref
 import zlib
-from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -334,14 +333,14 @@ def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
     service = host.service(experiment_id)
     _caught_up(host, experiment_id)
     view = service.experiment_view()
-    counts = Counter({status: count for status, count in service.views.counts().items() if status.isupper()})
+    counts = {name: count for name, count in service.views.counts().items() if name in TrialJobStatus.__members__}
     return ExperimentState(
         id=view.id,
         status=view.status,
         start_time=view.start_time,
         end_time=view.end_time,
         message=view.message,
-        trial_counts=dict(counts),
+        trial_counts=counts,
         hosted=view.id in host.hosted(),
         working_directory=view.working_directory,
         config=view.config,

@@ -15,6 +15,7 @@ from core.settings import Settings
 from manager.cli import render
 from manager.cli.access import ExperimentAccess, opened
 from manager.cli.interrupts import Interrupted
+from manager.trial_files import has_started, started_attempt
 from schemas.trial import TrialJobDetail
 
 FOLLOW_INTERVAL_S = 0.2
@@ -33,7 +34,7 @@ def _logs(args: argparse.Namespace, settings: Settings) -> int:
     stream: OutputStream = "stderr" if args.stderr else "stdout"
     with opened(settings, args.experiment) as experiment:
         trial = experiment.trial(args.trial_id)
-        if trial.url is None and trial.start_time is None:
+        if not has_started(trial):
             never = "never started" if trial.status.is_terminal else "has not started yet"
             render.print_error(f"trial {trial.id} {never}: no output")
             return 1
@@ -49,7 +50,7 @@ def _logs(args: argparse.Namespace, settings: Settings) -> int:
 def _copy_output(experiment: ExperimentAccess, trial: TrialJobDetail, stream: OutputStream, follow: bool) -> int:
     """Copy the output of the trial's latest attempt that started; following, until the trial has ended
     and nothing more comes (a retry that starts meanwhile is followed from its first byte)."""
-    attempt = _started_attempt(trial)
+    attempt = started_attempt(trial)
     offset = 0
     while True:
         done = not follow or trial.status.is_terminal  # read before the last reads: nothing written is missed
@@ -74,8 +75,3 @@ def _copy_all(
         out.flush()
         offset += len(chunk)
     return offset
-
-
-def _started_attempt(trial: TrialJobDetail) -> int:
-    """The latest attempt that started: a retry still waiting has not, its predecessor's output stands."""
-    return trial.attempt if trial.start_time is not None else max(1, trial.attempt - 1)
