@@ -104,6 +104,29 @@ def test_members_leaving_the_upload_are_refused(uploads: tuple[httpx.Client, Pat
     assert not (tmp_path / "through-the-link.txt").exists()
 
 
+def test_links_out_devices_and_setuid_bits_do_not_survive_an_upload(
+    uploads: tuple[httpx.Client, Path], tmp_path: Path
+) -> None:
+    """Checked by trialstream itself: Python before 3.11.4 (Debian 12's, in the stack's image) has no
+    extraction filters."""
+    http, code = uploads
+    hard = tarfile.TarInfo("passwd")
+    hard.type, hard.linkname = tarfile.LNKTYPE, "../../../../../../etc/passwd"
+    device = tarfile.TarInfo("null")
+    device.type = tarfile.CHRTYPE
+    for hostile, named in ((hard, "passwd"), (device, "null")):
+        answer = http.put("/code", content=tar_gz([regular("trial.py"), (hostile, None)]))
+        assert answer.status_code == 422, answer.text
+        assert named in answer.json()["error"]
+    setuid, data = regular("/tool.sh")  # an absolute name lands inside, as tar -x does
+    setuid.mode = 0o6777
+    answer = http.put("/code", content=tar_gz([(setuid, data)]))
+    assert answer.status_code in (200, 201), answer.text
+    unpacked = code / answer.json()["codeId"] / "tool.sh"
+    assert unpacked.stat().st_mode & 0o7777 == 0o755
+    assert unpacked.stat().st_uid == os.getuid()
+
+
 def test_the_same_upload_at_once_succeeds_twice(uploads: tuple[httpx.Client, Path]) -> None:
     http, stored = uploads
     body = tar_gz([regular(f"dir{index}/f.txt", b"data" * 1000) for index in range(200)])
