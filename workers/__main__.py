@@ -14,12 +14,15 @@ from pydantic import ValidationError
 from core.connections import RedisUnavailable
 from core.registry import UnknownPlatform
 from core.settings import Settings
-from workers.worker import serve
+from workers.worker import alive_here, serve
 
 
 def parser() -> argparse.ArgumentParser:
     parsed = argparse.ArgumentParser(prog="trialstream worker", description="an RQ worker serving one platform's queue")
-    parsed.add_argument("--platform", required=True)
+    parsed.add_argument("--platform")
+    parsed.add_argument(
+        "--healthcheck", action="store_true", help="exit 0 if a worker of this host (container) is registered in Redis"
+    )
     parsed.add_argument("--burst", action="store_true", help="quit when the queue is empty")
     parsed.add_argument("--name")
     parsed.add_argument(
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_environment(trial_lease_s=args.lease)
         if settings.redis_url is None:
             raise ValueError("no Redis given: set TRIALSTREAM_REDIS_URL or pass --redis URL")
+        if args.healthcheck:
+            return 0 if alive_here(settings) else 1
+        if args.platform is None:
+            raise ValueError("--platform is required: the platform whose queue to serve (local, remote, ...)")
         serve(settings, args.platform, concurrency=args.concurrency, burst=args.burst, name=args.name)
     except (ValueError, ValidationError, UnknownPlatform, RedisUnavailable) as error:
         print(f"trialstream: error: {str(error).splitlines()[0]}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import socket
 import sys
 import threading
 from typing import Any
@@ -120,6 +121,15 @@ def _not_dumpable() -> None:
     the trials it starts, which run as the same user (Linux only)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def alive_here(settings: Settings) -> bool:
+    """Whether a worker of this host is registered in Redis: a container's health check (RQ keeps a
+    worker's registration alive with its heartbeat, and drops it when the worker stops)."""
+    assert settings.redis_url is not None
+    connection = connect(settings.redis_url, decode=False, retry_s=0)
+    host = socket.gethostname()
+    return any(worker.hostname == host for worker in TrialWorker.all(connection=connection, serializer=SERIALIZER))
 
 
 def serve(
