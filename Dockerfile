@@ -1,42 +1,48 @@
-# syntax=docker/dockerfile:1
-# trialstream: one image for every process of the stack (projector, workers, runner).
-#   docker build -t trialstream .      (docker compose build does the same)
-# No secrets are baked in: the Redis URL (with its password) comes from the environment at run time.
+# trialstream: one image for every process of the stack (manager, workers).
+#   docker build -t trialstream .                 (docker compose build does the same)
+# With no image registry in reach, build on a base made from Debian's packages (deploy/base-image.sh):
+#   docker build --build-arg BASE_IMAGE=trialstream-base:bookworm -t trialstream .
+# No secrets are baked in: the Redis password, the manager's token and SSH keys come at run time.
 
-ARG PYTHON_IMAGE=python:3.11-slim
+ARG BASE_IMAGE=python:3.11-slim
 
-# --- build stage: install the package into a virtualenv; the source tree stays behind ---------------
-FROM ${PYTHON_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
+# --- build stage: the package and its dependencies in a virtualenv; pip and the sources stay here ----
+FROM ${BASE_IMAGE} AS build
+# pip reads its settings from the environment, and build arguments are environment variables of RUN:
+# PIP_INDEX_URL for a mirror, PIP_NO_INDEX=1 to install from deploy/wheels alone (offline).
+ARG PIP_INDEX_URL
+ARG PIP_NO_INDEX
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+RUN python3 -m venv /opt/venv
+# Wheels put in deploy/wheels beforehand (`pip wheel -w deploy/wheels '.[nni]'`) are taken first.
+COPY deploy/wheels/ /wheels/
 WORKDIR /src
-# Only what `pip install .` needs (pyproject's packages, py-modules and readme); .dockerignore keeps
-# the rest (.git, .env, tests, experiments) out of the build context altogether.
-COPY pyproject.toml README.md ./
-COPY trialstream_sdk.py ./
+# Only what `pip install .` needs; .dockerignore keeps the rest (.git, .env, tests) out of the context.
+COPY pyproject.toml README.md trialstream_sdk.py ./
 COPY schemas/ schemas/
 COPY core/ core/
 COPY manager/ manager/
 COPY workers/ workers/
-RUN /opt/venv/bin/pip install --no-cache-dir .
+# nni: trials `import nni`, the manager serves NNI's web UI and runs its tuners. NNI's own manager
+# (Node.js and its modules, 160 MB) is what trialstream replaces: only the web UI's files are kept.
+RUN /opt/venv/bin/pip install --find-links /wheels ".[nni]" \
+ && rm -rf /opt/venv/lib/python3*/site-packages/nni_node/node /opt/venv/lib/python3*/site-packages/nni_node/node_modules
 
-# --- runtime stage ------------------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE}
-# Match UID/GID to the host user that owns ./experiments so trials can write into the bind mount:
-#   docker compose build --build-arg UID=$(id -u) --build-arg GID=$(id -g)
+# --- runtime stage -----------------------------------------------------------------------------------
+FROM ${BASE_IMAGE}
+# Match UID/GID to the host user that owns the SSH keys given to the remote workers (deploy/README.md).
 ARG UID=1000
 ARG GID=1000
-# The mount points are created here, owned by the user, so fresh named volumes inherit that ownership:
-# /experiments (trial code, bind-mounted) and ~/trialstream-experiments (the runner's default
-# experimentWorkingDirectory, shared by the runner and the workers).
+# The experiments directory is created here, owned by the user, so a fresh named volume mounted on
+# it inherits that ownership: uploaded code and the trials' directories, shared by manager and workers.
 RUN groupadd --gid "${GID}" trialstream \
  && useradd --uid "${UID}" --gid "${GID}" --create-home --shell /usr/sbin/nologin trialstream \
- && mkdir -p /experiments /home/trialstream/trialstream-experiments \
- && chown trialstream:trialstream /experiments /home/trialstream/trialstream-experiments
+ && install -d -o trialstream -g trialstream /home/trialstream/trialstream-experiments
 
 COPY --from=build /opt/venv /opt/venv
 # PYTHONUNBUFFERED: log lines reach `docker compose logs` at once, not when a buffer fills.
-# The venv is first on PATH, so a trial's `python3 trial.py` finds trialstream_sdk too.
+# The venv is first on PATH, so a trial's `python3 trial.py` finds nni and trialstream_sdk.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
