@@ -1,0 +1,322 @@
+"""The docker-compose stack, up for real, faulted and restarted (tests/stack.py builds what it needs).
+
+Each test brings up its own compose project, drives it as the README does (the host's `trialstream
+--manager URL ...` and the API over the published loopback port) and takes it down with its volumes.
+Faults are tied to the experiment's progress (after N trials ended), never to a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.stack import (
+    REQUIRE_ENV,
+    ROOT,
+    Stack,
+    build_images,
+    docker_missing,
+    events,
+    experiment,
+    finish,
+    newest_experiment,
+    trials,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+EXPERIMENTS = "/home/trialstream/trialstream-experiments"  # the experiment-data volume, in every container
+TRIAL = '''\
+"""Reports 3 intermediate results and `x`; with `hold`, first waits for the experiment's release file."""
+import os
+import time
+from pathlib import Path
+
+import trialstream_sdk as nni
+
+params = nni.get_next_parameter()
+if params.get("hold"):
+    release = Path(os.environ["NNI_SYS_DIR"]).parents[1] / "release"  # <experiment>/release
+    deadline = time.monotonic() + 600
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+for step in range(3):
+    nni.report_intermediate_result(step)
+nni.report_final_result(params["x"])
+'''
+
+
+@pytest.fixture(scope="session")
+def stack_images() -> None:
+    missing = docker_missing()
+    if missing:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    build_images()
+
+
+@pytest.fixture
+def make_stack(stack_images: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
+    made: list[Stack] = []
+
+    def make(**settings: str) -> Stack:
+        project = f"ts-{zlib.crc32(request.node.nodeid.encode()):08x}-{len(made)}"
+        stack = Stack.create(tmp_path, project, **settings)
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:  # the containers' logs are kept with the test's files
+        (tmp_path / f"{stack.project}.log").write_text(stack.logs())
+        stack.down("--volumes", "--remove-orphans", "--timeout", "2")
+
+
+def write_experiment(directory: Path, *, values: int, concurrency: int, hold: bool = False, **extra: Any) -> Path:
+    code = directory / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "trial.py").write_text(TRIAL)
+    shutil.copy(ROOT / "trialstream_sdk.py", code)  # for hosts without trialstream installed (remote)
+    config = {
+        "experimentName": "stack",
+        "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": concurrency,
+        "maxTrialNumber": values,
+        "searchSpace": {
+            "x": {"_type": "choice", "_value": list(range(values))},
+            "hold": {"_type": "choice", "_value": [hold]},
+        },
+        "tuner": {"name": "GridSearch"},
+        "trainingService": {"platform": "local"},
+        **extra,
+    }
+    path = directory / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def release(stack: Stack, experiment_id: str) -> None:
+    """Lets every held trial of the experiment go on (the file is on the volume every container shares)."""
+    stack.compose("exec", "-T", "manager", "touch", f"{EXPERIMENTS}/{experiment_id}/release")
+
+
+def short_ids(container_ids: list[str]) -> set[str]:
+    return {container_id[:12] for container_id in container_ids}
+
+
+def hosts_of(found: list[dict[str, Any]]) -> set[str]:
+    """Where each attempt ran: the source of its TrialStarted, `<container host name>:<pid>`."""
+    return {event["source"].split(":")[0] for event in found if event["type"] == "TrialStarted"}
+
+
+# --- the README's stack section ------------------------------------------------------------------------
+
+
+def test_three_workers_run_an_experiment_submitted_over_http(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack()
+    stack.up("--scale", "worker-local=3")
+    workers = short_ids(stack.containers("worker-local"))
+    assert len(workers) == 3
+
+    ran = stack.cli("run", "examples/quickstart/config.yml", "--json")  # unmodified `import nni` trials
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = json.loads(ran.stdout)
+    assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED"] * 8
+    with stack.api() as api:
+        used = hosts_of(events(api, result["experimentId"]))
+        views = trials(api, result["experimentId"])
+    assert used <= workers and len(used) >= 2, (used, workers)  # 2 at once: never both on one worker
+    assert {view["worker"].split(":")[0] for view in views} == used
+
+    # NNI's web UI and the API answer on the published port, which is on loopback only, with the token
+    assert stack.compose("port", "manager", "8080").stdout.strip() == f"127.0.0.1:{stack.settings['TRIALSTREAM_PORT']}"
+    assert httpx.get(f"{stack.url}/api/v1/experiments").status_code == 401
+    page = httpx.get(f"{stack.url}/oview", headers={"Authorization": f"Bearer {stack.token}"})
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    # every trialstream process in the stack runs as the image's user, not root
+    assert stack.compose("exec", "-T", "manager", "id", "-u").stdout.strip() == "1000"
+
+
+def test_the_manager_refuses_to_listen_on_the_network_without_a_token(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack()
+    refused = stack.compose(
+        "run", "--rm", "--no-deps", "-e", "TRIALSTREAM_MANAGER_TOKEN=", "manager", check=False, timeout=120
+    )
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "is not a loopback address" in said and "token" in said, said
+    unset = Stack.create(Path("/nonexistent"), "unused")  # compose itself refuses a stack without one
+    unset.settings.pop("TRIALSTREAM_MANAGER_TOKEN")
+    missing = unset.compose("config", "-q", check=False)
+    assert missing.returncode != 0 and "set TRIALSTREAM_MANAGER_TOKEN" in missing.stderr
+
+
+# --- faults ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_worker_killed_mid_trial_loses_the_attempt_within_its_lease(
+    make_stack: Callable[..., Stack], tmp_path: Path, retries: int
+) -> None:
+    stack = make_stack(TRIALSTREAM_TRIAL_LEASE_S="3")
+    stack.up("--scale", "worker-local=2")
+    config = write_experiment(tmp_path, values=1, concurrency=1, hold=True, maxTrialRetries=retries)
+    run = stack.submit(config)
+    with stack.api() as api:
+        experiment_id = newest_experiment(api)
+        running = wait_for(
+            lambda: [t for t in trials(api, experiment_id) if t["status"] == "RUNNING" and t.get("worker")],
+            120,
+            "the trial to run",
+        )
+        host = running[0]["worker"].split(":")[0]
+        victim = next(c for c in stack.containers("worker-local") if c.startswith(host))
+        subprocess.run(["docker", "kill", victim], check=True, capture_output=True)
+        wait_for(
+            lambda: any(e["type"] == "TrialAttemptLost" for e in events(api, experiment_id)), 120, "the attempt lost"
+        )
+        release(stack, experiment_id)
+        finish(run)
+        (trial,) = trials(api, experiment_id)
+        started = [e for e in events(api, experiment_id) if e["type"] == "TrialStarted"]
+    if retries:
+        assert trial["status"] == "SUCCEEDED"
+        assert [e["attempt"] for e in started] == [1, 2]
+    else:
+        assert trial["status"] == "FAILED" and trial["message"], trial
+        assert len(started) == 1
+
+
+def test_a_redis_restart_mid_experiment_loses_no_acknowledged_event(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack()
+    stack.up("--scale", "worker-local=3")
+    run = stack.submit(write_experiment(tmp_path, values=12, concurrency=3))
+    with stack.api() as api:
+        experiment_id = newest_experiment(api)
+        wait_for(lambda: experiment(api, experiment_id)["trialCounts"].get("SUCCEEDED", 0) >= 3, 180, "3 trials")
+        stack.compose("restart", "redis")
+        out = finish(run)
+        log = events(api, experiment_id)
+        views = trials(api, experiment_id)
+    assert [trial["status"] for trial in json.loads(out)["trials"]] == ["SUCCEEDED"] * 12
+    assert sorted(view["sequenceId"] for view in views) == list(range(12))
+    for view in views:  # 3 intermediate results and a final one, each once
+        reported = [e for e in log if e["type"] == "TrialMetricReported" and e["trialId"] == view["id"]]
+        assert sorted((e["metricType"], e["sequence"]) for e in reported) == [
+            ("FINAL", 0),
+            ("PERIODICAL", 0),
+            ("PERIODICAL", 1),
+            ("PERIODICAL", 2),
+        ], view["id"]
+    checked = stack.compose("exec", "-T", "manager", "trialstream", "replay", experiment_id, "--check", check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # the views are what the log says
+
+
+def test_down_and_up_keeps_the_experiments_and_resumes_a_running_one(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack(TRIALSTREAM_TRIAL_LEASE_S="3", TRIALSTREAM_WORKER_GRACE="3s")
+    stack.up("--scale", "worker-local=2")
+    finished = stack.cli("run", str(write_experiment(tmp_path / "first", values=2, concurrency=2)), "--json")
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    first_id = json.loads(finished.stdout)["experimentId"]
+    held = write_experiment(tmp_path, values=6, concurrency=2, hold=True, maxTrialRetries=3)
+    run = stack.submit(held)
+    with stack.api() as api:
+        experiment_id = wait_for(
+            lambda: next((e["id"] for e in api.get("/experiments").json() if e["id"] != first_id), None),
+            60,
+            "the experiment",
+        )
+        wait_for(lambda: experiment(api, experiment_id)["trialCounts"].get("RUNNING", 0) == 2, 120, "2 running")
+        before = {view["id"]: view for view in trials(api, first_id)}
+    run.kill()  # the follower only: the manager runs the experiment
+    run.wait()
+
+    stack.down()  # the workers' grace runs out on the held trials: they are killed with their containers
+    stack.up("--scale", "worker-local=2")
+    with stack.api() as api:
+        assert {view["id"]: view for view in trials(api, first_id)} == before
+        release(stack, experiment_id)
+        done = wait_for(
+            lambda: experiment(api, experiment_id)["status"] == "DONE" and experiment(api, experiment_id), 300, "done"
+        )
+        views = trials(api, experiment_id)
+        lost = [e for e in events(api, experiment_id) if e["type"] == "TrialAttemptLost"]
+    assert done["trialCounts"] == {"SUCCEEDED": 6}, done
+    assert sorted(view["sequenceId"] for view in views) == list(range(6))
+    assert len(lost) == 2  # the two held through the restart, each run again
+
+
+# --- the remote platform, from a worker container to an sshd container -----------------------------------
+
+
+SSHD_SERVICE = """\
+services:
+  sshd-host:
+    image: {base}
+    command:
+      - sh
+      - -c
+      - |
+        useradd --create-home --shell /bin/sh trial
+        install -d -o trial -m 700 /home/trial/.ssh
+        install -o trial -m 600 /keys/authorized_keys /home/trial/.ssh/authorized_keys
+        mkdir -p /run/sshd
+        exec /usr/sbin/sshd -D -e -h /keys/host_key
+    volumes:
+      - {keys}:/keys:ro
+    healthcheck:
+      test: ["CMD", "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/22"]
+      interval: 2s
+      retries: 30
+"""
+
+
+def test_a_remote_experiment_runs_from_a_worker_container_on_an_sshd_container(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack(COMPOSE_PROFILES="remote")
+    secrets_dir = Path(stack.settings["TRIALSTREAM_SSH_DIR"])
+    keys = tmp_path / "sshd-keys"
+    keys.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(secrets_dir / "id_ed25519")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "host_key")], check=True)
+    shutil.copy(secrets_dir / "id_ed25519.pub", keys / "authorized_keys")
+    host_key = (keys / "host_key.pub").read_text().split()
+    (secrets_dir / "known_hosts").write_text(f"sshd-host {host_key[0]} {host_key[1]}\n")
+    for path in secrets_dir.iterdir():
+        os.chown(path, 1000, 1000)  # the image's user; the key stays 0600
+    extra = tmp_path / "compose.sshd.yml"
+    extra.write_text(SSHD_SERVICE.format(base=stack.settings["TRIALSTREAM_BASE_IMAGE"], keys=keys))
+    stack.extra_files.append(extra)
+    stack.up("--scale", "worker-local=1")
+
+    remote = {
+        "platform": "remote",
+        "machineList": [{"host": "sshd-host", "user": "trial", "sshKeyFile": "/run/secrets/ssh/id_ed25519"}],
+    }
+    config = write_experiment(tmp_path, values=3, concurrency=3, trainingService=remote)
+    ran = stack.cli("run", str(config), "--json")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = json.loads(ran.stdout)
+    assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED"] * 3
+    with stack.api() as api:
+        views = trials(api, result["experimentId"])
+    assert {view["platform"] for view in views} == {"remote"}
+    ran_there = stack.compose("exec", "-T", "sshd-host", "find", "/home/trial", "-name", "trial.py").stdout
+    assert ran_there.strip(), "the code was staged in the sshd container's account"
