@@ -25,7 +25,8 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 PASSWORD = "0123abcdTestOnly"
 REDIS_URL = f"redis://:{PASSWORD}@redis:6379/0"
-PROFILES = ("run", "gpu")  # every service, the profile-gated ones included
+PROFILES = ("gpu", "remote")  # every service, the profile-gated ones included
+TOKEN = "test-only-token"
 RESTARTING = {"always", "unless-stopped", "on-failure"}
 
 
@@ -60,12 +61,15 @@ def compose(
     env_file: Path,
     *args: str,
     password: str | None = PASSWORD,
+    token: str | None = TOKEN,
     profiles: tuple[str, ...] = PROFILES,
     extra_files: tuple[Path, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("TRIALSTREAM_", "COMPOSE_"))}
     if password is not None:
         env["TRIALSTREAM_REDIS_PASSWORD"] = password
+    if token is not None:
+        env["TRIALSTREAM_MANAGER_TOKEN"] = token
     profile_args = [arg for name in profiles for arg in ("--profile", name)]
     files = [arg for path in (COMPOSE_FILE, *extra_files) for arg in ("-f", str(path))]
     command = [str(binary), *files, "--project-directory", str(ROOT), "--env-file", str(env_file)]
@@ -91,19 +95,21 @@ def test_compose_file_validates_with_the_password_set(compose_binary: Path, empt
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("password", [None, ""], ids=["unset", "empty"])
-def test_compose_refuses_to_run_without_the_password(
-    compose_binary: Path, empty_env_file: Path, password: str | None
+@pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
+@pytest.mark.parametrize("setting", ["password", "token"])
+def test_compose_refuses_to_run_without_the_password_or_the_token(
+    compose_binary: Path, empty_env_file: Path, setting: str, value: str | None
 ) -> None:
-    result = compose(compose_binary, empty_env_file, "config", "-q", password=password)
+    result = compose(compose_binary, empty_env_file, "config", "-q", **{setting: value})  # type: ignore[arg-type]
     assert result.returncode != 0
-    assert "TRIALSTREAM_REDIS_PASSWORD" in result.stderr
+    named = {"password": "set TRIALSTREAM_REDIS_PASSWORD", "token": "set TRIALSTREAM_MANAGER_TOKEN"}[setting]
+    assert named in result.stderr
 
 
 def test_profile_gated_services_stay_off_a_plain_up(compose_binary: Path, empty_env_file: Path) -> None:
     result = compose(compose_binary, empty_env_file, "config", "--services", profiles=())
     assert result.returncode == 0, result.stderr
-    assert set(result.stdout.split()) == {"redis", "projector", "worker-local"}
+    assert set(result.stdout.split()) == {"redis", "manager", "worker-local"}
 
 
 def test_no_version_key() -> None:
@@ -113,6 +119,7 @@ def test_no_version_key() -> None:
 def test_redis_is_durable_password_protected_and_private(config: dict[str, Any]) -> None:
     redis_service = config["services"]["redis"]
     assert redis_service["image"].startswith("redis:7")
+    assert redis_service["user"] == "redis"
     script = " ".join(command_of(redis_service))
     assert "--appendonly yes" in script
     assert "--appendfsync always" in script
@@ -133,14 +140,16 @@ def test_redis_healthcheck_pings_without_a_password_on_its_command_line(config: 
     assert PASSWORD not in test and " -a " not in f" {test} "
 
 
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("projector", ["trialstream", "projector"]),
-        ("worker-local", ["trialstream", "worker", "--platform", "local", "--lease", "10"]),
-        ("worker-gpu", ["trialstream", "worker", "--platform", "local", "--lease", "10"]),
-    ],
-)
+WORKER = ["trialstream", "worker", "--platform"]
+TRIALSTREAM_SERVICES = {
+    "manager": ["trialstream", "manager", "--host", "0.0.0.0", "--port", "8080", "--log-format", "json"],
+    "worker-local": [*WORKER, "local"],
+    "worker-local-gpu": [*WORKER, "local"],
+    "worker-remote": [*WORKER, "remote", "--concurrency", "16"],
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), TRIALSTREAM_SERVICES.items())
 def test_services_run_the_documented_commands_against_the_redis_service(
     config: dict[str, Any], name: str, expected: list[str]
 ) -> None:
@@ -153,13 +162,27 @@ def test_services_run_the_documented_commands_against_the_redis_service(
     assert (kwargs["host"], kwargs["port"], kwargs["password"], kwargs["db"]) == ("redis", 6379, PASSWORD, 0)
     assert service["depends_on"]["redis"]["condition"] == "service_healthy"
     assert service["restart"] in RESTARTING
+    assert service["logging"]["options"]["max-size"]
 
 
-@pytest.mark.parametrize("name", ["worker-local", "worker-gpu"])
+def test_every_service_has_a_healthcheck(config: dict[str, Any]) -> None:
+    assert all(service.get("healthcheck", {}).get("test") for service in config["services"].values())
+
+
+@pytest.mark.parametrize("name", ["worker-local", "worker-local-gpu", "worker-remote"])
 def test_workers_can_be_scaled(config: dict[str, Any], name: str) -> None:
     service = config["services"][name]
     assert "container_name" not in service
-    assert not any(port.get("published") for port in service.get("ports", [])), "a fixed host port blocks replicas"
+    assert not service.get("ports"), "a published port blocks replicas"
+    assert service["init"] is True  # tini passes SIGTERM on and reaps trials
+
+
+def test_only_the_manager_publishes_a_port_and_on_loopback(config: dict[str, Any]) -> None:
+    published = {name for name, service in config["services"].items() if service.get("ports")}
+    assert published == {"manager"}
+    (port,) = config["services"]["manager"]["ports"]
+    assert (port["host_ip"], port["target"]) == ("127.0.0.1", 8080)
+    assert config["services"]["manager"]["environment"]["TRIALSTREAM_MANAGER_TOKEN"] == TOKEN
 
 
 def test_the_loopback_override_publishes_redis_on_localhost_only(compose_binary: Path, empty_env_file: Path) -> None:
@@ -170,30 +193,29 @@ def test_the_loopback_override_publishes_redis_on_localhost_only(compose_binary:
     assert ports and all(port["host_ip"] == "127.0.0.1" for port in ports)
 
 
-def test_the_runner_is_a_one_off_that_sees_what_the_workers_see(config: dict[str, Any]) -> None:
-    services = config["services"]
-    runner = services["runner"]
-    assert runner["profiles"] == ["run"]
-    assert runner["environment"]["TRIALSTREAM_REDIS_URL"] == REDIS_URL
-    assert runner["depends_on"]["redis"]["condition"] == "service_healthy"
-    # `docker compose run` would start worker-local with its default scale: it must not be a dependency.
-    assert set(runner["depends_on"]) == {"redis"}
+def test_manager_and_workers_share_the_experiments_at_one_path(config: dict[str, Any]) -> None:
+    def mounts(name: str) -> set[tuple[str, str, str]]:
+        return {(m["type"], m["source"], m["target"]) for m in config["services"][name]["volumes"]}
 
-    def mounts(service: dict[str, Any]) -> set[tuple[str, str, str]]:
-        return {(volume["type"], volume["source"], volume["target"]) for volume in service["volumes"]}
+    shared = set.intersection(*(mounts(name) for name in TRIALSTREAM_SERVICES))
+    assert any(kind == "volume" and target.endswith("trialstream-experiments") for kind, _, target in shared)
 
-    shared = mounts(runner) & mounts(services["worker-local"])
-    assert any(target == "/experiments" for _, _, target in shared)
-    assert any(kind == "volume" for kind, _, _ in shared), "experiment data must be in a shared named volume"
+
+def test_ssh_material_is_a_secret_of_the_manager_and_the_remote_workers_only(config: dict[str, Any]) -> None:
+    holders = {name for name, service in config["services"].items() if service.get("secrets")}
+    assert holders == {"manager", "worker-remote"}
+    assert config["services"]["worker-remote"]["profiles"] == ["remote"]
+    assert config["secrets"]["ssh"]["file"] == str(ROOT / "deploy" / "ssh")
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "deploy" in ignored and "!deploy/ssh" not in ignored  # never in the build context
 
 
 def test_all_trialstream_services_share_one_image(config: dict[str, Any]) -> None:
-    images = {config["services"][name]["image"] for name in ("projector", "worker-local", "worker-gpu", "runner")}
-    assert len(images) == 1
+    assert len({config["services"][name]["image"] for name in TRIALSTREAM_SERVICES}) == 1
 
 
 def test_the_gpu_worker_reserves_nvidia_devices(config: dict[str, Any]) -> None:
-    service = config["services"]["worker-gpu"]
+    service = config["services"]["worker-local-gpu"]
     assert service["profiles"] == ["gpu"]
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert any(device["driver"] == "nvidia" and "gpu" in device["capabilities"] for device in devices)
@@ -236,14 +258,16 @@ def expand(text: str, variables: dict[str, str]) -> str:
     return text
 
 
-def test_the_image_is_python_311_slim_and_installs_the_package() -> None:
+def test_the_image_is_python_311_slim_by_default_and_installs_the_package_with_nni() -> None:
     global_args, stages = dockerfile_stages()
-    assert stages, "no FROM"
-    final_base = expand(stages[-1][0][1].split()[0], global_args)
-    assert final_base == "python:3.11-slim"
-    runs = [arguments for stage in stages for keyword, arguments in stage if keyword == "RUN"]
-    assert any("pip install --no-cache-dir ." in run for run in runs)
-    assert not any("pip install" in run and "--no-cache-dir" not in run for run in runs)
+    assert len(stages) == 2, "a build stage and a runtime stage"
+    bases = {expand(stage[0][1].split()[0], global_args) for stage in stages}
+    assert bases == {"python:3.11-slim"}  # both stages on BASE_IMAGE: the venv's python is the runtime's
+    build_env = " ".join(arguments for keyword, arguments in stages[0] if keyword == "ENV")
+    assert "PIP_NO_CACHE_DIR=1" in build_env
+    runs = [arguments for keyword, arguments in stages[0] if keyword == "RUN"]
+    assert any('pip install --find-links /wheels ".[nni]"' in run for run in runs)
+    assert not any(keyword == "RUN" and "pip" in arguments for keyword, arguments in stages[1])
 
 
 def test_the_image_copies_everything_pip_install_needs() -> None:
