@@ -74,6 +74,7 @@ def make_stack(stack_images: None, tmp_path: Path, request: pytest.FixtureReques
     def make(**settings: str) -> Stack:
         project = f"ts-{zlib.crc32(request.node.nodeid.encode()):08x}-{len(made)}"
         stack = Stack.create(tmp_path, project, **settings)
+        stack.down("--volumes", "--remove-orphans", "--timeout", "1")  # what an interrupted run left behind
         made.append(stack)
         return stack
 
@@ -110,6 +111,12 @@ def write_experiment(directory: Path, *, values: int, concurrency: int, hold: bo
 def release(stack: Stack, experiment_id: str) -> None:
     """Lets every held trial of the experiment go on (the file is on the volume every container shares)."""
     stack.compose("exec", "-T", "manager", "touch", f"{EXPERIMENTS}/{experiment_id}/release")
+
+
+def container_log(container: str) -> str:
+    return subprocess.run(
+        ["docker", "logs", container], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ).stdout
 
 
 def short_ids(container_ids: list[str]) -> set[str]:
@@ -198,6 +205,34 @@ def test_a_worker_killed_mid_trial_loses_the_attempt_within_its_lease(
     else:
         assert trial["status"] == "FAILED" and trial["message"], trial
         assert len(started) == 1
+
+
+def test_a_stopped_worker_lets_its_running_trial_end_within_the_grace_period(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack()
+    stack.up("--scale", "worker-local=1")
+    run = stack.submit(write_experiment(tmp_path, values=1, concurrency=1, hold=True))
+    with stack.api() as api:
+        experiment_id = newest_experiment(api)
+        wait_for(lambda: experiment(api, experiment_id)["trialCounts"].get("RUNNING"), 120, "the trial to run")
+        (worker,) = stack.containers("worker-local")
+        stopping = subprocess.Popen(["docker", "stop", "--time", "300", worker], stdout=subprocess.DEVNULL)
+        wait_for(
+            lambda: "warm shut down requested" in container_log(worker).lower(), 120, "the worker to take the SIGTERM"
+        )
+        release(stack, experiment_id)  # the trial goes on only now: it ends inside the grace period
+        assert stopping.wait(timeout=300) == 0
+        finish(run)
+        (trial,) = trials(api, experiment_id)
+        log = events(api, experiment_id)
+    assert trial["status"] == "SUCCEEDED"
+    assert [e["attempt"] for e in log if e["type"] == "TrialStarted"] == [1]
+    assert not [e for e in log if e["type"] == "TrialAttemptLost"]
+    state = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.ExitCode}}", worker], capture_output=True, text=True
+    )
+    assert state.stdout.strip() == "0"  # the worker left on its own, not killed at the end of the grace
 
 
 def test_a_redis_restart_mid_experiment_loses_no_acknowledged_event(

@@ -9,7 +9,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(probe: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "condition") -> T:
+def wait_until(
+    probe: Callable[[], T | None], timeout: float = 20.0, interval: float = 0.02, what: str = "condition"
+) -> T:
     """Poll `probe` until it returns something truthy, or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
