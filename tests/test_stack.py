@@ -155,10 +155,30 @@ def test_three_workers_run_an_experiment_submitted_over_http(make_stack: Callabl
         assert page.status_code == 200 and page.url.path == "/oview" and "<html" in page.text.lower()
         assert browser.get(f"{stack.url}/api/v1/nni/check-status").json()["status"] == "DONE"
 
-    stack.up("--scale", "worker-local=6")  # more workers; the running ones are kept
-    assert workers < short_ids(stack.containers("worker-local")) and len(stack.containers("worker-local")) == 6
     # every trialstream process in the stack runs as the image's user, not root
     assert stack.compose("exec", "-T", "manager", "id", "-u").stdout.strip() == "1000"
+
+
+def test_scaling_workers_while_an_experiment_runs_runs_more_trials_at_once(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack()
+    stack.up("--scale", "worker-local=2")
+    run = stack.submit(write_experiment(tmp_path, values=4, concurrency=4, hold=True))
+    with stack.api() as api:
+        experiment_id = newest_experiment(api)
+
+        def counts() -> dict[str, int]:
+            return dict(experiment(api, experiment_id)["trialCounts"])
+
+        wait_for(lambda: counts() == {"RUNNING": 2, "WAITING": 2}, 120, "2 running, 2 waiting for a worker")
+        before = short_ids(stack.containers("worker-local"))
+        stack.up("--scale", "worker-local=4")  # as the README says, while it runs
+        assert before < short_ids(stack.containers("worker-local"))  # the running workers are kept
+        wait_for(lambda: counts() == {"RUNNING": 4}, 120, "all 4 running")
+        release(stack, experiment_id)
+        finish(run)
+        assert experiment(api, experiment_id)["trialCounts"] == {"SUCCEEDED": 4}
 
 
 def test_the_manager_refuses_to_listen_on_the_network_without_a_token(make_stack: Callable[..., Stack]) -> None:
