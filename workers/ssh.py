@@ -54,8 +54,9 @@ Kind = Literal[
 KEEPALIVE_S = 5  # an SSH keepalive this often: traffic that TCP must get acknowledged, even on an idle connection
 DEAD_AFTER_S = 30  # TCP_USER_TIMEOUT: unacknowledged data this long kills the connection (a host that went silent)
 MAX_SESSIONS = 6  # channels open at once on one connection, SFTP included: OpenSSH allows 10 (MaxSessions), but
-# counts a closed channel until it has processed the close, and a refused open under load has made sshd drop the
-# whole connection ("packet referred to nonexistent channel"): a margin keeps every open within its count
+# counts a closed channel until it has processed our close: a margin keeps opens within its count instead of refused
+# and retried. (A refusal costs only the retry: the connection drops once blamed on it, "packet referred to
+# nonexistent channel", were EOFs sent after our CLOSE, see _send_in_order)
 _CHUNK = 1 << 16
 _RETRY_FIRST_S = 0.005  # first pause after the host refused a session (then doubled)
 _RETRY_MAX_S = 0.1
