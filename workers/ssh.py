@@ -33,6 +33,8 @@ from typing import Literal
 
 import paramiko
 from paramiko.channel import Channel
+from paramiko.common import cMSG_CHANNEL_DATA
+from paramiko.message import Message
 from paramiko.ssh_exception import ChannelException, NoValidConnectionsError
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ Kind = Literal[
 KEEPALIVE_S = 5  # an SSH keepalive this often: traffic that TCP must get acknowledged, even on an idle connection
 DEAD_AFTER_S = 30  # TCP_USER_TIMEOUT: unacknowledged data this long kills the connection (a host that went silent)
 MAX_SESSIONS = 6  # channels open at once on one connection, SFTP included: OpenSSH allows 10 (MaxSessions), but
-# counts a closed channel until it has processed the close, and a refused open under load has made sshd drop the
-# whole connection ("packet referred to nonexistent channel"): a margin keeps every open within its count
+# counts a closed channel until it has processed our close: a margin keeps opens within its count instead of refused
+# and retried. (A refusal costs only the retry: the connection drops once blamed on it, "packet referred to
+# nonexistent channel", were EOFs sent after our CLOSE, see _send_in_order)
 _CHUNK = 1 << 16
 _RETRY_FIRST_S = 0.005  # first pause after the host refused a session (then doubled)
 _RETRY_MAX_S = 0.1
@@ -273,13 +276,79 @@ def _drain(read: Callable[[int], bytes]) -> None:
         pass
 
 
+def _send_in_order(
+    channel: Channel, message: Callable[[], Message | None], ready: Callable[[], bool] | None = None
+) -> bool:
+    """Sends the message `message()` builds on `channel` before any CLOSE of ours; False if the channel closed first.
+
+    paramiko builds a channel's message under the channel's lock but sends it after letting go of the lock, and its
+    transport thread answers the host's CHANNEL_CLOSE with ours as soon as it gets that lock. A thread descheduled in
+    between (20 threads on 2 cores, a quick command: its host closes the channel within milliseconds) then sends its
+    EOF, or stdin data, after our CLOSE, when sshd has already freed the channel, and sshd drops the whole connection,
+    every command in flight on it included ("ieof packet referred to nonexistent channel"); had the channel's number
+    gone to a new channel meanwhile, the EOF would have ended another command's stdin. So the message is built and
+    sent while the lock is held: our CLOSE, whichever thread sends it, comes after it. `ready` (if given) is waited for
+    first, with the lock let go meanwhile as paramiko does (a window adjust or the close wakes it). Nor is the lock held
+    while a key exchange holds sends back, as paramiko's own sends wait then: the transport thread may need the lock
+    to get through the exchange, so the send waits without it and is tried again.
+    """
+    transport = channel.transport
+    give_up = time.monotonic() + transport.clear_to_send_timeout
+    while transport.is_active():
+        with channel.lock:
+            if ready is not None:
+                channel.out_buffer_cv.wait_for(lambda: channel.closed or ready())
+            if channel.closed:
+                return False
+            with transport.clear_to_send_lock:
+                if transport.clear_to_send.is_set():
+                    built = message()
+                    if built is not None:
+                        transport._send_message(built)
+                    return True
+        if time.monotonic() > give_up:
+            raise paramiko.SSHException("Key-exchange timed out waiting for key negotiation")
+        transport.clear_to_send.wait(0.1)
+    return False  # as paramiko: a message for a dead transport is dropped
+
+
+def _send_eof(channel: Channel) -> None:
+    """``channel.shutdown_write()``, sent before any CLOSE of ours (see _send_in_order)."""
+    _send_in_order(channel, channel._send_eof)
+
+
+def _send_stdin(channel: Channel, data: bytes) -> bool:
+    """``channel.sendall(data)``, each packet sent before any CLOSE of ours (see _send_in_order); False if the
+    channel closed (or its EOF went) first."""
+    rest = memoryview(data)
+
+    def room() -> bool:
+        return channel.eof_sent or channel.out_window_size > 0
+
+    def packet() -> Message | None:  # called with the channel's lock held, after room()
+        nonlocal rest
+        size = min(len(rest), channel.out_window_size, channel.out_max_packet_size - 64)
+        if channel.eof_sent or size <= 0:
+            return None
+        channel.out_window_size -= size
+        built = Message()
+        built.add_byte(cMSG_CHANNEL_DATA)
+        built.add_int(channel.remote_chanid)
+        built.add_string(rest[:size].tobytes())
+        rest = rest[size:]
+        return built
+
+    while rest:
+        if not _send_in_order(channel, packet, room) or channel.eof_sent:
+            return False
+    return True
+
+
 def _feed(channel: Channel, data: bytes) -> None:
     """Writes stdin, then EOF; a command that exits without reading all of it is not an error (as with ssh)."""
-    try:
-        channel.sendall(data)
-        channel.shutdown_write()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):  # the channel or the connection went
+        if _send_stdin(channel, data):
+            _send_eof(channel)
 
 
 def _thread(target: Callable[..., None], *args: object) -> threading.Thread:
@@ -465,7 +534,7 @@ class SshConnection:
         try:
             channel.exec_command(_command(script))
             if not stdin:
-                channel.shutdown_write()
+                _send_eof(channel)
         except Exception as error:
             raise self._failure(error, link) from error
         stdout: list[bytes] = []
@@ -501,7 +570,7 @@ class SshConnection:
         try:
             try:
                 channel.exec_command(_command(script))
-                channel.shutdown_write()
+                _send_eof(channel)
             except Exception as error:
                 raise self._failure(error, link) from error
             _thread(_drain, channel.recv_stderr)
