@@ -127,6 +127,35 @@ def test_links_out_devices_and_setuid_bits_do_not_survive_an_upload(
     assert unpacked.stat().st_uid == os.getuid()
 
 
+def test_links_that_tarfile_could_not_make_are_refused_rather_than_copied(
+    uploads: tuple[httpx.Client, Path],
+) -> None:
+    """tarfile, failing to make a link, writes the link target's original member instead: its mode, and as
+    root its owner. Such links are refused before tarfile tries, and what is unpacked is checked after."""
+    http, _ = uploads
+
+    def directory(name: str, mode: int = 0o755) -> tuple[tarfile.TarInfo, None]:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode = tarfile.DIRTYPE, mode
+        return info, None
+
+    def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfile.TarInfo, None]:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        return info, None
+
+    hostile = {
+        "over a directory": [directory("e"), directory("d", 0o7777), link("e", "d")],
+        "with no target": [directory("a"), link("a/..", "")],
+        "a hard link to a directory": [directory("d"), link("e", "d", tarfile.LNKTYPE)],
+    }
+    for what, members in hostile.items():
+        answer = http.put("/code", content=tar_gz(members))
+        assert answer.status_code == 422, (what, answer.text)
+    made_by_tar = tar_gz([directory("."), regular("./trial.py")])  # `tar -C code -c .` starts with ./
+    assert http.put("/code", content=made_by_tar).status_code in (200, 201)
+
+
 def test_the_same_upload_at_once_succeeds_twice(uploads: tuple[httpx.Client, Path]) -> None:
     http, stored = uploads
     body = tar_gz([regular(f"dir{index}/f.txt", b"data" * 1000) for index in range(200)])

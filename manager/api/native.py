@@ -16,6 +16,7 @@ import json
 import lzma
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import time
@@ -174,31 +175,54 @@ def _unpack(body: bytes, target: Path) -> None:
                     raise UploadTooLarge(
                         f"code upload: its files hold more than {UPLOAD_MAX_BYTES} bytes (NNI's limit for code)"
                     )
-                archive.extract(_code_member(member, str(scratch)), scratch, **_TRUSTED)
+                safe = _code_member(member, str(scratch))
+                if safe is not None:
+                    archive.extract(safe, scratch, **_TRUSTED)
+        _check_unpacked(scratch)
         try:
             scratch.rename(target)
         except OSError:
             if not target.is_dir():  # else the same upload, unpacked at the same time: it is there
                 raise
-    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as error:
+    except UploadTooLarge:
+        raise
+    except (tarfile.TarError, OSError, EOFError, ValueError, RecursionError, zlib.error, lzma.LZMAError) as error:
+        # ValueError, RecursionError: what tarfile raises on some malformed names and link loops
         raise ConfigError(f"code upload: not a usable tar archive ({error})") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _code_member(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
+def _code_member(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo | None:
     """What the `data` extraction filter allows, checked here because Python before 3.11.4 (Debian 12's
     3.11.2) has no filters: no path outside `destination`, none written through a link, no devices, no
-    setuid or group/other write bits, no foreign owners, a hard link only to a path inside. But
-    symlinks stay as they are, absolute ones included, as in NNI's uploads."""
+    setuid or group/other write bits, no foreign owners, a hard link only to a regular file inside. But
+    symlinks stay as they are, absolute ones included, as in NNI's uploads. None: nothing to write (the
+    archive's own top directory, `./`)."""
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         raise tarfile.ExtractError(f"{member.name!r} is not a file, a directory or a link")
+    parts = [part for part in member.name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise tarfile.ExtractError(f"{member.name!r}: '..' in a name")
+    if not parts:
+        if member.isdir():
+            return None
+        raise tarfile.ExtractError(f"{member.name!r} is not a file name")
     inside = os.path.realpath(destination)
-    name = member.name.lstrip("/")
-    for path, what in [(name, "is")] + ([(member.linkname, "links to")] if member.islnk() else []):
-        resolved = os.path.realpath(os.path.join(inside, path))  # through the links unpacked so far
-        if os.path.commonpath([resolved, inside]) != inside:
-            raise tarfile.ExtractError(f"{member.name!r} {what} outside the code directory")
+    name = "/".join(parts)
+    path = os.path.join(inside, name)
+    if os.path.commonpath([os.path.realpath(path), inside]) != inside:  # through the links unpacked so far
+        raise tarfile.ExtractError(f"{member.name!r} is outside the code directory")
+    # tarfile, failing to make a link, copies its target's member instead (the unchecked original): so a
+    # link must be makeable, never over something already there, and a hard link only to a regular file
+    if (member.issym() or member.islnk()) and (not member.linkname or os.path.lexists(path)):
+        raise tarfile.ExtractError(f"{member.name!r}: a link with no target, or over an entry already there")
+    if member.islnk():
+        target = os.path.join(inside, member.linkname)
+        if os.path.commonpath([os.path.realpath(target), inside]) != inside or not (
+            os.path.isfile(target) and not os.path.islink(target)
+        ):
+            raise tarfile.ExtractError(f"{member.name!r} links to something other than a file of the code directory")
     mode = member.mode & 0o755
     if member.isreg() or member.islnk():
         mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
@@ -208,6 +232,20 @@ def _code_member(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
     safe.name, safe.mode = name, mode
     safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
     return safe
+
+
+def _check_unpacked(directory: Path) -> None:
+    """What is on disk after unpacking, whatever path tarfile took: files, directories and symlinks of this
+    process's user, with no setuid, setgid, sticky or group/other write bits."""
+    for parent, directories, files in os.walk(directory):
+        for entry in (*directories, *files):
+            found = os.lstat(os.path.join(parent, entry))
+            if stat.S_ISLNK(found.st_mode):
+                continue
+            if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)):
+                raise tarfile.ExtractError(f"{entry!r} is not a file, a directory or a link")
+            if found.st_mode & 0o7022 or found.st_uid != os.getuid():
+                raise tarfile.ExtractError(f"{entry!r} unpacked with other permissions or owner than allowed")
 
 
 def _decompressed(body: bytes) -> io.BufferedIOBase:
