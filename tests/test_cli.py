@@ -287,3 +287,20 @@ def test_a_shared_run_waits_for_services_that_are_still_starting(tmp_path: Path,
     assert run.wait(120) == 0, processes.logs()
     listed = trialstream("trials", "list", "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
     assert [trial["status"] for trial in json.loads(listed.stdout)] == ["SUCCEEDED", "SUCCEEDED"]
+
+
+def test_a_workers_health_check_passes_while_one_of_this_host_beats_and_fails_without(processes: Processes) -> None:
+    def healthcheck() -> int:
+        env = {**os.environ, "TRIALSTREAM_REDIS_URL": processes.redis_url}
+        command = [sys.executable, "-P", "-m", "workers", "--healthcheck"]
+        return subprocess.run(command, env=env, cwd=REPO, capture_output=True, timeout=60).returncode
+
+    assert healthcheck() == 1  # no worker here yet
+    worker = processes.worker()
+    assert healthcheck() == 0
+    worker.terminate()
+    worker.wait(timeout=60)
+    assert healthcheck() == 1  # a stopped worker unregisters
+    env = {**os.environ, "TRIALSTREAM_REDIS_URL": "redis://127.0.0.1:1/0"}
+    unreachable = subprocess.run([sys.executable, "-m", "workers", "--healthcheck"], env=env, capture_output=True)
+    assert unreachable.returncode == 1

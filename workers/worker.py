@@ -7,6 +7,7 @@ import logging
 import socket
 import sys
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -26,6 +27,7 @@ from workers.job import WorkerRuntime, install
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 15
+HEALTHY_WITHIN = timedelta(seconds=3 * HEARTBEAT_INTERVAL_S)  # a health check's patience
 _PR_SET_DUMPABLE = 4
 
 
@@ -95,14 +97,17 @@ class TrialWorker(SimpleWorker):
                 self.set_state(WorkerStatus.IDLE)
 
     def _beat(self, stop: threading.Event) -> None:
+        """The worker's own heartbeat too, which RQ sends only between jobs and at most every ~7 minutes
+        while idle: `alive_here` (a container's health check) reads how recent it is."""
         while not stop.wait(HEARTBEAT_INTERVAL_S):
             with self._running_lock:
                 running = list(self._running.values())
-            for job, execution in running:
-                try:
+            try:
+                self.heartbeat()
+                for job, execution in running:
                     self.maintain_heartbeats(job, execution)
-                except redis.RedisError as error:
-                    self.log.warning("heartbeat failed: %s", error)
+            except redis.RedisError as error:
+                self.log.warning("heartbeat failed: %s", error)
 
 
 def _housekeeping(runtime: WorkerRuntime, stop: threading.Event) -> None:
@@ -124,12 +129,17 @@ def _not_dumpable() -> None:
 
 
 def alive_here(settings: Settings) -> bool:
-    """Whether a worker of this host is registered in Redis: a container's health check (RQ keeps a
-    worker's registration alive with its heartbeat, and drops it when the worker stops)."""
+    """Whether a worker of this host has sent its heartbeat to Redis lately: a container's health check
+    (Redis reachable, the worker's process alive)."""
     assert settings.redis_url is not None
     connection = connect(settings.redis_url, decode=False, retry_s=0)
-    host = socket.gethostname()
-    return any(worker.hostname == host for worker in TrialWorker.all(connection=connection, serializer=SERIALIZER))
+    host, now = socket.gethostname(), datetime.now(UTC)
+    beats = [
+        worker.last_heartbeat if worker.last_heartbeat.tzinfo else worker.last_heartbeat.replace(tzinfo=UTC)
+        for worker in TrialWorker.all(connection=connection, serializer=SERIALIZER)
+        if worker.hostname == host and worker.last_heartbeat is not None
+    ]
+    return any(now - beat < HEALTHY_WITHIN for beat in beats)
 
 
 def serve(
