@@ -49,12 +49,11 @@ def docker_missing() -> str | None:
 
 
 def make_wheels() -> None:
-    """The image's dependencies as wheels in deploy/wheels, made once per pyproject.toml."""
+    """The image's dependencies as wheels in deploy/wheels, made once per pyproject.toml (wheels put there
+    by hand stay: pip takes the newest that fits)."""
     stamp = WHEELS / f".made-for-{hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:16]}"
     if stamp.exists():
         return
-    for old in WHEELS.glob("*.whl"):
-        old.unlink()
     command = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(WHEELS)]
     subprocess.run([*command, f"{ROOT}[nni]", *EXTRA_WHEELS], check=True, capture_output=True, timeout=600)
     for own in WHEELS.glob("trialstream-*.whl"):  # the image builds the package from its sources
@@ -73,8 +72,9 @@ def build_images() -> None:
 
 
 def compose_environment() -> dict[str, str]:
-    """The compose CLI's environment: nothing of the developer's TRIALSTREAM_* (the env file says it all)."""
-    kept = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
+    """The compose CLI's environment: nothing of the developer's TRIALSTREAM_* or COMPOSE_* (the env file
+    says it all)."""
+    kept = {name: value for name, value in os.environ.items() if not name.startswith(("TRIALSTREAM_", "COMPOSE_"))}
     return {**kept, "COMPOSE_BAKE": "false"}  # no buildx here: the engine's own BuildKit builds
 
 
@@ -144,7 +144,10 @@ class Stack:
         return self.compose("ps", "-q", service).stdout.split()
 
     def logs(self) -> str:
-        return self.compose("logs", "--no-color", "--timestamps", check=False).stdout
+        try:
+            return self.compose("logs", "--no-color", "--timestamps", check=False).stdout
+        except subprocess.TimeoutExpired:
+            return "(docker compose logs timed out)"
 
     @contextmanager
     def api(self) -> Iterator[httpx.Client]:

@@ -174,7 +174,7 @@ def test_workers_can_be_scaled(config: dict[str, Any], name: str) -> None:
     service = config["services"][name]
     assert "container_name" not in service
     assert not service.get("ports"), "a published port blocks replicas"
-    assert service["init"] is True  # tini passes SIGTERM on and reaps trials
+    assert not service.get("init"), "an init as PID 1 would show the worker's environment to its trials"
 
 
 def test_only_the_manager_publishes_a_port_and_on_loopback(config: dict[str, Any]) -> None:
@@ -217,6 +217,7 @@ def test_all_trialstream_services_share_one_image(config: dict[str, Any]) -> Non
 def test_the_gpu_worker_reserves_nvidia_devices(config: dict[str, Any]) -> None:
     service = config["services"]["worker-local-gpu"]
     assert service["profiles"] == ["gpu"]
+    assert service["environment"]["TRIALSTREAM_MACHINE_ID"]  # one GPU ledger for every replica on the host
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert any(device["driver"] == "nvidia" and "gpu" in device["capabilities"] for device in devices)
 

@@ -34,7 +34,7 @@ from tests.stack import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(900, func_only=True)  # the images' build (a session fixture) has its own
 
 EXPERIMENTS = "/home/trialstream/trialstream-experiments"  # the experiment-data volume, in every container
 TRIAL = '''\
@@ -80,8 +80,10 @@ def make_stack(stack_images: None, tmp_path: Path, request: pytest.FixtureReques
 
     yield make
     for stack in made:  # the containers' logs are kept with the test's files
-        (tmp_path / f"{stack.project}.log").write_text(stack.logs())
-        stack.down("--volumes", "--remove-orphans", "--timeout", "2")
+        try:
+            (tmp_path / f"{stack.project}.log").write_text(stack.logs())
+        finally:
+            stack.down("--volumes", "--remove-orphans", "--timeout", "2")
 
 
 def write_experiment(directory: Path, *, values: int, concurrency: int, hold: bool = False, **extra: Any) -> Path:
@@ -155,8 +157,12 @@ def test_three_workers_run_an_experiment_submitted_over_http(make_stack: Callabl
         assert page.status_code == 200 and page.url.path == "/oview" and "<html" in page.text.lower()
         assert browser.get(f"{stack.url}/api/v1/nni/check-status").json()["status"] == "DONE"
 
-    # every trialstream process in the stack runs as the image's user, not root
+    # every trialstream process in the stack runs as the image's user, not root; the worker is PID 1 and
+    # what a trial can read of it (as the same user) does not include its environment, the Redis password
     assert stack.compose("exec", "-T", "manager", "id", "-u").stdout.strip() == "1000"
+    peek = stack.compose("exec", "-T", "worker-local", "cat", "/proc/1/environ", check=False)
+    assert peek.returncode != 0 and "REDIS" not in peek.stdout
+    assert "workers" in stack.compose("exec", "-T", "worker-local", "cat", "/proc/1/cmdline").stdout
 
 
 def test_scaling_workers_while_an_experiment_runs_runs_more_trials_at_once(
@@ -260,11 +266,13 @@ def test_a_redis_restart_mid_experiment_loses_no_acknowledged_event(
 ) -> None:
     stack = make_stack()
     stack.up("--scale", "worker-local=3")
-    run = stack.submit(write_experiment(tmp_path, values=12, concurrency=3))
+    run = stack.submit(write_experiment(tmp_path, values=12, concurrency=3, hold=True))
     with stack.api() as api:
         experiment_id = newest_experiment(api)
-        wait_for(lambda: experiment(api, experiment_id)["trialCounts"].get("SUCCEEDED", 0) >= 3, 180, "3 trials")
-        stack.compose("restart", "redis")
+        wait_for(lambda: experiment(api, experiment_id)["trialCounts"] == {"RUNNING": 3}, 180, "3 trials held")
+        before = events(api, experiment_id)[-1]["time"]
+        stack.compose("restart", "redis")  # while 3 trials are held, so the experiment is mid-way for sure
+        release(stack, experiment_id)
         out = finish(run)
         log = events(api, experiment_id)
         views = trials(api, experiment_id)
@@ -278,6 +286,7 @@ def test_a_redis_restart_mid_experiment_loses_no_acknowledged_event(
             ("PERIODICAL", 1),
             ("PERIODICAL", 2),
         ], view["id"]
+    assert sum(1 for e in log if e["type"] == "TrialEnded" and e["time"] > before) == 12  # all after the restart
     checked = stack.compose("exec", "-T", "manager", "trialstream", "replay", experiment_id, "--check", check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr  # the views are what the log says
 
