@@ -6,7 +6,7 @@
 
 ARG BASE_IMAGE=python:3.11-slim
 
-# --- build stage: the package and its dependencies in a virtualenv; pip and the sources stay here ----
+# --- build stage: the package and its dependencies in a virtualenv; the sources and wheels stay here ---
 FROM ${BASE_IMAGE} AS build
 # pip reads its settings from the environment, and build arguments are environment variables of RUN:
 # PIP_INDEX_URL for a mirror, PIP_NO_INDEX=1 to install from deploy/wheels alone (offline).
