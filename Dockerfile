@@ -36,9 +36,12 @@ ARG UID=1000
 ARG GID=1000
 # The experiments directory is created here, owned by the user, so a fresh named volume mounted on
 # it inherits that ownership: uploaded code and the trials' directories, shared by manager and workers.
+# /opt/trialstream, the processes' working directory, is root's: `python -m workers` puts it first on
+# sys.path, so it must not be one that trials (the same user) can write a module into.
 RUN groupadd --gid "${GID}" trialstream \
  && useradd --uid "${UID}" --gid "${GID}" --create-home --shell /usr/sbin/nologin trialstream \
- && install -d -o trialstream -g trialstream /home/trialstream/trialstream-experiments
+ && install -d -o trialstream -g trialstream /home/trialstream/trialstream-experiments \
+ && install -d /opt/trialstream
 
 COPY --from=build /opt/venv /opt/venv
 # PYTHONUNBUFFERED: log lines reach `docker compose logs` at once, not when a buffer fills.
@@ -49,5 +52,5 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/home/trialstream
 
 USER trialstream
-WORKDIR /home/trialstream
+WORKDIR /opt/trialstream
 CMD ["trialstream", "--help"]

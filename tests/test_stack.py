@@ -110,6 +110,17 @@ def write_experiment(directory: Path, *, values: int, concurrency: int, hold: bo
     return path
 
 
+def held_experiment(
+    stack: Stack, directory: Path, *, workers: int, values: int, concurrency: int, **extra: Any
+) -> tuple[subprocess.Popen[str], str]:
+    """Up with `workers` local workers, and an experiment submitted whose trials wait for `release`:
+    the running `trialstream run` and the experiment's id."""
+    stack.up("--scale", f"worker-local={workers}")
+    run = stack.submit(write_experiment(directory, values=values, concurrency=concurrency, hold=True, **extra))
+    with stack.api() as api:
+        return run, newest_experiment(api)
+
+
 def release(stack: Stack, experiment_id: str) -> None:
     """Lets every held trial of the experiment go on (the file is on the volume every container shares)."""
     stack.compose("exec", "-T", "manager", "touch", f"{EXPERIMENTS}/{experiment_id}/release")
@@ -163,16 +174,17 @@ def test_three_workers_run_an_experiment_submitted_over_http(make_stack: Callabl
     peek = stack.compose("exec", "-T", "worker-local", "cat", "/proc/1/environ", check=False)
     assert peek.returncode != 0 and "REDIS" not in peek.stdout
     assert "workers" in stack.compose("exec", "-T", "worker-local", "cat", "/proc/1/cmdline").stdout
+    # and the working directory, first on the worker's sys.path, is not one a trial could put a module in
+    writable = stack.compose("exec", "-T", "worker-local", "sh", "-c", "test -w . && echo yes || echo no")
+    assert writable.stdout.strip() == "no"
 
 
 def test_scaling_workers_while_an_experiment_runs_runs_more_trials_at_once(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = make_stack()
-    stack.up("--scale", "worker-local=2")
-    run = stack.submit(write_experiment(tmp_path, values=4, concurrency=4, hold=True))
+    run, experiment_id = held_experiment(stack, tmp_path, workers=2, values=4, concurrency=4)
     with stack.api() as api:
-        experiment_id = newest_experiment(api)
 
         def counts() -> dict[str, int]:
             return dict(experiment(api, experiment_id)["trialCounts"])
@@ -205,11 +217,8 @@ def test_a_worker_killed_mid_trial_loses_the_attempt_within_its_lease(
     make_stack: Callable[..., Stack], tmp_path: Path, retries: int
 ) -> None:
     stack = make_stack(TRIALSTREAM_TRIAL_LEASE_S="3")
-    stack.up("--scale", "worker-local=2")
-    config = write_experiment(tmp_path, values=1, concurrency=1, hold=True, maxTrialRetries=retries)
-    run = stack.submit(config)
+    run, experiment_id = held_experiment(stack, tmp_path, workers=2, values=1, concurrency=1, maxTrialRetries=retries)
     with stack.api() as api:
-        experiment_id = newest_experiment(api)
         running = wait_for(
             lambda: [t for t in trials(api, experiment_id) if t["status"] == "RUNNING" and t.get("worker")],
             120,
@@ -237,10 +246,8 @@ def test_a_stopped_worker_lets_its_running_trial_end_within_the_grace_period(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = make_stack()
-    stack.up("--scale", "worker-local=1")
-    run = stack.submit(write_experiment(tmp_path, values=1, concurrency=1, hold=True))
+    run, experiment_id = held_experiment(stack, tmp_path, workers=1, values=1, concurrency=1)
     with stack.api() as api:
-        experiment_id = newest_experiment(api)
         wait_for(lambda: experiment(api, experiment_id)["trialCounts"].get("RUNNING"), 120, "the trial to run")
         (worker,) = stack.containers("worker-local")
         stopping = subprocess.Popen(["docker", "stop", "--time", "300", worker], stdout=subprocess.DEVNULL)
@@ -265,10 +272,8 @@ def test_a_redis_restart_mid_experiment_loses_no_acknowledged_event(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = make_stack()
-    stack.up("--scale", "worker-local=3")
-    run = stack.submit(write_experiment(tmp_path, values=12, concurrency=3, hold=True))
+    run, experiment_id = held_experiment(stack, tmp_path, workers=3, values=12, concurrency=3)
     with stack.api() as api:
-        experiment_id = newest_experiment(api)
         wait_for(lambda: experiment(api, experiment_id)["trialCounts"] == {"RUNNING": 3}, 180, "3 trials held")
         before = events(api, experiment_id)[-1]["time"]
         stack.compose("restart", "redis")  # while 3 trials are held, so the experiment is mid-way for sure

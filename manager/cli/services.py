@@ -30,8 +30,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     """Hand over to the worker runtime's own entry point (`python -m workers`): the control plane
     never imports it. Settings travel in the environment, never in argv (a password shows in `ps`)."""
     environment = {**os.environ, **settings.as_environment()}
-    # -P: not the working directory first on sys.path, which may be one that trials can write into
-    os.execve(sys.executable, [sys.executable, "-P", "-m", "workers", *args.passed_on], environment)
+    os.execve(sys.executable, [sys.executable, "-m", "workers", *args.passed_on], environment)
 
 
 def _projector(args: argparse.Namespace, settings: Settings) -> int:
