@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 import httpx
 import yaml
@@ -76,31 +77,21 @@ def _experiment_s(url: str, token: str | None, config: Path) -> float:
 
 @contextmanager
 def _bare(root: Path, workers: int) -> Iterator[str]:
-    """A manager and `workers` local workers as processes of this host, on a private redis-server."""
-    path = os.environ["PATH"]
-    os.environ["PATH"] = f"{Path(sys.executable).parent}:{path}"  # the processes started here inherit it
-    try:
-        with _bare_stack(root, workers) as url:
-            yield url
-    finally:
-        os.environ["PATH"] = path
-
-
-@contextmanager
-def _bare_stack(root: Path, workers: int) -> Iterator[str]:
-    with BenchStack(root, workers=workers, projector=False) as stack:
+    """A manager and `workers` local workers as processes of this host, on a private redis-server; the
+    processes started here inherit PATH with this interpreter's own directory first."""
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    with patch.dict(os.environ, {"PATH": path}), BenchStack(root, workers=workers, projector=False) as stack:
         assert stack.services is not None
         port = free_port()
         stack.services.start("manager", "--port", str(port), log_name="manager")
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(f"{url}/api/v1/ready", None), 60, "the manager")
+        wait_until(lambda: _ready(url), 60, "the manager")
         yield url
 
 
-def _answers(url: str, token: str | None) -> bool:
+def _ready(url: str) -> bool:
     try:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(url, headers=headers, timeout=5).status_code == 200
+        return httpx.get(f"{url}/api/v1/ready", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -126,7 +117,7 @@ def run(root: Path, runs: int) -> Section:
         section.notes.append(f"Not measured: {missing}.")
         return section
     root.mkdir(parents=True, exist_ok=True)
-    build_images()
+    build_images(root / "build")
     stack = Stack.create(root, "trialstream-bench")
     try:
         up = median_of([_stack_healthy_s(stack) for _ in range(runs)])

@@ -63,12 +63,12 @@ def make_wheels() -> None:
     stamp.touch()
 
 
-def build_images() -> None:
+def build_images(directory: Path) -> None:
     """The base image (once per machine) and trialstream's image (docker's layer cache makes a rebuild of
     the same sources take seconds), with the compose file's own build section."""
     subprocess.run([str(ROOT / "deploy" / "base-image.sh"), BASE_IMAGE], check=True, timeout=900)
     make_wheels()
-    Stack.create(Path("/nonexistent"), "trialstream-build").compose("build", "--quiet", timeout=900)
+    Stack.create(directory, "trialstream-build").compose("build", "--quiet", timeout=900)
 
 
 def compose_environment() -> dict[str, str]:
@@ -102,10 +102,9 @@ class Stack:
             **settings,
         }
         env_file = directory / "stack.env"
-        if directory.is_dir():
-            ssh_dir.mkdir(exist_ok=True)
-            os.chown(ssh_dir, 1000, 1000)  # the image's user reads the mounted secret
-            env_file.write_text("".join(f"{name}={value}\n" for name, value in values.items()))
+        ssh_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(ssh_dir, 1000, 1000)  # the image's user reads the mounted secret
+        env_file.write_text("".join(f"{name}={value}\n" for name, value in values.items()))
         return cls(project, env_file, values)
 
     @property
@@ -118,14 +117,14 @@ class Stack:
 
     def compose(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         files = [arg for path in [ROOT / "docker-compose.yml", *self.extra_files] for arg in ("-f", str(path))]
-        env_file = ["--env-file", str(self.env_file)] if self.env_file.exists() else []
-        command = ["docker", "compose", *files, "--project-directory", str(ROOT), *env_file, "-p", self.project]
-        if not self.env_file.exists():  # building only: the required settings must still be set
-            environment = {**compose_environment(), **self.settings}
-        else:
-            environment = compose_environment()
+        command = ["docker", "compose", *files, "--project-directory", str(ROOT), "--env-file", str(self.env_file)]
         done = subprocess.run(
-            [*command, *args], capture_output=True, text=True, timeout=timeout, env=environment, cwd=ROOT
+            [*command, "-p", self.project, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=compose_environment(),
+            cwd=ROOT,
         )
         if check and done.returncode != 0:
             raise AssertionError(f"docker compose {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")

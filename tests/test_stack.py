@@ -58,13 +58,13 @@ nni.report_final_result(params["x"])
 
 
 @pytest.fixture(scope="session")
-def stack_images() -> None:
+def stack_images(tmp_path_factory: pytest.TempPathFactory) -> None:
     missing = docker_missing()
     if missing:
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(missing)
         pytest.skip(missing)
-    build_images()
+    build_images(tmp_path_factory.mktemp("stack-build"))
 
 
 @pytest.fixture
