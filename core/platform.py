@@ -103,6 +103,10 @@ class TrialControl(Protocol):
     def rejected(self, reason: str) -> None:
         """The trial wrote a metric record that could not be read."""
 
+    def waiting(self, reason: str) -> None:
+        """The trial is launched but cannot start yet (a pod the cluster cannot place): told in its
+        `message` while it is WAITING. Called when the reason changes, not on every check."""
+
     def stop_request(self) -> StopRequest | None:
         """A cancel from the log, or the trial's maxTrialDuration passed."""
 

@@ -16,7 +16,12 @@ from typing import cast
 from core.platform import Platform
 
 ENTRY_POINT_GROUP = "trialstream.platforms"
-BUILTIN_PLATFORMS = {"local": "workers.local:LocalPlatform", "remote": "workers.remote:RemotePlatform"}
+BUILTIN_PLATFORMS = {
+    "local": "workers.local:LocalPlatform",
+    "remote": "workers.remote:RemotePlatform",
+    "kubeflow": "workers.kubeflow:KubeflowPlatform",
+    "frameworkcontroller": "workers.frameworkcontroller:FrameworkControllerPlatform",
+}
 
 
 class UnknownPlatform(LookupError):

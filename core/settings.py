@@ -60,6 +60,10 @@ class Settings(BaseModel):
         default=Path("~/.ssh/known_hosts"), description="host keys the remote platform trusts (OpenSSH format)"
     )
     ssh_timeout_s: float = Field(default=10.0, gt=0, description="connecting to a remote host, and each SSH step")
+    kubernetes_service_account_dir: Path = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+        description="the in-cluster account the Kubernetes platforms use when no kubeconfig is found",
+    )
     manager_token: SecretStr | None = Field(
         default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"
     )

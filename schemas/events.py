@@ -137,7 +137,8 @@ class TrialSubmitted(TrialEvent):
 
 
 class TrialDeferred(TrialEvent):
-    """The platform cannot start the trial yet (e.g. its GPUs are busy); it stays WAITING."""
+    """The platform cannot start the trial yet (its GPUs are busy, its pod cannot be scheduled): it stays
+    WAITING, with `reason` as its message."""
 
     type: Literal["TrialDeferred"] = "TrialDeferred"
     v: Literal[1] = 1

@@ -31,6 +31,7 @@ from schemas.events import (
     Event,
     TrialAttemptLost,
     TrialCancelRequested,
+    TrialDeferred,
     TrialFormUpdated,
     TrialMetricRejected,
     TrialMetricReported,
@@ -153,6 +154,10 @@ class LogTrialControl:
             ),
             None,
         )
+
+    def waiting(self, reason: str) -> None:
+        event = TrialDeferred(experiment_id=self._store.experiment_id, trial_id=self._trial_id, reason=reason)
+        until_redis_answers(lambda: self._appends.append(event), f"trial {self._trial_id}", self._cut_off)
 
     # what the platform asks
 

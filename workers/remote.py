@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -53,7 +52,14 @@ from workers.gpu import (
 from workers.metrics import parse_records
 from workers.remote_host import RemoteHost, probe, script
 from workers.ssh import SshError, SshPool
-from workers.trial_contract import StdoutMetricPump, TrialPaths, failure_message, nni_environment, parameter_file_name
+from workers.trial_contract import (
+    MetricBatch,
+    StdoutMetricPump,
+    TrialPaths,
+    failure_message,
+    nni_environment,
+    parameter_file_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -362,20 +368,6 @@ def attempt_member(trial: TrialAssignment) -> str:
     return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
 
 
-class _Batch:
-    """Collects what the stdout pump parses, so it is committed with the offset it was read up to."""
-
-    def __init__(self, control: TrialControl) -> None:
-        self.control = control
-        self.found: list[ParsedMetric] = []
-
-    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
-        self.found.extend(metrics)
-
-    def rejected(self, reason: str) -> None:
-        self.control.rejected(reason)
-
-
 class _RemoteAttempt:
     """One attempt of a trial on its host: launched, then followed to its end."""
 
@@ -398,7 +390,7 @@ class _RemoteAttempt:
         self.stdout_offset = offsets.get("stdout", 0)
         self.metrics_offset = offsets.get("metrics", 0)
         self.metrics_rest = b""
-        self.batch = _Batch(control)
+        self.batch = MetricBatch(control)
         self.pump = StdoutMetricPump(self.batch)
         self.absolute = self.directory  # made absolute by the launch (its host's $HOME)
         self.gpus: list[int] = []  # held on the host, known once launched

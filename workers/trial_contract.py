@@ -16,6 +16,7 @@ from core.settings import trial_environment
 from workers.metrics import MAX_RECORD_BYTES, STDOUT_PREFIX, MetricFileReader, MetricRejected, parse_stdout_line
 
 __all__ = [
+    "MetricBatch",
     "MetricFileReader",
     "StdoutMetricPump",
     "TrialPaths",
@@ -104,6 +105,24 @@ class MetricSink(Protocol):
     def metrics(self, metrics: Sequence[ParsedMetric]) -> None: ...
 
     def rejected(self, reason: str) -> None: ...
+
+
+class MetricBatch:
+    """Collects what a pump parses, so that a platform commits it with the offset it was read up to."""
+
+    def __init__(self, control: TrialControl) -> None:
+        self.control = control
+        self.found: list[ParsedMetric] = []
+
+    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
+        self.found.extend(metrics)
+
+    def rejected(self, reason: str) -> None:
+        self.control.rejected(reason)
+
+    def take(self) -> list[ParsedMetric]:
+        found, self.found = self.found, []
+        return found
 
 
 class StdoutMetricPump:
