@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from tests.kubesim import SimulatedCluster
@@ -206,3 +207,160 @@ def test_failing_tfjob_reports_exit_code_and_termination_message(
     assert failed["message"] == "TFJob default/bad has failed because 1 Worker replica(s) failed."
     terminated = core.read_namespaced_pod("bad-worker-0", "default").status.container_statuses[0].state.terminated
     assert (terminated.exit_code, terminated.reason, terminated.message) == (3, "Error", "boom\n")
+
+
+def pytorchjob(name: str, code: str) -> dict[str, Any]:
+    def replica(n: int) -> dict[str, Any]:
+        return {
+            "replicas": n,
+            "restartPolicy": "Never",
+            "template": {"spec": {"containers": [{"name": "pytorch", "image": "pytorch:2", "command": python(code)}]}},
+        }
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(1)}},
+    }
+
+
+def test_pytorchjob_master_decides_success(custom: client.CustomObjectsApi, core: client.CoreV1Api) -> None:
+    code = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'])"
+    custom.create_namespaced_custom_object(*TF, "default", "pytorchjobs", pytorchjob("pt", code))
+    done = wait_until(lambda: condition(get_job(custom, "pytorchjobs", "pt"), "Succeeded"), 20, what="success")
+    assert done["message"] == "PyTorchJob pt is successfully completed."
+    assert core.read_namespaced_pod_log("pt-master-0", "default") == "0 2 pt-master-0\n"
+    wait_until(lambda: core.read_namespaced_pod("pt-worker-0", "default").status.phase == "Succeeded", 20)
+    assert core.read_namespaced_pod_log("pt-worker-0", "default") == "1 2 pt-master-0\n"
+    master = core.read_namespaced_pod("pt-master-0", "default")
+    assert master.metadata.labels["training.kubeflow.org/job-role"] == "master"
+
+
+def framework(name: str, code: str, *, execution: str = "Start") -> dict[str, Any]:
+    return {
+        "apiVersion": "frameworkcontroller.microsoft.com/v1",
+        "kind": "Framework",
+        "metadata": {"name": name},
+        "spec": {
+            "executionType": execution,
+            "retryPolicy": {"fancyRetryPolicy": False, "maxRetryCount": 0},
+            "taskRoles": [
+                {
+                    "name": "worker",
+                    "taskNumber": 1,
+                    "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 1},
+                    "task": {
+                        "retryPolicy": {"fancyRetryPolicy": False, "maxRetryCount": 0},
+                        "pod": {
+                            "spec": {
+                                "restartPolicy": "Never",
+                                "containers": [{"name": "main", "image": "python:3.11", "command": python(code)}],
+                            }
+                        },
+                    },
+                }
+            ],
+        },
+    }
+
+
+def fc_status(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    return custom.get_namespaced_custom_object(*FC, "default", "frameworks", name).get("status") or {}
+
+
+def test_framework_success_failure_and_stop(cluster: SimulatedCluster, custom: client.CustomObjectsApi) -> None:
+    custom.create_namespaced_custom_object(*FC, "default", "frameworks", framework("good", "print('ok')"))
+    custom.create_namespaced_custom_object(
+        *FC, "default", "frameworks", framework("bad", "import sys; print('no', file=sys.stderr); sys.exit(7)")
+    )
+    custom.create_namespaced_custom_object(
+        *FC, "default", "frameworks", framework("long", "import time; time.sleep(60)")
+    )
+    wait_until(lambda: fc_status(custom, "long").get("state") == "AttemptRunning", 20, what="running Framework")
+    custom.patch_namespaced_custom_object(*FC, "default", "frameworks", "long", {"spec": {"executionType": "Stop"}})
+
+    for name in ("good", "bad", "long"):
+        wait_until(lambda n=name: fc_status(custom, n).get("state") == "Completed", 20, what=f"{name} Completed")
+    good = fc_status(custom, "good")["attemptStatus"]["completionStatus"]
+    assert (good["code"], good["phrase"], good["type"]["name"]) == (0, "Succeeded", "Succeeded")
+    bad = fc_status(custom, "bad")["attemptStatus"]["completionStatus"]
+    assert (bad["code"], bad["phrase"], bad["type"]) == (
+        7,
+        "ContainerUnrecognizedFailed",
+        {"name": "Failed", "attributes": []},
+    )
+    task = fc_status(custom, "bad")["attemptStatus"]["taskRoleStatuses"][0]["taskStatuses"][0]
+    assert task["attemptStatus"]["completionStatus"]["pod"]["containers"][0]["message"] == "no\n"
+    stop = fc_status(custom, "long")["attemptStatus"]["completionStatus"]
+    assert (stop["code"], stop["phrase"], stop["type"]["attributes"]) == (-210, "StopFrameworkRequested", ["Permanent"])
+    assert cluster.objects("pods") == []  # FC deletes each task's pod, and the attempt's ConfigMap
+    assert cluster.objects("configmaps") == []
+
+
+def test_watch_resumes_after_broken_connections_without_losing_events(
+    cluster: SimulatedCluster, core: client.CoreV1Api
+) -> None:
+    seen: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    start_rv = core.list_namespaced_config_map("default").metadata.resource_version
+
+    def consume() -> None:
+        w = watch.Watch()
+        rv = start_rv
+        while not stop.is_set():
+            try:
+                for ev in w.stream(core.list_namespaced_config_map, "default", resource_version=rv):
+                    rv = ev["object"].metadata.resource_version
+                    if ev["type"] == "ADDED":
+                        seen.append(ev["object"].metadata.name)
+                    if stop.is_set():
+                        w.stop()
+            except ApiException as e:
+                errors.append(e)
+                return
+            except Exception:  # the connection was cut: resume from the last resourceVersion seen
+                continue
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    names = [f"cm-{i}" for i in range(12)]
+    for i, name in enumerate(names):
+        core.create_namespaced_config_map("default", {"metadata": {"name": name}, "data": {"i": str(i)}})
+        if i % 4 == 3:
+            wait_until(lambda n=i: len(seen) >= n + 1, 10, what="events before the cut")
+            assert cluster.break_watches() >= 1
+    wait_until(lambda: len(seen) >= len(names), 10, what="every ADDED event")
+    stop.set()
+    core.create_namespaced_config_map("default", {"metadata": {"name": "wake"}})
+    consumer.join(5)
+    assert not errors
+    assert seen[: len(names)] == names
+    assert cluster.requests["watch configmaps"] >= 4
+
+
+def test_compacted_history_answers_410_gone(cluster: SimulatedCluster, core: client.CoreV1Api) -> None:
+    old_rv = core.list_namespaced_config_map("default").metadata.resource_version
+    core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
+    cluster.compact()
+    with pytest.raises(ApiException) as err:
+        for _ in watch.Watch().stream(
+            core.list_namespaced_config_map, "default", resource_version=old_rv, timeout_seconds=5
+        ):
+            pytest.fail("no event may come from a compacted resourceVersion")
+    assert err.value.status == 410
+    assert "Expired" in err.value.reason
+
+
+def test_bookmarks_arrive(custom: client.CustomObjectsApi) -> None:
+    w = watch.Watch()
+    bookmarks = []
+    for ev in w.stream(
+        custom.list_namespaced_custom_object, *TF, "default", "tfjobs", allow_watch_bookmarks=True, timeout_seconds=5
+    ):
+        if ev["type"] == "BOOKMARK":
+            bookmarks.append(ev["raw_object"])
+            w.stop()
+    assert bookmarks and bookmarks[0]["kind"] == "TFJob"
+    assert int(bookmarks[0]["metadata"]["resourceVersion"]) > 0
