@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.kubesim import SimulatedCluster
+from tests.kubesim import Capacity, SimulatedCluster
 from tests.waiting import wait_until
 
 TF = ("kubeflow.org", "v1")
@@ -332,12 +335,12 @@ def test_watch_resumes_after_broken_connections_without_losing_events(
             wait_until(lambda n=i: len(seen) >= n + 1, 10, what="events before the cut")
             assert cluster.break_watches() >= 1
     wait_until(lambda: len(seen) >= len(names), 10, what="every ADDED event")
+    wait_until(lambda: cluster.requests["watch configmaps"] >= 4, 10, what="the watch reopened after each cut")
     stop.set()
     core.create_namespaced_config_map("default", {"metadata": {"name": "wake"}})
     consumer.join(5)
     assert not errors
     assert seen[: len(names)] == names
-    assert cluster.requests["watch configmaps"] >= 4
 
 
 def test_compacted_history_answers_410_gone(cluster: SimulatedCluster, core: client.CoreV1Api) -> None:
@@ -364,3 +367,185 @@ def test_bookmarks_arrive(custom: client.CustomObjectsApi) -> None:
             w.stop()
     assert bookmarks and bookmarks[0]["kind"] == "TFJob"
     assert int(bookmarks[0]["metadata"]["resourceVersion"]) > 0
+
+
+def pod_fs(cluster: SimulatedCluster, core: client.CoreV1Api, name: str) -> Path:
+    uid = core.read_namespaced_pod(name, "default").metadata.uid
+    return cluster.root / "pods" / "default" / uid / "fs"
+
+
+def wait_running(core: client.CoreV1Api, name: str) -> client.V1Pod:
+    def probe() -> client.V1Pod | None:
+        try:
+            pod = core.read_namespaced_pod(name, "default")
+        except ApiException:
+            return None
+        return pod if pod.status.phase == "Running" else None
+
+    return wait_until(probe, 20, what=f"pod {name} Running")
+
+
+GATED = (
+    "import os, time\n"
+    "print('first', flush=True)\n"
+    "while not os.path.exists('go'): time.sleep(0.01)\n"
+    "print('second', flush=True)\n"
+)
+
+
+def raw_log(api: client.ApiClient, pod: str, **query: str) -> str:
+    """GET .../log with query parameters the generated client lacks (sinceTime), through the same ApiClient."""
+    request = api.param_serialize(
+        "GET",
+        "/api/v1/namespaces/default/pods/{name}/log",
+        path_params={"name": pod},
+        query_params=list(query.items()),
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*request)
+    response.read()
+    return api.response_deserialize(response, {"200": "str"}).data
+
+
+def test_pod_log_follow_with_timestamps_and_since_time(
+    cluster: SimulatedCluster, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("logs", python(GATED)))
+    wait_running(core, "logs-worker-0")
+    resp = core.read_namespaced_pod_log(
+        "logs-worker-0", "default", follow=True, timestamps=True, _preload_content=False
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        for chunk in resp.stream(1):
+            lines.append(chunk.decode())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_until(lambda: "".join(lines).endswith("first\n"), 10, what="the first line, while the container runs")
+    first_ts, first = "".join(lines).split(" ", 1)
+    assert first == "first\n"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", first_ts)
+    first_second = dt.datetime.fromisoformat(first_ts[:19] + "+00:00")
+    next_second = first_second + dt.timedelta(seconds=1)
+    wait_until(lambda: dt.datetime.now(dt.UTC) >= next_second, 3, what="the next second")
+    (pod_fs(cluster, core, "logs-worker-0") / "go").touch()
+    reader.join(10)
+    assert not reader.is_alive(), "the follow stream ends when the container exits"
+    text = "".join(lines)
+    assert [line.split(" ", 1)[1] for line in text.splitlines()] == ["first", "second"]
+
+    since = raw_log(core.api_client, "logs-worker-0", sinceTime=next_second.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert since == "second\n"
+    inclusive = raw_log(core.api_client, "logs-worker-0", sinceTime=first_second.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert inclusive == "first\nsecond\n"
+    assert core.read_namespaced_pod_log("logs-worker-0", "default", tail_lines=1) == "second\n"
+    assert cluster.requests["follow pods/log"] == 1
+
+
+TERM_AWARE = (
+    "import os, signal, sys, time\n"
+    "open('pid', 'w').write(str(os.getpid()))\n"
+    "def term(*_):\n"
+    "    open('got-term', 'w').write('yes')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+def test_background_deletion_terminates_and_removes_pods(
+    cluster: SimulatedCluster, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("del", python(TERM_AWARE)))
+    wait_running(core, "del-worker-0")
+    fs = pod_fs(cluster, core, "del-worker-0")
+    wait_until(lambda: core.read_namespaced_pod_log("del-worker-0", "default") == "ready\n", 10, what="ready")
+    pid = int((fs / "pid").read_text())
+    custom.delete_namespaced_custom_object(*TF, "default", "tfjobs", "del")
+    wait_until(
+        lambda: not core.list_namespaced_pod("default", label_selector="training.kubeflow.org/job-name=del").items,
+        15,
+        what="the pod to be removed",
+    )
+    assert (fs / "got-term").read_text() == "yes"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(ApiException) as err:
+        get_job(custom, "tfjobs", "del")
+    assert err.value.status == 404
+
+
+def test_orphan_deletion_keeps_pods(custom: client.CustomObjectsApi, core: client.CoreV1Api) -> None:
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("orph", python(GATED)))
+    wait_running(core, "orph-worker-0")
+    custom.delete_namespaced_custom_object(*TF, "default", "tfjobs", "orph", propagation_policy="Orphan")
+    wait_until(
+        lambda: not core.read_namespaced_pod("orph-worker-0", "default").metadata.owner_references,
+        10,
+        what="the owner reference to go",
+    )
+    with pytest.raises(ApiException):
+        get_job(custom, "tfjobs", "orph")
+    assert core.read_namespaced_pod("orph-worker-0", "default").status.phase == "Running"
+
+
+def test_unschedulable_gpu_pod_runs_once_capacity_grows(
+    cluster: SimulatedCluster, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    job = tfjob("gpu", python("print('gpu')"), resources={"limits": {"nvidia.com/gpu": 1}})
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", job)
+
+    def unschedulable() -> client.V1PodCondition | None:
+        try:
+            pod = core.read_namespaced_pod("gpu-worker-0", "default")
+        except ApiException:
+            return None
+        return next((c for c in pod.status.conditions or [] if c.type == "PodScheduled" and c.status == "False"), None)
+
+    cond = wait_until(unschedulable, 10, what="PodScheduled=False")
+    assert cond.reason == "Unschedulable"
+    assert cond.message.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    assert core.read_namespaced_pod("gpu-worker-0", "default").status.phase == "Pending"
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log("gpu-worker-0", "default")
+    assert err.value.status == 400
+    cluster.set_capacity(Capacity(cpu=64, memory_mib=262144, gpu=1))
+    wait_until(lambda: condition(get_job(custom, "tfjobs", "gpu"), "Succeeded"), 20, what="the job to run")
+    assert core.read_namespaced_pod_log("gpu-worker-0", "default") == "gpu\n"
+
+
+def test_eviction_fails_the_pod_and_the_job(
+    cluster: SimulatedCluster, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("ev", python(GATED)))
+    wait_running(core, "ev-worker-0")
+    cluster.evict("default", "ev-worker-0", message="The node was low on resource: memory.")
+    pod = core.read_namespaced_pod("ev-worker-0", "default")
+    assert (pod.status.phase, pod.status.reason) == ("Failed", "Evicted")
+    assert pod.status.message == "The node was low on resource: memory."
+    failed = wait_until(lambda: condition(get_job(custom, "tfjobs", "ev"), "Failed"), 10, what="the job to fail")
+    assert failed["reason"] == "TFJobFailed"
+
+
+def test_configmaps_label_selectors_and_size_limit(core: client.CoreV1Api) -> None:
+    for name, labels in (("a", {"trial": "1", "kind": "x"}), ("b", {"trial": "2"}), ("c", {})):
+        core.create_namespaced_config_map("default", {"metadata": {"name": name, "labels": labels}})
+
+    def names(selector: str) -> list[str]:
+        return [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=selector).items]
+
+    assert names("trial=1") == ["a"]
+    assert names("trial!=1") == ["b", "c"]
+    assert names("trial in (1,2)") == ["a", "b"]
+    assert names("trial notin (1)") == ["b", "c"]
+    assert names("trial,!kind") == ["b"]
+    core.delete_collection_namespaced_config_map("default", label_selector="trial")
+    assert names("") == ["c"]
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "big"}, "data": {"x": "y" * (1 << 20 + 1)}})
+    status = json.loads(err.value.body)
+    assert err.value.status == 422
+    assert status["message"] == 'ConfigMap "big" is invalid: []: Too long: must have at most 1048576 bytes'

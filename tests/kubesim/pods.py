@@ -16,6 +16,7 @@ Facts (kubernetes/kubernetes):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from decimal import Decimal, InvalidOperation
@@ -67,6 +68,27 @@ def parse_quantity(value: Any) -> Decimal:
     return number * _SUFFIX[m.group(3) or ""]
 
 
+_DECIMAL = [(18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k"), (0, ""), (-3, "m"), (-6, "u"), (-9, "n")]
+_BINARY = [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")]
+
+
+def canonical_quantity(value: Any) -> str:
+    """The string the apiserver stores for a quantity (`Quantity.String()`): e.g. 1 -> "1", "1000m" -> "1",
+    "0.5" -> "500m", "1024Mi" -> "1Gi", "1000" -> "1k"."""
+    number = parse_quantity(value)
+    binary = isinstance(value, str) and value.strip().endswith("i")
+    if binary and number == number.to_integral_value():
+        for exp, suffix in _BINARY:
+            if number % (1 << exp) == 0:
+                return f"{int(number) >> exp}{suffix}"
+        return str(int(number))
+    for exp, suffix in _DECIMAL:
+        scaled = number / (Decimal(10) ** exp)
+        if scaled == scaled.to_integral_value() and (scaled != 0 or exp == 0):
+            return f"{int(scaled)}{suffix}"
+    return f"{int((number * Decimal(10) ** 9).to_integral_value(rounding='ROUND_CEILING'))}n"
+
+
 def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
     """Sum of container requests (after defaulting, requests include limits-only resources)."""
     total: dict[str, Decimal] = {}
@@ -114,6 +136,10 @@ def default_pod(pod: dict[str, Any]) -> dict[str, Any]:
         c.setdefault("terminationMessagePolicy", "File")
         c.setdefault("imagePullPolicy", _image_pull_policy(c.get("image", "")))
         res = c.setdefault("resources", {})
+        for kind in ("limits", "requests"):
+            for name, q in list((res.get(kind) or {}).items()):
+                with contextlib.suppress(ValueError):
+                    res[kind][name] = canonical_quantity(q)
         if res.get("limits"):
             requests = res.setdefault("requests", {})
             for name, q in res["limits"].items():

@@ -219,7 +219,9 @@ class ApiServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="kubesim-apiserver", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="kubesim-apiserver", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -782,6 +784,23 @@ class ApiServer:
         limit = int(req.query["limitBytes"]) if req.query.get("limitBytes") else None
         timestamps = req.flag("timestamps")
         follow = req.flag("follow")
+        which = req.query.get("stream") or "All"
+        if which not in ("All", "Stdout", "Stderr"):
+            raise errors.invalid_object(
+                "PodLogOptions", "", "", [errors.not_supported("stream", which, ["All", "Stderr", "Stdout"])]
+            )
+        if which != "All" and tail is not None:
+            raise errors.invalid_object(
+                "PodLogOptions",
+                "",
+                "",
+                [
+                    errors.forbidden_field(
+                        "tailLines", "`tailLines` and specific `stream` are mutually exclusive for now"
+                    )
+                ],
+            )
+        wanted = {"All": None, "Stdout": "stdout", "Stderr": "stderr"}[which]
         h = req.handler
         stream = Stream("log", h, log.wake)
         self._track(stream)
@@ -791,6 +810,8 @@ class ApiServer:
             cursor, lines = log.select(since_ns, tail)
             while True:
                 for line in lines:
+                    if wanted is not None and line.stream != wanted:
+                        continue
                     data = (format_ts(line.ts_ns) + " " if timestamps else "").encode() + line.data
                     if limit is not None and sent + len(data) > limit:
                         h.write_chunk(data[: limit - sent])
