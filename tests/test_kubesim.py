@@ -549,3 +549,132 @@ def test_configmaps_label_selectors_and_size_limit(core: client.CoreV1Api) -> No
     status = json.loads(err.value.body)
     assert err.value.status == 422
     assert status["message"] == 'ConfigMap "big" is invalid: []: Too long: must have at most 1048576 bytes'
+
+
+ENV_AND_FILES = (
+    "import json, os\n"
+    "home = os.environ['HOME']\n"
+    "def read(p):\n"
+    "    return open(os.path.join(home, p)).read()\n"
+    "open(os.path.join(home, 'scratch/w'), 'w').write('ok')\n"
+    "open(os.path.join(home, 'shared/out'), 'w').write('nfs')\n"
+    "print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd(), 'argv': os.sys.argv[1:],\n"
+    "                  'conf': read('etc/conf/renamed'), 'bin': read('etc/conf/blob'),\n"
+    "                  'scratch_mode': oct(os.stat(os.path.join(home, 'scratch')).st_mode & 0o777)}))\n"
+)
+
+
+def test_kubelet_runs_the_command_with_only_the_pod_environment_and_volumes(
+    cluster: SimulatedCluster,
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LEAK_ME", "secret")
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "conf"}, "data": {"key": "value"}, "binaryData": {"blob": "AAEC"}}
+    )
+    job = tfjob(
+        "files",
+        [sys.executable, "-c", ENV_AND_FILES, "$(GREETING)", "$$(GREETING)", "$(UNDEFINED)"],
+        env=[{"name": "GREETING", "value": "hello"}, {"name": "COMBINED", "value": "$(GREETING)-world"}],
+        workingDir="/workspace",
+        volumeMounts=[
+            {"name": "conf", "mountPath": "/etc/conf"},
+            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "shared", "mountPath": "/shared"},
+        ],
+    )
+    job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"] = [
+        {
+            "name": "conf",
+            "configMap": {
+                "name": "conf",
+                "items": [{"key": "key", "path": "renamed"}, {"key": "blob", "path": "blob"}],
+            },
+        },
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "shared", "nfs": {"server": "nfs.example", "path": "/exports/trials"}},
+    ]
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", job)
+    wait_until(lambda: condition(get_job(custom, "tfjobs", "files"), "Succeeded"), 20, what="the job to succeed")
+    report = json.loads(core.read_namespaced_pod_log("files-worker-0", "default"))
+    fs = pod_fs(cluster, core, "files-worker-0")
+    assert report["argv"] == ["hello", "$(GREETING)", "$(UNDEFINED)"]
+    assert report["env"]["COMBINED"] == "hello-world"
+    assert "LEAK_ME" not in report["env"]
+    assert report["env"]["HOME"] == str(fs)
+    assert report["env"]["HOSTNAME"] == "files-worker-0"
+    assert {"PATH", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} <= set(report["env"])
+    assert Path(report["cwd"]).resolve() == (fs / "workspace").resolve()
+    assert (report["conf"], report["bin"]) == ("value", "\x00\x01\x02")
+    assert report["scratch_mode"] == "0o777"
+    assert (cluster.root / "nfs" / "nfs.example" / "exports" / "trials" / "out").read_text() == "nfs"
+
+
+def test_admission_rejections_look_like_the_real_ones(custom: client.CustomObjectsApi) -> None:
+    no_tensorflow = tfjob("nocontainer", python("pass"))
+    no_tensorflow["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "main"
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object(*TF, "default", "tfjobs", no_tensorflow)
+    status = json.loads(err.value.body)
+    assert (err.value.status, status["reason"]) == (403, "Forbidden")
+    assert status["message"] == (
+        'admission webhook "validator.tfjob.training-operator.kubeflow.org" denied the request: '
+        "spec.tfReplicaSpecs[Worker].template.spec.containers: Required value: must have at least one container "
+        "with name tensorflow"
+    )
+    bad_policy = tfjob("badpolicy", python("pass"), restart="Sometimes")
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object(*TF, "default", "tfjobs", bad_policy)
+    cause = json.loads(err.value.body)["details"]["causes"][0]
+    assert (err.value.status, cause["reason"], cause["field"]) == (
+        422,
+        "FieldValueNotSupported",
+        "spec.tfReplicaSpecs.Worker.restartPolicy",
+    )
+    bad_label = tfjob("badlabel", python("pass"))
+    bad_label["metadata"]["labels"] = {"trial": "not valid!"}
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object(*TF, "default", "tfjobs", bad_label)
+    assert json.loads(err.value.body)["details"]["causes"][0]["field"] == "metadata.labels"
+    hyphen = framework("has-hyphen", "pass")
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object(*FC, "default", "frameworks", hyphen)
+    assert err.value.status == 422
+    assert "metadata.name in body should match '^[a-z0-9]{1,63}$'" in json.loads(err.value.body)["message"]
+    typo = framework("typo", "pass")
+    typo["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]["comand"] = ["x"]
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object(*FC, "default", "frameworks", typo, field_validation="Strict")
+    assert (
+        'unknown field "spec.taskRoles[0].task.pod.spec.containers[0].comand"' in json.loads(err.value.body)["message"]
+    )
+
+
+def test_merge_patch_and_status_subresource(custom: client.CustomObjectsApi) -> None:
+    created = custom.create_namespaced_custom_object(
+        *FC, "default", "frameworks", framework("patched", "pass", execution="Create")
+    )
+    assert created["metadata"]["generation"] == 1
+    wait_until(lambda: fc_status(custom, "patched").get("state") == "AttemptCreationPending", 10)
+    patched = custom.patch_namespaced_custom_object(
+        *FC, "default", "frameworks", "patched", {"metadata": {"labels": {"x": "y"}}}
+    )
+    assert patched["metadata"]["labels"] == {"x": "y"}
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("sub", python("pass")))
+
+    def replace() -> dict[str, Any] | None:
+        job = get_job(custom, "tfjobs", "sub")
+        job["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+        job["spec"]["runPolicy"] = {"cleanPodPolicy": "All"}
+        try:
+            return custom.replace_namespaced_custom_object(*TF, "default", "tfjobs", "sub", job)
+        except ApiException as e:
+            assert e.status == 409  # the operator wrote status in between: optimistic concurrency, as for real
+            return None
+
+    job = wait_until(replace, 10, what="a replace without conflict")
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "All"}
+    assert job["metadata"]["generation"] == 2
+    assert {"type": "Failed", "status": "True"} not in (job.get("status") or {}).get("conditions", [])
