@@ -176,8 +176,11 @@ def test_strict_field_validation_names_unknown_fields(custom: client.CustomObjec
         'unknown field "spec.tfReplicaSpecs.Worker.template.spec.containers[0].bogus"'
         in json.loads(err.value.body)["message"]
     )
-    created = custom.create_namespaced_custom_object(*TF, "default", "tfjobs", job)
+    created, _, headers = custom.create_namespaced_custom_object_with_http_info(*TF, "default", "tfjobs", job)
     assert "bogus" not in created["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert headers["Warning"] == (
+        '299 - "unknown field \\"spec.tfReplicaSpecs.Worker.template.spec.containers[0].bogus\\""'
+    )
 
 
 def test_tfjob_runs_its_pod_to_success(
@@ -678,3 +681,38 @@ def test_merge_patch_and_status_subresource(custom: client.CustomObjectsApi) -> 
     assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "All"}
     assert job["metadata"]["generation"] == 2
     assert {"type": "Failed", "status": "True"} not in (job.get("status") or {}).get("conditions", [])
+
+
+def test_stop_kills_every_pod_process(tmp_path: Path) -> None:
+    sim = SimulatedCluster(tmp_path / "own").start()
+    try:
+        api = config.new_client_from_config(str(sim.write_kubeconfig(tmp_path / "kc")))
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("forever", python(TERM_AWARE)))
+        wait_running(core, "forever-worker-0")
+        fs = pod_fs(sim, core, "forever-worker-0")
+        wait_until(lambda: (fs / "pid").exists() and (fs / "pid").read_text(), 10, what="the pid file")
+        pid = int((fs / "pid").read_text())
+    finally:
+        sim.stop()
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, what="the process to be gone")
+
+
+def test_foreground_deletion_waits_for_dependents(custom: client.CustomObjectsApi, core: client.CoreV1Api) -> None:
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("fg", python(TERM_AWARE)))
+    wait_running(core, "fg-worker-0")
+    deleting = custom.delete_namespaced_custom_object(
+        *TF, "default", "tfjobs", "fg", body=client.V1DeleteOptions(propagation_policy="Foreground")
+    )
+    assert deleting["metadata"]["deletionTimestamp"]
+    assert "foregroundDeletion" in deleting["metadata"]["finalizers"]
+
+    def gone() -> bool:
+        try:
+            get_job(custom, "tfjobs", "fg")
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_until(gone, 15, what="the job to go after its pod")
+    assert core.list_namespaced_pod("default").items == []

@@ -64,7 +64,8 @@ class WorkQueue:
 
 
 class Controller:
-    """Runs `reconcile(key)` for queued keys on one daemon thread; errors requeue the key after a short delay."""
+    """Runs `reconcile(key)` for queued keys on one daemon thread; a failing key is retried with exponential back-off
+    (client-go's default controller rate limiter starts at 5ms and doubles; capped here at 5s)."""
 
     name = "controller"
 
@@ -72,6 +73,7 @@ class Controller:
         self.queue = WorkQueue()
         self._thread = threading.Thread(target=self._run, name=f"kubesim-{self.name}", daemon=True)
         self.errors: list[str] = []
+        self._failures: dict[Any, int] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -87,9 +89,12 @@ class Controller:
                 return
             try:
                 self.reconcile(key)
+                self._failures.pop(key, None)
             except Exception as e:  # a controller keeps going, like a real one
                 self.errors.append(f"{key}: {type(e).__name__}: {e}")
-                self.queue.add_after(key, 0.2)
+                del self.errors[:-100]
+                n = self._failures[key] = self._failures.get(key, 0) + 1
+                self.queue.add_after(key, min(0.005 * 2**n, 5.0))
 
     def reconcile(self, key: Any) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

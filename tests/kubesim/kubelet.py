@@ -417,6 +417,7 @@ class Kubelet(Controller):
             if c.terminated is not None and c.restart_at is None:
                 restart = policy == "Always" or (policy == "OnFailure" and c.terminated["exitCode"] != 0)
                 if restart:
+                    c.last_terminated = c.terminated
                     c.restart_at = now + c.backoff
                     c.waiting = {
                         "reason": "CrashLoopBackOff",

@@ -573,7 +573,7 @@ class TrainingOperator(Controller):
         status.setdefault("startTime", now_rfc3339())
         existing_restarting = next((c for c in status.get("conditions") or [] if c["type"] == "Restarting"), None)
         has_master = "Chief" in replicas or "Master" in replicas
-        worker0 = any(p for p in self._worker0_succeeded(job))
+        worker0 = self._worker0_succeeded(job)
         success_policy = (job.get("spec") or {}).get("successPolicy") or ""
         for rtype in ["Chief", "Evaluator", "Master", "PS", "Worker"]:
             if rtype not in replicas:
@@ -613,16 +613,12 @@ class TrainingOperator(Controller):
                         f"TFJob {full} has failed because {failed} {rtype} replica(s) failed.",
                     )
 
-    def _worker0_succeeded(self, job: dict[str, Any]) -> list[bool]:
+    def _worker0_succeeded(self, job: dict[str, Any]) -> bool:
+        """IsWorker0Completed: the job's worker-0 pod is Succeeded."""
         md = job["metadata"]
         pod = self.store.get(resources.PODS, md["namespace"], f"{md['name']}-worker-0")
-        if pod is None:
-            return []
-        return (
-            [(pod.get("status") or {}).get("phase") == "Succeeded"]
-            if (pod.get("status") or {}).get("phase") == "Succeeded"
-            else []
-        )
+        owned = pod is not None and any(r.get("uid") == md["uid"] for r in pod["metadata"].get("ownerReferences") or [])
+        return owned and (pod.get("status") or {}).get("phase") == "Succeeded"  # type: ignore[union-attr]
 
     def _pytorch_status(self, job: dict[str, Any], replicas: dict[str, Any], status: dict[str, Any]) -> None:
         md = job["metadata"]
