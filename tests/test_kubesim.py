@@ -467,12 +467,23 @@ def test_background_deletion_terminates_and_removes_pods(
     fs = pod_fs(cluster, core, "del-worker-0")
     wait_until(lambda: core.read_namespaced_pod_log("del-worker-0", "default") == "ready\n", 10, what="ready")
     pid = int((fs / "pid").read_text())
+    listed = core.list_namespaced_pod("default", label_selector="training.kubeflow.org/job-name=del")
     custom.delete_namespaced_custom_object(*TF, "default", "tfjobs", "del")
-    wait_until(
-        lambda: not core.list_namespaced_pod("default", label_selector="training.kubeflow.org/job-name=del").items,
-        15,
-        what="the pod to be removed",
-    )
+    events: list[tuple[str, client.V1Pod]] = []
+    w = watch.Watch()
+    for ev in w.stream(
+        core.list_namespaced_pod,
+        "default",
+        label_selector="training.kubeflow.org/job-name=del",
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=15,
+    ):
+        events.append((ev["type"], ev["object"]))
+        if ev["type"] == "DELETED":
+            w.stop()
+    assert events[-1][0] == "DELETED"
+    terminating = [pod for type_, pod in events if type_ == "MODIFIED" and pod.metadata.deletion_timestamp]
+    assert terminating and terminating[0].metadata.deletion_grace_period_seconds == 30
     assert (fs / "got-term").read_text() == "yes"
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -716,3 +727,26 @@ def test_foreground_deletion_waits_for_dependents(custom: client.CustomObjectsAp
 
     wait_until(gone, 15, what="the job to go after its pod")
     assert core.list_namespaced_pod("default").items == []
+
+
+def test_break_log_streams_cuts_a_follow(
+    cluster: SimulatedCluster, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("cut", python(GATED)))
+    wait_running(core, "cut-worker-0")
+    resp = core.read_namespaced_pod_log("cut-worker-0", "default", follow=True, _preload_content=False)
+    outcome: list[BaseException | str] = []
+
+    def read() -> None:
+        try:
+            for chunk in resp.stream(64):
+                outcome.append(chunk.decode())
+        except Exception as e:  # urllib3 ProtocolError: the response ended without its last chunk
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_until(lambda: "first\n" in outcome, 10, what="the first line")
+    assert cluster.break_log_streams() == 1
+    reader.join(10)
+    assert isinstance(outcome[-1], Exception)
