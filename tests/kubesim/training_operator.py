@@ -282,7 +282,6 @@ class TrainingOperator(Controller):
     def _persist(
         self, rt: resources.ResourceType, ns: str, name: str, old: dict[str, Any], status: dict[str, Any]
     ) -> None:
-        status.setdefault("replicaStatuses", {})
         if status == old:
             return
 
@@ -578,7 +577,7 @@ class TrainingOperator(Controller):
         for rtype in ["Chief", "Evaluator", "Master", "PS", "Worker"]:
             if rtype not in replicas:
                 continue
-            rs = status["replicaStatuses"].get(rtype, {})
+            rs = (status.get("replicaStatuses") or {}).get(rtype, {})
             succeeded, running, failed = rs.get("succeeded", 0), rs.get("active", 0), rs.get("failed", 0)
             expected = int(replicas[rtype]["replicas"]) - succeeded
             if has_master:
@@ -624,7 +623,7 @@ class TrainingOperator(Controller):
         md = job["metadata"]
         status.setdefault("startTime", now_rfc3339())
         for rtype, spec in replicas.items():
-            rs = status["replicaStatuses"].setdefault(rtype, {})
+            rs = status.setdefault("replicaStatuses", {}).setdefault(rtype, {})
             labels = {
                 LABEL + "job-name": md["name"],
                 LABEL + "operator-name": PYTORCH.controller,
