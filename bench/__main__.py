@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import api, ingestion, overhead, remote, report, scale, scaling, stack, tuners, versus_nni
+from bench import api, ingestion, kubernetes, overhead, remote, report, scale, scaling, stack, tuners, versus_nni
 from bench.harness import REPO, Section, machine_description
 
 GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
@@ -27,6 +27,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "remote": remote.run,
     "api": api.run,
     "stack": stack.run,
+    "kubernetes": kubernetes.run,
 }
 
 
