@@ -45,7 +45,7 @@ def parse_label_selector(selector: str | None) -> Matcher:
     """Compile a labelSelector query string into a predicate on label maps; 400 on bad syntax like the server."""
     if not selector:
         return lambda labels: True
-    checks: list[Matcher] = []
+    requirements: list[tuple[str, str, frozenset[str]]] = []  # (key, operator, values)
     for part in _split(selector):
         m = _REQ.match(part)
         if not m:
@@ -54,20 +54,25 @@ def parse_label_selector(selector: str | None) -> Matcher:
         if neg and (op or setop):
             raise bad_request(f"unable to parse requirement: {part!r}")
         if neg:
-            checks.append(lambda labels, k=key: k not in labels)
-        elif op in ("=", "=="):
-            checks.append(lambda labels, k=key, v=val: labels.get(k) == v)
-        elif op == "!=":
-            checks.append(lambda labels, k=key, v=val: labels.get(k) != v)
+            requirements.append((key, "!", frozenset()))
+        elif op:
+            requirements.append((key, "!=" if op == "!=" else "=", frozenset({val})))
         elif setop:
-            values = {v.strip() for v in m["set"].split(",") if v.strip()}
-            if setop == "in":
-                checks.append(lambda labels, k=key, vs=values: k in labels and labels[k] in vs)
-            else:
-                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+            values = frozenset(v.strip() for v in m["set"].split(",") if v.strip())
+            requirements.append((key, "=" if setop == "in" else "!=", values))
         else:
-            checks.append(lambda labels, k=key: k in labels)
-    return lambda labels: all(check(labels) for check in checks)
+            requirements.append((key, "exists", frozenset()))
+    return lambda labels: all(_holds(labels, *requirement) for requirement in requirements)
+
+
+def _holds(labels: dict[str, Any], key: str, operator: str, values: frozenset[str]) -> bool:
+    if operator == "exists":
+        return key in labels
+    if operator == "!":
+        return key not in labels
+    if operator == "=":  # `=`, `==` and `in`
+        return labels.get(key) in values
+    return labels.get(key) not in values  # `!=` and `notin`: true without the label too
 
 
 _FIELDS: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -82,7 +87,7 @@ def parse_field_selector(selector: str | None, plural: str) -> Matcher:
     """Compile a fieldSelector; unsupported fields are a 400 like `field label not supported: x`."""
     if not selector:
         return lambda obj: True
-    checks: list[Matcher] = []
+    checks: list[tuple[Callable[[dict[str, Any]], Any], bool, str]] = []  # (getter, negated, value)
     for part in _split(selector):
         m = re.match(r"^\s*([A-Za-z.]+)\s*(==|=|!=)\s*(.*?)\s*$", part)
         if not m:
@@ -91,11 +96,8 @@ def parse_field_selector(selector: str | None, plural: str) -> Matcher:
         getter = _FIELDS.get(name)
         if getter is None or (name in ("status.phase", "spec.nodeName") and plural != "pods"):
             raise ApiError(400, "BadRequest", f"field label not supported: {name}", {})
-        if op == "!=":
-            checks.append(lambda o, g=getter, v=value: (g(o) or "") != v)
-        else:
-            checks.append(lambda o, g=getter, v=value: (g(o) or "") == v)
-    return lambda obj: all(check(obj) for check in checks)
+        checks.append((getter, op == "!=", value))
+    return lambda obj: all(((getter(obj) or "") == value) != negated for getter, negated, value in checks)
 
 
 class Selector:

@@ -136,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         try:
             self.connection.settimeout(30)
-            self.connection.do_handshake()  # type: ignore[attr-defined]
+            self.connection.do_handshake()
             self.connection.settimeout(None)
         except (OSError, ssl.SSLError):
             self.close_connection = True

@@ -479,7 +479,7 @@ class TrainingOperator(Controller):
         if default is not None and not any(p.get("name") == kind.port_name for p in default.get("ports") or []):
             default.setdefault("ports", []).append({"name": kind.port_name, "containerPort": kind.port})
         self._cluster_env(kind, job, replicas, rtype, idx, containers)
-        pod = {
+        pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
