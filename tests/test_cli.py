@@ -221,7 +221,7 @@ def test_no_worker_serving_the_queue_is_said_clearly(tmp_path: Path, processes: 
     ("overrides", "expected"),
     [
         ({"trialConcurency": 2}, "trialConcurency: unknown key"),
-        ({"trainingService": {"platform": "nowhere"}}, "unknown platform 'nowhere'; available platforms: local"),
+        ({"trainingService": {"platform": "nowhere"}}, "unknown platform 'nowhere'; available platforms: "),
         ({"tuner": {"name": "TPEE"}}, "tuner.name"),
     ],
 )

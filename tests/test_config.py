@@ -377,10 +377,10 @@ def test_boolean_duration_is_rejected(tmp_path: Path) -> None:
 
 
 def test_unknown_platform_lists_the_available_ones(tmp_path: Path) -> None:
-    message = rejection(tmp_path, minimal(trainingService={"platform": "kubeflow"}))
+    message = rejection(tmp_path, minimal(trainingService={"platform": "nowhere"}))
 
     (line,) = problem_lines(message, tmp_path / "config.yml")
-    assert line.startswith("trainingService.platform: unknown platform 'kubeflow'; available platforms: ")
+    assert line.startswith("trainingService.platform: unknown platform 'nowhere'; available platforms: ")
     listed = line.rsplit("available platforms: ", 1)[1].split(", ")
     assert "local" in listed
     assert listed == available_platforms()

@@ -35,8 +35,8 @@ def test_child_processes_get_the_same_settings() -> None:
 
 
 def test_the_redis_password_never_shows_in_a_repr() -> None:
-    settings = Settings(redis_url="redis://:secret@localhost/0")
-    assert "secret" not in repr(settings) and "secret" not in str(settings)
+    settings = Settings(redis_url="redis://:hunter2-redis@localhost/0")
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
 
 
 def test_trials_get_the_users_environment_without_trialstream_settings() -> None:
