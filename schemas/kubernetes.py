@@ -113,7 +113,7 @@ class CompletionPolicy(NniConfigModel):
 
 
 class TaskRole(NniConfigModel):
-    name: str = Field(min_length=1, max_length=32, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(min_length=1, max_length=20, pattern=r"^[a-z0-9]+$")
     docker_image: str = Field("msranni/nni:latest", min_length=1)
     task_number: int = Field(1, ge=1)
     command: str | None = Field(None, min_length=1)  # trialstream: defaults to the experiment's trialCommand

@@ -68,6 +68,8 @@ LOG_READ_TIMEOUT_S = 300.0  # a silent log stream is re-opened (from its offset)
 FOLLOW_IDLE_S = 5.0  # a safety net: the watches, a stop or the log follower wake an attempt at once
 UNSEEN_CHECK_S = 30.0  # a resource created but never seen by the watch is looked up directly after this
 LOG_DRAIN_S = 60.0  # how long an ended attempt waits for the rest of its pod's log
+PRIMARY_END_WAIT_S = 5.0  # how long an ended job waits for its primary pod to end (for its exit code)
+UNKNOWN_AFTER_S = 5.0  # a watch failing this long makes its trials UNKNOWN (one broken stream does not)
 
 Phase = Literal["waiting", "running", "ended"]
 
@@ -98,9 +100,12 @@ class ClusterError(Exception):
 
 
 def kubernetes_name(*parts: str) -> str:
-    """A DNS-1123 name made of `parts`, unique for them: ids may hold capitals, names may not."""
-    readable = "-".join(re.sub(r"[^a-z0-9]+", "", part.lower())[:20] for part in parts)
-    return f"nni-{readable}-{zlib.crc32('/'.join(parts).encode()):08x}"
+    """A name made of `parts`, unique for them (ids may hold capitals, names may not). Letters and
+    digits only, as FrameworkController requires of a Framework's name (NNI's are `nniexp<id>...` too);
+    short enough that the operators' pod names (`<name>-<role>-<index>`) stay within a 63-character
+    label. The resource's labels, not its name, say which experiment and trial it belongs to."""
+    readable = "".join(re.sub(r"[^a-z0-9]+", "", part.lower())[:10] for part in parts)
+    return f"nni{readable}{zlib.crc32('/'.join(parts).encode()):08x}"
 
 
 def api_client(config: KubernetesConfig, settings: Settings) -> k8s.ApiClient:
@@ -150,6 +155,7 @@ class WatchedKind:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.synced = threading.Event()
+        self._failing: tuple[float, str] | None = None  # since when, and why, the watch cannot be kept
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
         self._thread.start()
@@ -162,6 +168,13 @@ class WatchedKind:
         """The objects whose index label is `key` (a resource's pods)."""
         with self._lock:
             return [obj for obj in self._objects.values() if _labels(obj).get(self._index_label or "") == key]
+
+    def trouble(self) -> str | None:
+        """Why the cluster cannot be followed, once the watch has failed for UNKNOWN_AFTER_S."""
+        failing = self._failing
+        if failing is None or time.monotonic() - failing[0] < UNKNOWN_AFTER_S:
+            return None
+        return failing[1]
 
     def listen(self, key: str, callback: Callable[[], None]) -> None:
         with self._lock:
@@ -194,12 +207,27 @@ class WatchedKind:
                     version = None
                     continue
                 log.warning("watch: %s", describe(error))
+                self._fail(describe(error))
             except Exception as error:  # a broken connection: taken up again from the last version seen
                 if self._closed.is_set():
                     return
                 log.info("watch interrupted: %s", describe(error))
+                self._fail(describe(error))
             self._closed.wait(pause)
             pause = min(pause * 2, 5.0)
+
+    def _fail(self, reason: str) -> None:
+        self._failing = (self._failing[0] if self._failing else time.monotonic(), reason)
+
+    def _healthy(self) -> None:
+        if self._failing is not None:
+            self._failing = None
+            for callback in self._all_listeners():
+                callback()
+
+    def _all_listeners(self) -> list[Callable[[], None]]:
+        with self._lock:
+            return [callback for callbacks in self._listeners.values() for callback in callbacks]
 
     def _relist(self) -> str:
         response = self._list(label_selector=self._selector, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
@@ -211,6 +239,7 @@ class WatchedKind:
             }
             self._objects = objects
         self.synced.set()
+        self._healthy()
         for name in changed:
             self._notify(name, objects.get(name))
         return str(listed["metadata"]["resourceVersion"])
@@ -231,6 +260,7 @@ class WatchedKind:
                 break
             obj = event["raw_object"]
             version = str(obj["metadata"]["resourceVersion"])
+            self._healthy()
             if event["type"] == "BOOKMARK":
                 continue
             name = obj["metadata"]["name"]
@@ -479,8 +509,7 @@ class KubernetesPlatform:
         attempt = _Attempt(self, trial, control, config)
         if not attempt.exists():
             return None
-        attempt.started = True  # its worker reported it, or will never have: RUNNING is for the watch to say
-        return attempt.follow()
+        return attempt.follow()  # started again once the watch says so: the same TrialStarted, not a second
 
     def release(self, trial: TrialAssignment) -> None:
         """Delete what a lost attempt left (its resource, and with it its pods)."""
@@ -577,9 +606,8 @@ class KubernetesPlatform:
             },
         ]
         if config.storage is not None:
-            mounts.append({"name": "storage", "mountPath": f"{WORK_DIR}/storage"})
+            mounts.append({"name": "storage", "mountPath": f"{WORK_DIR}/{pod_keeper.STORAGE_DIR}"})
             volumes.append({"name": "storage", "nfs": {"server": config.storage.server, "path": config.storage.path}})
-            environment["NNI_STORAGE_DIR"] = f"{WORK_DIR}/storage"
         limits: dict[str, str] = {"cpu": _quantity(cpu), "memory": f"{memory_mib}Mi"}
         if gpus:
             limits["nvidia.com/gpu"] = str(gpus)
@@ -756,6 +784,8 @@ class _Attempt:
         self.told: str | None = None
         self.created_at = time.monotonic()
         self.last_primary: dict[str, Any] | None = None  # FrameworkController deletes pods as the attempt ends
+        self.unknown = False
+        self.ended_at: float | None = None
         self.recheck_s = FOLLOW_IDLE_S
 
     def create(self) -> None:
@@ -842,6 +872,13 @@ class _Attempt:
                 return Abandoned(stop.reason)
             self.delete()
             return TrialOutcome(stop.status, message=stop.reason)
+        trouble = resources.trouble() or pods.trouble()
+        if self.started and (trouble is not None) != self.unknown:  # UNKNOWN while the cluster cannot be followed
+            self.unknown = trouble is not None
+            control.unreachable(f"the cluster cannot be reached: {trouble}" if trouble else None)
+        if trouble is not None:
+            self.recheck_s = 1.0
+            return None
         resource = resources.get(self.name)
         if resource is None:
             if not (self.seen or self._gone_unseen(resources)):
@@ -871,13 +908,26 @@ class _Attempt:
         if stopped is not None and state.phase != "waiting":
             state = JobState("ended", TrialJobStatus.SYS_CANCELED, stopped)
         if state.phase == "ended":
-            self._drain_logs(control)
+            if self._primary_still_ending(pods.get(self.pod)):
+                return None
+            if _container_ended(pods.get(self.pod)):  # else its log has no end to wait for
+                self._drain_logs(control)
             if state.status is TrialJobStatus.SYS_CANCELED:
                 self.delete()  # nothing of it may start again unobserved (a suspended job resumed)
             return self._outcome(state, primary)
         if state.phase == "waiting":
             return self._unschedulable(own_pods.values(), control)
         return None
+
+    def _primary_still_ending(self, primary: dict[str, Any] | None) -> bool:
+        """The job's end can be seen before its primary pod's: its exit code is worth a moment's wait."""
+        if _container_ended(primary):
+            return False
+        now = time.monotonic()
+        if self.ended_at is None:
+            self.ended_at = now
+        self.recheck_s = 0.2
+        return now - self.ended_at < PRIMARY_END_WAIT_S
 
     def _gone_unseen(self, resources: WatchedKind) -> bool:
         """Created, yet never seen by the watch: after a while, asked directly whether it exists."""

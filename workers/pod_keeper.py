@@ -25,6 +25,7 @@ from pathlib import Path
 
 ARCHIVE_DIR = "archive"  # the ConfigMaps' projected volume, under the working directory
 TERMINATION_LOG = "termination-log"  # the container's terminationMessagePath, under the working directory
+STORAGE_DIR = "storage"  # where the pod mounts the nfs storage, if the config has one
 PARAMETERS_VARIABLE = "TRIAL_PARAMETER_CFG"
 COMMAND_VARIABLE = "TRIAL_COMMAND"
 STDERR_TAIL = 2000
@@ -104,8 +105,8 @@ def main() -> int:
     (work / ".nni").mkdir(exist_ok=True)
     (work / "parameter.cfg").write_text(parameters)
     output = work / "output"
-    if "NNI_STORAGE_DIR" in environment:  # an nfs storage mounted by the pod: the output outlives it
-        output = Path(environment.pop("NNI_STORAGE_DIR"), environment["NNI_EXP_ID"], environment["NNI_TRIAL_JOB_ID"])
+    if (work / STORAGE_DIR).is_dir():  # an nfs storage mounted by the pod: the output outlives it
+        output = work / STORAGE_DIR / environment["NNI_EXP_ID"] / environment["NNI_TRIAL_JOB_ID"]
     output.mkdir(parents=True, exist_ok=True)
     environment.update(NNI_SYS_DIR=str(work), NNI_OUTPUT_DIR=str(output), NNI_CODE_DIR=str(code))
     trial = subprocess.Popen(
