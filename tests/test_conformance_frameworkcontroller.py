@@ -1,0 +1,20 @@
+"""The conformance suite on the frameworkcontroller platform, against the simulated cluster
+(tests/kubesim): each trial is a Framework whose task's pod runs as a local process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conformance import PlatformConformance, PlatformHarness
+from tests.kube_setup import KubeWorkers, frameworkcontroller_section
+
+
+class TestFrameworkControllerConformance(PlatformConformance):
+    @pytest.fixture
+    def harness(self, processes, kubeconfig: Path) -> PlatformHarness:
+        return PlatformHarness(
+            platform_config=frameworkcontroller_section(kubeconfig),
+            start_worker=KubeWorkers(processes, "frameworkcontroller").start,
+        )

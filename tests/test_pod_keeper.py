@@ -1,0 +1,110 @@
+"""The keeper a Kubernetes trial pod runs (workers/pod_keeper.py), as a real process in a directory laid
+out as the pod's: the code from the ConfigMap parts, parameter.cfg, NNI's file metrics turned into
+stdout lines, the trial's exit code and stderr tail, and a SIGTERM passed on to the trial."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+from tests.waiting import wait_until
+from workers import pod_keeper
+from workers.metrics import parse_stdout_line
+
+TRIAL = """
+import json, os, sys, time
+sys_dir = os.environ["NNI_SYS_DIR"]
+form = json.load(open(os.path.join(sys_dir, "parameter.cfg")))
+os.makedirs(os.path.join(sys_dir, ".nni"), exist_ok=True)
+def to_file(kind, sequence, value):
+    data = json.dumps({"parameter_id": form["parameter_id"], "type": kind, "sequence": sequence,
+                       "value": json.dumps(value)}).encode() + b"\\n"
+    with open(os.path.join(sys_dir, ".nni", "metrics"), "ab") as metrics:
+        metrics.write(b"ME%06d" % len(data) + data)
+print("hello from", os.getcwd(), flush=True)
+to_file("PERIODICAL", 0, 0.5)
+to_file("REQUEST_PARAMETER", 0, "")
+to_file("FINAL", 0, {"default": 0.75, "params": form["parameters"]})
+if form["parameters"].get("hold"):
+    open(os.path.join(sys_dir, "held"), "w").close()
+    time.sleep(300)
+sys.stderr.write("last words\\n")
+sys.exit(form["parameters"].get("code", 0))
+"""
+
+
+def pod(tmp_path: Path, parts: int = 3) -> Path:
+    """The pod's working directory: the code archive split over `parts` ConfigMap keys, and the keeper."""
+    work = tmp_path / "trialstream"
+    archive = work / pod_keeper.ARCHIVE_DIR
+    archive.mkdir(parents=True)
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        data = textwrap.dedent(TRIAL).encode()
+        info = tarfile.TarInfo("trial.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    blob = packed.getvalue()
+    size = -(-len(blob) // parts)
+    for index in range(parts):
+        (archive / f"code-{index:03d}").write_bytes(blob[index * size : (index + 1) * size])
+    shutil.copy(pod_keeper.__file__, archive / "keeper.py")
+    return work
+
+
+def keeper(work: Path, **parameters: object) -> subprocess.Popen[bytes]:
+    form = {"parameter_id": 4, "parameter_source": "algorithm", "parameters": parameters, "parameter_index": 0}
+    env = {
+        "PATH": os.environ["PATH"],
+        "NNI_PLATFORM": "kubeflow",
+        "NNI_EXP_ID": "exp",
+        "NNI_TRIAL_JOB_ID": "abc",
+        pod_keeper.PARAMETERS_VARIABLE: json.dumps(form),
+        pod_keeper.COMMAND_VARIABLE: f"{sys.executable} trial.py",
+    }
+    return subprocess.Popen(
+        [sys.executable, f"{pod_keeper.ARCHIVE_DIR}/keeper.py"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_the_code_runs_with_its_parameters_and_file_metrics_come_out_on_stdout(tmp_path: Path) -> None:
+    work = pod(tmp_path)
+    out, err = keeper(work, lr=0.1).communicate(timeout=60)
+    lines = out.splitlines()
+    assert lines[0] == f"hello from {work / 'code'}".encode()
+    metrics = [parse_stdout_line(line) for line in lines[1:]]
+    assert [(m.metric_type, m.sequence) for m in metrics if m] == [("PERIODICAL", 0), ("FINAL", 0)]
+    final = json.loads(json.loads(metrics[-1].data)) if metrics[-1] else None
+    assert final == {"default": 0.75, "params": {"lr": 0.1}}
+    assert err == b"last words\n"
+    assert not (work / pod_keeper.TERMINATION_LOG).exists()  # only a failure leaves a message
+
+
+def test_a_failure_exits_with_the_trial_s_code_and_leaves_its_stderr_tail(tmp_path: Path) -> None:
+    work = pod(tmp_path, parts=1)
+    process = keeper(work, code=3)
+    process.communicate(timeout=60)
+    assert process.returncode == 3
+    assert (work / pod_keeper.TERMINATION_LOG).read_text() == "last words\n"
+
+
+def test_sigterm_is_passed_on_to_the_trial(tmp_path: Path) -> None:
+    work = pod(tmp_path)
+    process = keeper(work, hold=True)
+    wait_until(lambda: (work / "held").exists(), 30, what="the trial to hold")
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=30)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert (work / pod_keeper.TERMINATION_LOG).exists()
