@@ -25,7 +25,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 PASSWORD = "0123abcdTestOnly"
 REDIS_URL = f"redis://:{PASSWORD}@redis:6379/0"
-PROFILES = ("gpu", "remote")  # every service, the profile-gated ones included
+PROFILES = ("gpu", "remote", "kubernetes")  # every service, the profile-gated ones included
 TOKEN = "test-only-token"
 RESTARTING = {"always", "unless-stopped", "on-failure"}
 
@@ -146,6 +146,8 @@ TRIALSTREAM_SERVICES = {
     "worker-local": [*WORKER, "local"],
     "worker-local-gpu": [*WORKER, "local"],
     "worker-remote": [*WORKER, "remote", "--concurrency", "16"],
+    "worker-kubeflow": [*WORKER, "kubeflow", "--concurrency", "64"],
+    "worker-frameworkcontroller": [*WORKER, "frameworkcontroller", "--concurrency", "64"],
 }
 
 
@@ -201,11 +203,22 @@ def test_manager_and_workers_share_the_experiments_at_one_path(config: dict[str,
     assert any(kind == "volume" and target.endswith("trialstream-experiments") for kind, _, target in shared)
 
 
-def test_ssh_material_is_a_secret_of_the_manager_and_the_remote_workers_only(config: dict[str, Any]) -> None:
-    holders = {name for name, service in config["services"].items() if service.get("secrets")}
-    assert holders == {"manager", "worker-remote"}
+def test_credentials_are_secrets_of_the_manager_and_the_workers_that_use_them_only(config: dict[str, Any]) -> None:
+    holders = {
+        name: sorted(secret["source"] for secret in service.get("secrets", []))
+        for name, service in config["services"].items()
+        if service.get("secrets")
+    }
+    assert holders == {
+        "manager": ["kube", "ssh"],
+        "worker-remote": ["ssh"],
+        "worker-kubeflow": ["kube"],
+        "worker-frameworkcontroller": ["kube"],
+    }
     assert config["services"]["worker-remote"]["profiles"] == ["remote"]
+    assert config["services"]["worker-kubeflow"]["profiles"] == ["kubernetes"]
     assert config["secrets"]["ssh"]["file"] == str(ROOT / "deploy" / "ssh")
+    assert config["secrets"]["kube"]["file"] == str(ROOT / "deploy" / "kube")
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert "deploy" in ignored and "!deploy/ssh" not in ignored  # never in the build context
 

@@ -24,6 +24,7 @@ from core.connections import same_server
 from core.platform import TrialAssignment
 from core.registry import platform_class
 from core.settings import Settings
+from manager.config import load_experiment_config
 from manager.experiments import finish_experiment
 from manager.projector import Projector
 from manager.training_service import TrainingService
@@ -206,6 +207,13 @@ def test_in_a_pod_the_service_account_is_used(
     (account / "token").write_text("a-token-the-cluster-never-issued")
     [problem] = check("kubeflow", config, code_dir, settings)
     assert "credentials were refused" in problem
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_the_examples_are_valid_configs(platform: str) -> None:
+    spec = load_experiment_config(Path(__file__).parent.parent / "examples" / platform / "config.yml")
+    assert isinstance(spec.platform, platform_class(platform).config_model)
+    assert (spec.code_directory / "trial.py").is_file()
 
 
 def test_code_beyond_what_configmaps_carry_is_refused_at_the_check(kubeconfig: Path, code_dir: Path) -> None:
