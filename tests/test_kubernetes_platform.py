@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -33,37 +32,11 @@ from schemas.kubernetes import FrameworkControllerConfig, KubeflowConfig
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
+from tests.gated_trial import GATED_TRIAL
 from tests.kube_setup import KubeWorkers, frameworkcontroller_section, kubeflow_section
 from tests.kubesim import Capacity, SimulatedCluster
 from workers.kubeflow import KubeflowPlatform
 from workers.kubernetes import resource_name
-
-# Reports metric `i` for each i in `before`, waits for the file `gate` (if given), reports each of
-# `after`, then exits with `code`; every metric a line of stdout, NNI's wire format off the local platform.
-TRIAL = r"""
-import json, os, sys, time
-form = json.load(open(os.path.join(os.environ["NNI_SYS_DIR"], "parameter.cfg")))
-p = form["parameters"]
-
-def report(kind, sequence, value):
-    record = json.dumps({"parameter_id": form["parameter_id"], "type": kind, "sequence": sequence,
-                         "value": json.dumps(value)})
-    print("NNISDK_MEb'" + record + "'", flush=True)
-
-for i in p.get("before", []):
-    report("PERIODICAL", i, i)
-if p.get("started"):
-    open(p["started"], "w").close()
-deadline = time.time() + 300
-while p.get("gate") and not os.path.exists(p["gate"]) and time.time() < deadline:
-    time.sleep(0.02)
-for i in p.get("after", []):
-    report("PERIODICAL", i, i)
-report("FINAL", 0, {"default": 1.0, "output": os.environ["NNI_OUTPUT_DIR"]})
-if p.get("code"):
-    sys.stderr.write("the last words\n")
-sys.exit(p.get("code", 0))
-"""
 
 PLATFORMS = ["kubeflow", "frameworkcontroller"]
 PLURALS = {"kubeflow": "tfjobs", "frameworkcontroller": "frameworks"}
@@ -79,7 +52,7 @@ def section(platform: str, kubeconfig: Path, **extra: Any) -> dict[str, Any]:
 @pytest.fixture
 def kube(make_service: ServiceFactory, code_dir: Path, kubeconfig: Path):
     """(platform, **section) -> an experiment whose trials run TRIAL in the simulated cluster."""
-    (code_dir / "trial.py").write_text(textwrap.dedent(TRIAL))
+    (code_dir / "trial.py").write_text(GATED_TRIAL)
 
     def make(platform: str, max_retries: int = 0, **extra: Any) -> TrainingService:
         config = section(platform, kubeconfig, **extra)

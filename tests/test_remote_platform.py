@@ -26,6 +26,7 @@ from schemas.events import TrialEnded, TrialReattached, TrialStarted, TrialUnrea
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
 from tests.conftest import ServiceFactory, form, wait_for_status, wait_until
+from tests.gated_trial import GATED_TRIAL
 from tests.remote_setup import RemoteWorkers, remote_section
 from tests.sshd import SshHost, SshUser
 
@@ -36,36 +37,10 @@ def tmp_path(shared_tmp_path: Path) -> Path:
     return shared_tmp_path
 
 
-# A trial that reports metric `i` for each i in `before`, waits for the file `gate` (if given), reports
-# each of `after`, then exits with `code`; every step is a line of its stdout, NNI's remote wire format.
-TRIAL = """
-import json, os, sys, time
-form = json.load(open(os.path.join(os.environ["NNI_SYS_DIR"], "parameter.cfg")))
-p = form["parameters"]
-
-def report(kind, sequence, value):
-    record = json.dumps({"parameter_id": form["parameter_id"], "type": kind, "sequence": sequence,
-                         "value": json.dumps(value)})
-    print("NNISDK_MEb'" + record + "'", flush=True)  # as NNI's SDK prints it
-
-for i in p.get("before", []):
-    report("PERIODICAL", i, i)
-if p.get("started"):
-    open(p["started"], "w").close()
-deadline = time.time() + 300
-while p.get("gate") and not os.path.exists(p["gate"]) and time.time() < deadline:
-    time.sleep(0.02)
-for i in p.get("after", []):
-    report("PERIODICAL", i, i)
-report("FINAL", 0, {"default": 1.0, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")})
-sys.exit(p.get("code", 0))
-"""
-
-
 @pytest.fixture
 def remote(make_service: ServiceFactory, code_dir: Path, ssh_hosts: list[SshHost], ssh_user: SshUser):
     """(service factory, hosts): experiments whose trials run TRIAL on the hosts given (both by default)."""
-    (code_dir / "trial.py").write_text(textwrap.dedent(TRIAL))
+    (code_dir / "trial.py").write_text(GATED_TRIAL)
 
     def make(
         hosts: list[SshHost] | None = None,
