@@ -188,10 +188,7 @@ class WatchedKind:
 
     def close(self) -> None:
         self._closed.set()
-        response = self._response
-        if response is not None:
-            with contextlib.suppress(Exception):
-                response.close()
+        _interrupt(self._response)
 
     def _run(self) -> None:
         pause = 0.2
@@ -326,10 +323,7 @@ class LogFollower:
 
     def stop(self) -> None:
         self._stop.set()
-        response = self._response
-        if response is not None:
-            with contextlib.suppress(Exception):
-                response.close()
+        _interrupt(self._response)
 
     def _run(self) -> None:
         pause = 0.2
@@ -385,6 +379,13 @@ class LogFollower:
         finally:
             self._response = None
             response.release_conn()
+
+
+def _interrupt(response: Any) -> None:
+    """Closes a stream another thread is blocked reading, if there is one: the reader wakes at once."""
+    if response is not None:
+        with contextlib.suppress(Exception):
+            response.close()
 
 
 def _lines(response: urllib3.HTTPResponse) -> Iterator[bytes]:

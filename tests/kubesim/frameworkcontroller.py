@@ -192,7 +192,8 @@ class FrameworkController(Controller):
 
     # ---- status helpers -------------------------------------------------------------------------------------
     @staticmethod
-    def _transition_framework(status: dict[str, Any], state: str) -> None:
+    def _transition(status: dict[str, Any], state: str) -> None:
+        """A Framework's or a task's status (they have the same times) moved to `state`."""
         if status["state"] == state:
             return
         now = now_rfc3339()
@@ -205,21 +206,6 @@ class FrameworkController(Controller):
             status["completionTime"] = now
         status["state"] = state
         status["transitionTime"] = now
-
-    @staticmethod
-    def _transition_task(ts: dict[str, Any], state: str) -> None:
-        if ts["state"] == state:
-            return
-        now = now_rfc3339()
-        if state == "AttemptRunning":
-            ts["attemptStatus"]["runTime"] = now
-            ts["runTime"] = ts.get("runTime") or now
-        if state == "AttemptCompleted":
-            ts["attemptStatus"]["completionTime"] = now
-        if state == "Completed":
-            ts["completionTime"] = now
-        ts["state"] = state
-        ts["transitionTime"] = now
 
     @staticmethod
     def _task_attempt(f: dict[str, Any], role: str, index: int, attempt: int) -> dict[str, Any]:
@@ -286,7 +272,7 @@ class FrameworkController(Controller):
     def _complete_task_attempt(self, ts: dict[str, Any], force: bool, cs: dict[str, Any] | None) -> None:
         if ts["attemptStatus"]["completionStatus"] is None:
             ts["attemptStatus"]["completionStatus"] = cs
-        self._transition_task(ts, "AttemptCompleted" if force else "AttemptDeletionPending")
+        self._transition(ts, "AttemptCompleted" if force else "AttemptDeletionPending")
 
     def _complete_framework_attempt(self, status: dict[str, Any], force: bool, cs: dict[str, Any] | None) -> None:
         if status["attemptStatus"]["completionStatus"] is None:
@@ -300,10 +286,10 @@ class FrameworkController(Controller):
                     if ts["state"] != "AttemptCompleted":
                         self._complete_task_attempt(ts, True, None)
                     ts["retryPolicyStatus"]["retryDelaySec"] = None
-                    self._transition_task(ts, "Completed")
-            self._transition_framework(status, "AttemptCompleted")
+                    self._transition(ts, "Completed")
+            self._transition(status, "AttemptCompleted")
         else:
-            self._transition_framework(status, "AttemptDeletionPending")
+            self._transition(status, "AttemptDeletionPending")
 
     # ---- reconcile ------------------------------------------------------------------------------------------
     def reconcile(self, key: Any) -> None:
@@ -370,15 +356,15 @@ class FrameworkController(Controller):
             elif not cm["metadata"].get("deletionTimestamp"):
                 if status["state"] == "AttemptDeletionPending":
                     self._delete(resources.CONFIGMAPS, cm)
-                    self._transition_framework(status, "AttemptDeletionRequested")
+                    self._transition(status, "AttemptDeletionRequested")
                 if status["state"] == "AttemptCreationRequested":
-                    self._transition_framework(status, "AttemptPreparing")
+                    self._transition(status, "AttemptPreparing")
             else:
                 if status["attemptStatus"]["completionStatus"] is None:
                     status["attemptStatus"]["completionStatus"] = completion(
                         -100, "ConfigMap is being deleted by others"
                     )
-                self._transition_framework(status, "AttemptDeleting")
+                self._transition(status, "AttemptDeleting")
         if status["state"] == "AttemptCompleted":
             rps = status["retryPolicyStatus"]
             retry, accountable = should_retry(
@@ -386,7 +372,7 @@ class FrameworkController(Controller):
             )
             if rps["retryDelaySec"] is None:
                 if not retry:
-                    self._transition_framework(status, "Completed")
+                    self._transition(status, "Completed")
                     return False
                 rps["retryDelaySec"] = 0
             rps["totalRetriedCount"] += 1
@@ -394,7 +380,7 @@ class FrameworkController(Controller):
                 rps["accountableRetriedCount"] += 1
             rps["retryDelaySec"] = None
             status["attemptStatus"] = self._attempt(f, rps["totalRetriedCount"])
-            self._transition_framework(status, "AttemptCreationPending")
+            self._transition(status, "AttemptCreationPending")
             return True
         if status["state"] == "AttemptCreationPending":
             if spec.get("executionType") == "Create":
@@ -407,7 +393,7 @@ class FrameworkController(Controller):
                 return False
             status["attemptStatus"]["configMapUID"] = cm["metadata"]["uid"]
             status["attemptStatus"]["instanceUID"] = f"{status['attemptStatus']['id']}_{cm['metadata']['uid']}"
-            self._transition_framework(status, "AttemptCreationRequested")
+            self._transition(status, "AttemptCreationRequested")
             return True
         if not self._completing(status) and stop:
             self._complete_framework_attempt(status, False, completion(-210, STOP_DIAG))
@@ -419,7 +405,7 @@ class FrameworkController(Controller):
         if status["state"] == "AttemptPreparing" and any(
             ts["state"] == "AttemptRunning" for _, ts in self._tasks(status)
         ):
-            self._transition_framework(status, "AttemptRunning")
+            self._transition(status, "AttemptRunning")
         return again
 
     def _create_configmap(self, f: dict[str, Any]) -> dict[str, Any] | None:
@@ -536,20 +522,20 @@ class FrameworkController(Controller):
             elif not pod["metadata"].get("deletionTimestamp"):
                 if ts["state"] == "AttemptDeletionPending":
                     self._delete(resources.PODS, pod)
-                    self._transition_task(ts, "AttemptDeletionRequested")
+                    self._transition(ts, "AttemptDeletionRequested")
                 if ts["state"] == "AttemptDeletionRequested":
                     return False
                 if ts["state"] == "AttemptCreationRequested":
-                    self._transition_task(ts, "AttemptPreparing")
+                    self._transition(ts, "AttemptPreparing")
                 att = ts["attemptStatus"]
                 att["podNodeName"] = pod["spec"].get("nodeName", "")
                 att["podIP"] = (pod.get("status") or {}).get("podIP", "")
                 att["podHostIP"] = (pod.get("status") or {}).get("hostIP", "")
                 phase = (pod.get("status") or {}).get("phase")
                 if phase == "Pending":
-                    self._transition_task(ts, "AttemptPreparing")
+                    self._transition(ts, "AttemptPreparing")
                 elif phase == "Running":
-                    self._transition_task(ts, "AttemptRunning")
+                    self._transition(ts, "AttemptRunning")
                 elif phase == "Succeeded":
                     self._complete_task_attempt(
                         ts, False, completion(0, "Pod succeeded", pod=pod_completion_status(pod))
@@ -562,7 +548,7 @@ class FrameworkController(Controller):
             else:
                 if ts["attemptStatus"]["completionStatus"] is None:
                     ts["attemptStatus"]["completionStatus"] = completion(-101, "Pod is being deleted by others")
-                self._transition_task(ts, "AttemptDeleting")
+                self._transition(ts, "AttemptDeleting")
                 return False
         if ts["state"] in ("AttemptPreparing", "AttemptRunning"):
             return False
@@ -579,14 +565,14 @@ class FrameworkController(Controller):
                 if retry:
                     rps["retryDelaySec"] = 0
                 else:
-                    self._transition_task(ts, "Completed")
+                    self._transition(ts, "Completed")
             if rps["retryDelaySec"] is not None:
                 rps["totalRetriedCount"] += 1
                 if accountable:
                     rps["accountableRetriedCount"] += 1
                 rps["retryDelaySec"] = None
                 ts["attemptStatus"] = self._task_attempt(f, role, ts["index"], rps["totalRetriedCount"])
-                self._transition_task(ts, "AttemptCreationPending")
+                self._transition(ts, "AttemptCreationPending")
                 return True
         if ts["state"] == "AttemptCreationPending":
             if self._completing(status) or cm is None:
@@ -683,5 +669,5 @@ class FrameworkController(Controller):
             return True
         ts["attemptStatus"]["podUID"] = created["metadata"]["uid"]
         ts["attemptStatus"]["instanceUID"] = f"{ts['attemptStatus']['id']}_{created['metadata']['uid']}"
-        self._transition_task(ts, "AttemptCreationRequested")
+        self._transition(ts, "AttemptCreationRequested")
         return True
