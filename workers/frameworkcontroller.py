@@ -71,7 +71,8 @@ class FrameworkControllerPlatform(KubernetesPlatform):
             if resource.get("spec", {}).get("executionType") == "Stop":
                 return JobState("ended", TrialJobStatus.SYS_CANCELED, f"the Framework was stopped: {message}")
             succeeded = (completion.get("type") or {}).get("name") == "Succeeded"
-            return JobState("ended", TrialJobStatus.SUCCEEDED if succeeded else TrialJobStatus.FAILED, message)
+            status_ = TrialJobStatus.SUCCEEDED if succeeded else TrialJobStatus.FAILED
+            return JobState("ended", status_, message, _primary_exit(status))
         if state in _RUNNING_STATES:
             return JobState("running")
         return JobState("waiting")
@@ -80,3 +81,14 @@ class FrameworkControllerPlatform(KubernetesPlatform):
     def primary_pod(cls, name: str, config: KubernetesConfig) -> str:
         assert isinstance(config, FrameworkControllerConfig)
         return f"{name}-{config.task_roles[0].name}-0"
+
+
+def _primary_exit(status: dict[str, Any]) -> dict[str, Any] | None:
+    """How task 0 of the first role ended, as the Framework records it: its pod is deleted by then."""
+    roles = (status.get("attemptStatus") or {}).get("taskRoleStatuses") or []
+    tasks = roles[0].get("taskStatuses") or [] if roles else []
+    completion = ((tasks[0].get("attemptStatus") or {}).get("completionStatus") or {}) if tasks else {}
+    containers = (completion.get("pod") or {}).get("containers") or []
+    if not containers:
+        return None
+    return {"exitCode": containers[0].get("code"), "message": containers[0].get("message", "")}

@@ -93,6 +93,7 @@ class JobState:
     phase: Phase
     status: TrialJobStatus | None = None  # when ended
     message: str | None = None
+    primary_exit: dict[str, Any] | None = None  # the primary container's `terminated`, where the resource keeps it
 
 
 class ClusterError(Exception):
@@ -950,7 +951,7 @@ class _Attempt:
             control.wait(0.5)
 
     def _outcome(self, state: JobState, primary: dict[str, Any] | None) -> TrialOutcome:
-        terminated = _terminated(primary)
+        terminated = _terminated(primary) or state.primary_exit or {}
         exit_code = terminated.get("exitCode") if terminated else None
         status = state.status or TrialJobStatus.FAILED
         if status is TrialJobStatus.FAILED:
