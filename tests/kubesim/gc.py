@@ -17,6 +17,10 @@ from tests.kubesim.store import Event, Store
 
 
 class GarbageCollector(Controller):
+    """Keys are object uids. An event on an object queues the object itself, its owners (a foreground owner waits
+    for its dependents) and, once it is gone, its dependents (they may have no owner left): the store's uid and
+    owner indexes answer each of them without scanning every object."""
+
     name = "garbage-collector"
 
     def __init__(self, store: Store) -> None:
@@ -25,38 +29,39 @@ class GarbageCollector(Controller):
         store.subscribe(self._on_event)
 
     def _on_event(self, ev: Event) -> None:
-        if (
-            ev.type == "DELETED"
-            or ev.obj["metadata"].get("deletionTimestamp")
-            or ev.obj["metadata"].get("ownerReferences")
-        ):
-            self.queue.add("scan")
+        md = ev.obj["metadata"]
+        if not (ev.type == "DELETED" or md.get("deletionTimestamp") or md.get("ownerReferences")):
+            return
+        self.queue.add(md["uid"])
+        for obj in (ev.obj, ev.old):
+            for ref in (obj or {}).get("metadata", {}).get("ownerReferences") or []:
+                self.queue.add(ref.get("uid", ""))
+        if ev.type == "DELETED":
+            for uid in self.store.dependent_uids(md["uid"]):
+                self.queue.add(uid)
 
     def reconcile(self, key: Any) -> None:
-        objects = list(self.store.all_objects())
-        uids = {o["metadata"]["uid"] for _, o in objects}
-        dependents: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
-        for rt, o in objects:
-            for ref in o["metadata"].get("ownerReferences") or []:
-                dependents.setdefault(ref.get("uid", ""), []).append((rt, o))
-        for rt, o in objects:
-            md = o["metadata"]
-            ns = md.get("namespace", "")
-            finalizers = md.get("finalizers") or []
-            if md.get("deletionTimestamp") and "orphan" in finalizers:
-                for drt, d in dependents.get(md["uid"], []):
-                    self._drop_owner(drt, d, md["uid"])
-                self.store.remove_finalizer(rt, ns, md["name"], "orphan")
-            elif md.get("deletionTimestamp") and "foregroundDeletion" in finalizers:
-                remaining = dependents.get(md["uid"], [])
-                for drt, d in remaining:
-                    if not d["metadata"].get("deletionTimestamp"):
-                        self._delete(drt, d, "Foreground")
-                if not remaining:
-                    self.store.remove_finalizer(rt, ns, md["name"], "foregroundDeletion")
-            refs = md.get("ownerReferences") or []
-            if refs and not md.get("deletionTimestamp") and all(r.get("uid") not in uids for r in refs):
-                self._delete(rt, o, "Background")
+        found = self.store.get_by_uid(key)
+        if found is None:
+            return
+        rt, o = found
+        md = o["metadata"]
+        ns = md.get("namespace", "")
+        finalizers = md.get("finalizers") or []
+        if md.get("deletionTimestamp") and "orphan" in finalizers:
+            for drt, d in self.store.dependents(md["uid"]):
+                self._drop_owner(drt, d, md["uid"])
+            self.store.remove_finalizer(rt, ns, md["name"], "orphan")
+        elif md.get("deletionTimestamp") and "foregroundDeletion" in finalizers:
+            remaining = self.store.dependents(md["uid"])
+            for drt, d in remaining:
+                if not d["metadata"].get("deletionTimestamp"):
+                    self._delete(drt, d, "Foreground")
+            if not remaining:
+                self.store.remove_finalizer(rt, ns, md["name"], "foregroundDeletion")
+        refs = md.get("ownerReferences") or []
+        if refs and not md.get("deletionTimestamp") and not any(self.store.has_uid(r.get("uid", "")) for r in refs):
+            self._delete(rt, o, "Background")
 
     def _drop_owner(self, rt: Any, obj: dict[str, Any], owner_uid: str) -> None:
         def drop(o: dict[str, Any]) -> None:

@@ -156,11 +156,16 @@ class Kubelet(Controller):
         self.api_port = api_port
         self.runs: dict[str, PodRun] = {}
         self.lock = threading.RLock()
+        # what the scheduler needs, kept from the store's events (under its lock) rather than listing every pod:
+        # pods waiting for a node, and bound pods that still hold their requests (not Succeeded or Failed)
+        self._unbound: dict[tuple[str, str], dict[str, Any]] = {}
+        self._holding: dict[tuple[str, str], dict[str, Any]] = {}
         store.subscribe(self._on_event)
 
     # ---- events -------------------------------------------------------------------------------------------
     def _on_event(self, ev: Event) -> None:
         if ev.plural == "pods":
+            self._track(ev)
             self.queue.add(("pod", ev.namespace, ev.obj["metadata"]["name"], ev.obj["metadata"]["uid"]))
             if ev.type == "DELETED" or (ev.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 self.queue.add(("schedule",))
@@ -168,6 +173,18 @@ class Kubelet(Controller):
                 self.queue.add(("schedule",))
         elif ev.plural == "configmaps":
             self.queue.add(("schedule",))
+
+    def _track(self, ev: Event) -> None:
+        key = (ev.namespace, ev.obj["metadata"]["name"])
+        self._unbound.pop(key, None)
+        self._holding.pop(key, None)
+        if ev.type == "DELETED":
+            return
+        if not ev.obj["spec"].get("nodeName"):
+            if not ev.obj["metadata"].get("deletionTimestamp"):
+                self._unbound[key] = ev.obj
+        elif (ev.obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            self._holding[key] = ev.obj
 
     def set_capacity(self, capacity: Capacity) -> None:
         self.capacity = capacity
@@ -185,16 +202,15 @@ class Kubelet(Controller):
         }
 
     def _schedule(self) -> None:
-        all_pods, _ = self.store.list(resources.PODS, None)
+        with self.store.lock:  # the events' objects are shared with watchers: read, never changed
+            holding, unbound = list(self._holding.values()), list(self._unbound.values())
         used: dict[str, Decimal] = {}
-        for p in all_pods:
-            if p["spec"].get("nodeName") and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                for r, q in pods.pod_requests(p).items():
-                    used[r] = used.get(r, Decimal(0)) + q
-                used["pods"] = used.get("pods", Decimal(0)) + 1
+        for p in holding:
+            for r, q in pods.pod_requests(p).items():
+                used[r] = used.get(r, Decimal(0)) + q
+            used["pods"] = used.get("pods", Decimal(0)) + 1
         pending = sorted(
-            (p for p in all_pods if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")),
-            key=lambda p: (p["metadata"]["creationTimestamp"], int(p["metadata"]["resourceVersion"])),
+            unbound, key=lambda p: (p["metadata"]["creationTimestamp"], int(p["metadata"]["resourceVersion"]))
         )
         allocatable = self._allocatable()
         for p in pending:

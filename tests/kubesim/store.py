@@ -29,7 +29,7 @@ import queue
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,9 @@ class Store:
     def __init__(self, history_limit: int = 10000) -> None:
         self.lock = threading.RLock()
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        # indexes kept by _put/_pop, so that finding an object by uid or an owner's dependents scans nothing
+        self._by_uid: dict[str, tuple[str, tuple[str, str]]] = {}
+        self._dependents: dict[str, set[tuple[str, tuple[str, str]]]] = {}
         self._types: dict[str, ResourceType] = {}
         self._rv = 0
         self._history: deque[Event] = deque()
@@ -150,6 +153,30 @@ class Store:
             self._history.clear()
             self._floor = self._rv
 
+    def _put(self, rt: ResourceType, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        old = self._objects[rt.plural].get(key)
+        if old is not None:
+            self._unindex(rt.plural, key, old)
+        self._objects[rt.plural][key] = obj
+        self._by_uid[obj["metadata"]["uid"]] = (rt.plural, key)
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            self._dependents.setdefault(ref.get("uid", ""), set()).add((rt.plural, key))
+
+    def _pop(self, rt: ResourceType, key: tuple[str, str]) -> dict[str, Any]:
+        obj = self._objects[rt.plural].pop(key)
+        self._unindex(rt.plural, key, obj)
+        return obj
+
+    def _unindex(self, plural: str, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        self._by_uid.pop(obj["metadata"]["uid"], None)
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            owner = ref.get("uid", "")
+            dependents = self._dependents.get(owner)
+            if dependents is not None:
+                dependents.discard((plural, key))
+                if not dependents:
+                    del self._dependents[owner]
+
     # ---- reads ----------------------------------------------------------------------------------------------
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:
@@ -173,11 +200,35 @@ class Store:
             ]
             return items, self._rv
 
-    def all_objects(self) -> Iterator[tuple[ResourceType, dict[str, Any]]]:
-        """A snapshot of every stored object (copies), for the garbage collector."""
+    def has_uid(self, uid: str) -> bool:
         with self.lock:
-            snapshot = [(self._types[p], copy.deepcopy(o)) for p, objs in self._objects.items() for o in objs.values()]
-        return iter(snapshot)
+            return uid in self._by_uid
+
+    def get_by_uid(self, uid: str) -> tuple[ResourceType, dict[str, Any]] | None:
+        """The stored object with this uid (a copy) and its type."""
+        with self.lock:
+            found = self._by_uid.get(uid)
+            if found is None:
+                return None
+            plural, key = found
+            return self._types[plural], copy.deepcopy(self._objects[plural][key])
+
+    def dependent_uids(self, owner_uid: str) -> list[str]:
+        """The uids of the objects with an ownerReference to `owner_uid`."""
+        with self.lock:
+            return [
+                self._objects[plural][key]["metadata"]["uid"] for plural, key in self._dependents.get(owner_uid, ())
+            ]
+
+    def dependents(self, owner_uid: str, plural: str | None = None) -> list[tuple[ResourceType, dict[str, Any]]]:
+        """The objects (copies; of one resource if `plural` is given) with an ownerReference to `owner_uid`, in
+        (resource, namespace, name) order."""
+        with self.lock:
+            return [
+                (self._types[p], copy.deepcopy(self._objects[p][key]))
+                for p, key in sorted(self._dependents.get(owner_uid, ()))
+                if plural is None or p == plural
+            ]
 
     # ---- writes ---------------------------------------------------------------------------------------------
     def create(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +249,7 @@ class Store:
             self._rv += 1
             md["resourceVersion"] = str(self._rv)
             obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
-            self._objects[rt.plural][key] = obj
+            self._put(rt, key, obj)
             self._emit(rt, ADDED, obj, None)
             return copy.deepcopy(obj)
 
@@ -271,7 +322,7 @@ class Store:
                 nmd["generation"] = int(md.get("generation", 1)) + 1
             self._rv += 1
             nmd["resourceVersion"] = str(self._rv)
-            self._objects[rt.plural][key] = new
+            self._put(rt, key, new)
             self._emit(rt, MODIFIED, new, cur)
             if nmd.get("deletionTimestamp") and not nmd.get("finalizers") and rt.plural != "pods":
                 self._remove(rt, key)
@@ -349,7 +400,7 @@ class Store:
             return
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
-        self._objects[rt.plural][key] = new
+        self._put(rt, key, new)
         self._emit(rt, MODIFIED, new, cur)
 
     def finalize(self, rt: ResourceType, namespace: str, name: str, uid: str) -> bool:
@@ -383,7 +434,7 @@ class Store:
                 return
 
     def _remove(self, rt: ResourceType, key: tuple[str, str]) -> dict[str, Any]:
-        cur = self._objects[rt.plural].pop(key)
+        cur = self._pop(rt, key)
         self._rv += 1
         gone = copy.deepcopy(cur)
         gone["metadata"]["resourceVersion"] = str(self._rv)

@@ -235,10 +235,11 @@ class TrainingOperator(Controller):
         status = copy.deepcopy(old_status)
         if not status.get("conditions"):
             self._set(status, "Created", "True", f"{rt.kind}Created", f"{rt.kind} {name} is created.")
-        all_pods = [
+        all_pods = [  # the store's owner index: no scan of every pod in the namespace
             p
-            for p in self.store.list(resources.PODS, ns)[0]
-            if any(r.get("uid") == uid and r.get("controller") for r in p["metadata"].get("ownerReferences") or [])
+            for _, p in self.store.dependents(uid, resources.PODS.plural)
+            if p["metadata"].get("namespace", "") == ns
+            and any(r.get("uid") == uid and r.get("controller") for r in p["metadata"].get("ownerReferences") or [])
         ]
         finished = self._has(status, "Succeeded") or self._has(status, "Failed")
         if finished:
