@@ -22,6 +22,7 @@ Semantics mirrored from the real apiserver (kubernetes/kubernetes):
 from __future__ import annotations
 
 import base64
+import builtins
 import copy
 import datetime as dt
 import json
@@ -213,14 +214,16 @@ class Store:
             plural, key = found
             return self._types[plural], copy.deepcopy(self._objects[plural][key])
 
-    def dependent_uids(self, owner_uid: str) -> list[str]:
+    def dependent_uids(self, owner_uid: str) -> builtins.list[str]:
         """The uids of the objects with an ownerReference to `owner_uid`."""
         with self.lock:
             return [
                 self._objects[plural][key]["metadata"]["uid"] for plural, key in self._dependents.get(owner_uid, ())
             ]
 
-    def dependents(self, owner_uid: str, plural: str | None = None) -> list[tuple[ResourceType, dict[str, Any]]]:
+    def dependents(
+        self, owner_uid: str, plural: str | None = None
+    ) -> builtins.list[tuple[ResourceType, dict[str, Any]]]:
         """The objects (copies; of one resource if `plural` is given) with an ownerReference to `owner_uid`, in
         (resource, namespace, name) order."""
         with self.lock:
