@@ -211,6 +211,14 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert httpx.get(f"{url}/api/v1/nni/version").text == "3.0.0"
     assert httpx.get(f"{url}/api/v1/nni/version").headers["content-type"] == "application/json"
     assert _nni(url, "/tensorboard-tasks") == []
+    started = httpx.post(f"{url}/api/v1/nni/tensorboard", json={"trials": "abc"})
+    assert started.status_code == 400 and "TensorBoard is not run by trialstream" in started.json()["error"]
+    for method in ("GET", "PUT", "DELETE"):
+        task = httpx.request(method, f"{url}/api/v1/nni/tensorboard/t1")
+        assert task.status_code == 404 and "not found" in task.json()["error"]
+    assert httpx.delete(f"{url}/api/v1/nni/tensorboard-tasks").status_code == 200
+    malformed = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "EVERYTHING"}, json=profile)
+    assert malformed.status_code == 400 and malformed.json()["error"].startswith("query.update_type: ")
     assert _nni(url, "/experiment/imported-data") == []
     assert _nni(url, "/job-statistics") == [{"trialJobStatus": "SUCCEEDED", "trialJobNumber": 3}]
 
@@ -317,6 +325,15 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
         lambda: _nni(url, "/experiment")["params"]["searchSpace"]["x"]["_type"] == "choice",
         30,
         what="the new search space in the profile",
+    )
+    vague = {**profile, "params": {**profile["params"], "maxExperimentDuration": "soon"}}
+    refused = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "MAX_EXEC_DURATION"}, json=vague)
+    assert refused.status_code == 500 and refused.json()["error"].startswith("maxExperimentDuration"), refused.text
+    update("MAX_EXEC_DURATION", maxExperimentDuration="2h")
+    wait_until(
+        lambda: _nni(url, "/experiment")["params"].get("maxExperimentDuration") == 7200,
+        30,
+        what="the new maxExperimentDuration (in seconds) in the profile",
     )
     update("TRIAL_CONCURRENCY", trialConcurrency=2)
     update("MAX_TRIAL_NUM", maxTrialNumber=3)

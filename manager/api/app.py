@@ -15,6 +15,8 @@ from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -95,7 +97,18 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     api.state.listings = ListingCache()
     for error_type, status in _ERRORS.items():
         api.add_exception_handler(error_type, _handler(status))
+    api.add_exception_handler(RequestValidationError, _invalid_request)
     return api
+
+
+async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
+    """A malformed request: NNI's `{"error": ...}` on NNI's API (its UI shows `error`), FastAPI's detail elsewhere."""
+    assert isinstance(error, RequestValidationError)
+    if "/api/v1/nni/" not in request.url.path:
+        return await request_validation_exception_handler(request, error)
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}"}, status_code=400)
 
 
 def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:

@@ -242,6 +242,24 @@ def tensorboard_tasks() -> Response:
     return _json(nni_rest.TENSORBOARD_TASKS)
 
 
+@router.post("/tensorboard")
+def start_tensorboard() -> Response:
+    """The UI's TensorBoard button: refused as NNI refuses a start it cannot make (400, shown by the UI)."""
+    return _error("TensorBoard is not run by trialstream: point your own tensorboard at the trials' output", 400)
+
+
+@router.api_route("/tensorboard/{task_id}", methods=["GET", "PUT", "DELETE"])
+def tensorboard_task(task_id: str) -> Response:
+    """Reading, restarting or stopping a TensorBoard task: there is none."""
+    return _error(f"TensorBoard task {task_id!r} not found", 404)
+
+
+@router.delete("/tensorboard-tasks")
+def stop_tensorboard_tasks() -> Response:
+    """Stopping every TensorBoard task: there is none to stop."""
+    return _empty()
+
+
 # trials
 
 
