@@ -182,9 +182,16 @@ def test_in_a_pod_the_service_account_is_used(
     assert "credentials were refused" in problem
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_the_examples_are_valid_configs(platform: str) -> None:
-    spec = load_experiment_config(Path(__file__).parent.parent / "examples" / platform / "config.yml")
+@pytest.mark.parametrize(
+    ("example", "platform"),
+    [
+        ("kubeflow/config.yml", "kubeflow"),
+        ("kubeflow/pytorch.yml", "kubeflow"),
+        ("frameworkcontroller/config.yml", "frameworkcontroller"),
+    ],
+)
+def test_the_examples_are_valid_configs(example: str, platform: str) -> None:
+    spec = load_experiment_config(Path(__file__).parent.parent / "examples" / example)
     assert isinstance(spec.platform, platform_class(platform).config_model)
     assert (spec.code_directory / "trial.py").is_file()
 
