@@ -71,8 +71,8 @@ class FrameworkControllerPlatform(KubernetesPlatform):
             if resource.get("spec", {}).get("executionType") == "Stop":
                 return JobState("ended", TrialJobStatus.SYS_CANCELED, f"the Framework was stopped: {message}")
             succeeded = (completion.get("type") or {}).get("name") == "Succeeded"
-            status_ = TrialJobStatus.SUCCEEDED if succeeded else TrialJobStatus.FAILED
-            return JobState("ended", status_, message, _primary_exit(status))
+            outcome = TrialJobStatus.SUCCEEDED if succeeded else TrialJobStatus.FAILED
+            return JobState("ended", outcome, message, _primary_exit(status))
         if state in _RUNNING_STATES:
             return JobState("running")
         return JobState("waiting")

@@ -910,9 +910,10 @@ class _Attempt:
         if stopped is not None and state.phase != "waiting":
             state = JobState("ended", TrialJobStatus.SYS_CANCELED, stopped)
         if state.phase == "ended":
-            if self._primary_still_ending(pods.get(self.pod)):
+            primary_now = pods.get(self.pod)
+            if self._primary_still_ending(primary_now):
                 return None
-            if _container_ended(pods.get(self.pod)):  # else its log has no end to wait for
+            if _container_ended(primary_now):  # else its log has no end to wait for
                 self._drain_logs(control)
             if state.status is TrialJobStatus.SYS_CANCELED:
                 self.delete()  # nothing of it may start again unobserved (a suspended job resumed)

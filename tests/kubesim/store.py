@@ -270,17 +270,8 @@ class Store:
         """Read-modify-write under the lock. `mutate` edits a copy in place (or returns a replacement)."""
         with self.lock:
             key = (namespace if rt.namespaced else "", name)
-            cur = self._objects.get(rt.plural, {}).get(key)
-            if cur is None:
-                raise errors.not_found(rt.plural, rt.group, name)
+            cur = self._current(rt, key, expect_uid)
             md = cur["metadata"]
-            if expect_uid and md["uid"] != expect_uid:
-                raise errors.conflict(
-                    rt.plural,
-                    rt.group,
-                    name,
-                    f"Precondition failed: UID in precondition: {expect_uid}, UID in object meta: {md['uid']}",
-                )
             if expect_rv and expect_rv != md["resourceVersion"]:
                 raise errors.conflict(
                     rt.plural,
@@ -345,17 +336,8 @@ class Store:
         """Start (or finish) deleting an object; returns (object, removed_now)."""
         with self.lock:
             key = (namespace if rt.namespaced else "", name)
-            cur = self._objects.get(rt.plural, {}).get(key)
-            if cur is None:
-                raise errors.not_found(rt.plural, rt.group, name)
+            cur = self._current(rt, key, precondition_uid)
             md = cur["metadata"]
-            if precondition_uid and precondition_uid != md["uid"]:
-                raise errors.conflict(
-                    rt.plural,
-                    rt.group,
-                    name,
-                    f"Precondition failed: UID in precondition: {precondition_uid}, UID in object meta: {md['uid']}",
-                )
             if precondition_rv and precondition_rv != md["resourceVersion"]:
                 raise errors.conflict(
                     rt.plural,
@@ -394,6 +376,21 @@ class Store:
                     return self._remove(rt, key), True
                 return copy.deepcopy(self._objects[rt.plural][key]), False
             return self._remove(rt, key), True
+
+    def _current(self, rt: ResourceType, key: tuple[str, str], expect_uid: str | None) -> dict[str, Any]:
+        """The stored object a write applies to: 404 if there is none, 409 if it is not the uid expected."""
+        cur = self._objects.get(rt.plural, {}).get(key)
+        if cur is None:
+            raise errors.not_found(rt.plural, rt.group, key[1])
+        uid = cur["metadata"]["uid"]
+        if expect_uid and uid != expect_uid:
+            raise errors.conflict(
+                rt.plural,
+                rt.group,
+                key[1],
+                f"Precondition failed: UID in precondition: {expect_uid}, UID in object meta: {uid}",
+            )
+        return cur
 
     def _mark_deleting(self, rt: ResourceType, key: tuple[str, str], mark: Callable[[dict[str, Any]], None]) -> None:
         cur = self._objects[rt.plural][key]
