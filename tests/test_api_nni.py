@@ -219,6 +219,9 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert httpx.delete(f"{url}/api/v1/nni/tensorboard-tasks").status_code == 200
     malformed = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "EVERYTHING"}, json=profile)
     assert malformed.status_code == 400 and malformed.json()["error"].startswith("query.update_type: ")
+    wrong_method = httpx.delete(f"{url}/api/v1/nni/trial-jobs")
+    assert wrong_method.status_code == 405 and wrong_method.json() == {"error": "Method Not Allowed"}
+    assert "GET" in wrong_method.headers["allow"]
     assert _nni(url, "/experiment/imported-data") == []
     assert _nni(url, "/job-statistics") == [{"trialJobStatus": "SUCCEEDED", "trialJobNumber": 3}]
 

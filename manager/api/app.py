@@ -15,11 +15,12 @@ from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -98,6 +99,7 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     for error_type, status in _ERRORS.items():
         api.add_exception_handler(error_type, _handler(status))
     api.add_exception_handler(RequestValidationError, _invalid_request)
+    api.add_exception_handler(HTTPException, _http_error)
     return api
 
 
@@ -109,6 +111,14 @@ async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
     return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}"}, status_code=400)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Starlette's own refusals (a wrong method's 405): NNI's `{"error": ...}` on NNI's API, FastAPI's detail elsewhere."""
+    assert isinstance(error, HTTPException)
+    if "/api/v1/nni/" not in request.url.path:
+        return await http_exception_handler(request, error)
+    return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
 def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:
