@@ -137,6 +137,38 @@ def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Pr
     wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
 
 
+def test_the_registry_entry_turns_done_with_its_end_time(tmp_path: Path, processes: Processes) -> None:
+    """An experiment that finishes under a running manager is DONE in nnictl's registry, with its end
+    time (NNI's milliseconds), as NNI's manager leaves it; the manager's own answer agrees."""
+    home, gates = tmp_path / "home", tmp_path / "gates"
+    home.mkdir()
+    gates.mkdir()
+    (tmp_path / "trial.py").write_text(TRIAL)
+    processes.worker(env={"GATES": str(gates)})
+    url = processes.manager("--nnictl-registry", env={"HOME": str(home)})
+    config = {**experiment_config(tmp_path, trials=1), "trialConcurrency": 1}
+    experiment_id = httpx.post(f"{url}/api/v1/experiments", json={"config": config}).json()["id"]
+    registry = home / "nni-experiments" / ".experiment"
+
+    def entry() -> dict[str, Any]:
+        entries: dict[str, dict[str, Any]] = json.loads(registry.read_text()) if registry.exists() else {}
+        return entries.get(experiment_id, {})
+
+    def trials() -> list[dict[str, Any]]:
+        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+
+    running = wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")
+    assert entry()["status"] == "RUNNING" and entry()["endTime"] == "N/A"  # as NNI writes it while running
+    (gates / str(running[0]["id"])).touch()
+    wait_until(lambda: entry().get("status") == "DONE", 60, what="the entry, DONE")
+    profile = httpx.get(f"{url}/api/v1/nni/experiment").json()
+    assert isinstance(entry()["endTime"], int) and entry()["endTime"] == profile["endTime"]
+    assert entry()["endTime"] >= entry()["startTime"]
+    assert processes.running[-1].poll() is None  # the manager serves on
+    if shutil.which("nnictl") is not None:
+        assert "DONE" in nnictl(home, "experiment", "status", experiment_id)
+
+
 def test_a_registry_it_cannot_write_costs_no_experiment(tmp_path: Path, processes: Processes) -> None:
     """nnictl's registry is a side matter: where it cannot be written (~/nni-experiments is a file), the
     experiment is still created (201) and run, and a manager that starts again still resumes it."""

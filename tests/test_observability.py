@@ -233,3 +233,34 @@ def test_json_logs_are_one_object_per_line_with_the_experiment_id(tmp_path: Path
     assert detached[0]["logger"] == "manager.host" and detached[0]["level"] == "info"
     assert any(record["logger"] == "manager.cli.manager" and url in record["message"] for record in records)
     assert manager.returncode == 0  # a SIGTERM is a clean stop, not an error
+
+
+def test_json_logs_carry_the_trial_id_in_the_manager_and_in_the_worker(tmp_path: Path, processes: Processes) -> None:
+    """A worker paused past its lease: the manager (the only reaper left) declares the attempt lost,
+    and the worker, woken, finds it so; both say it in a JSON record with the experiment and trial ids."""
+    (tmp_path / "trial.py").write_text(HANGS_FIRST)
+    url = processes.manager("--log-format", "json", env=FAST_LEASE)
+    manager_log = processes.log_dir / f"manager-{len(processes.running) - 1}.log"
+    worker = processes.worker(env=FAST_LEASE, args=("--log-format", "json"))
+    worker_log = processes.log_dir / f"worker-{len(processes.running) - 1}.log"
+    experiment_id = create(url, {**experiment_config(tmp_path, trials=1), "trialConcurrency": 1})
+
+    def running() -> str | None:
+        trials = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+        return next((str(trial["id"]) for trial in trials if trial["status"] == "RUNNING"), None)
+
+    trial_id = wait_until(running, 30, what="the trial to run")
+
+    def records(log_file: Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+
+    def about_the_trial(log_file: Path, words: str) -> dict[str, Any] | None:
+        return next((r for r in records(log_file) if r.get("trial") == trial_id and words in r["message"]), None)
+
+    worker.send_signal(signal.SIGSTOP)
+    declared = wait_until(lambda: about_the_trial(manager_log, "attempt 1"), 30, what="the manager to log the loss")
+    worker.send_signal(signal.SIGCONT)
+    assert declared["experiment"] == experiment_id and declared["logger"] == "core.reaper"
+    woken = wait_until(lambda: about_the_trial(worker_log, "was declared lost"), 30, what="the worker to log it")
+    assert woken["experiment"] == experiment_id and woken["level"] == "warning"
+    assert all({"time", "level", "logger", "message"} <= record.keys() for record in records(worker_log))

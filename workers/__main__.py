@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="trials this worker supervises at once (default 1; platforms whose trials run elsewhere allow many)",
     )
+    parsed.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object per line")
     return parsed
 
 
@@ -54,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if alive_here(settings) else 1
         if args.platform is None:
             raise ValueError("--platform is required: the platform whose queue to serve (local, remote, ...)")
-        serve(settings, args.platform, concurrency=args.concurrency, burst=args.burst, name=args.name)
+        serve(
+            settings,
+            args.platform,
+            concurrency=args.concurrency,
+            burst=args.burst,
+            name=args.name,
+            log_format=args.log_format,
+        )
     except (ValueError, ValidationError, UnknownPlatform, RedisUnavailable) as error:
         print(f"trialstream: error: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1

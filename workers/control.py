@@ -60,6 +60,7 @@ class LogTrialControl:
         self._appends = EventStore(self._quick, store.experiment_id)  # gives up on a lost lease
         self._submission = submitted.event
         self._trial_id = submitted.event.trial_id
+        self._log = logging.LoggerAdapter(log, {"experiment": store.experiment_id, "trial": self._trial_id})
         self._lease = Lease(self._quick, lease.ref, lease.worker, lease.seconds)  # never blocks long
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
@@ -147,7 +148,7 @@ class LogTrialControl:
         until_redis_answers(lambda: self._appends.append(event), f"trial {self._trial_id}", self._cut_off)
 
     def rejected(self, reason: str) -> None:
-        log.warning("trial %s: %s", self._trial_id, reason)
+        self._log.warning("trial %s: %s", self._trial_id, reason)
         self._append(
             TrialMetricRejected(
                 experiment_id=self._store.experiment_id, trial_id=self._trial_id, source=self._worker, reason=reason
@@ -222,7 +223,7 @@ class LogTrialControl:
             try:
                 self._poll(block_ms=_WATCH_BLOCK_MS)
             except Exception as error:  # the watcher must outlive anything: a cancel may come later
-                log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
+                self._log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
                 self._closed.wait(0.5)
 
     def _renew(self) -> None:
@@ -236,17 +237,17 @@ class LogTrialControl:
                 if _refused(error):
                     self._renewed_at = sent  # Redis is down: no reaper can act, nor until we renew
                 elif not self._cut_off():
-                    log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
+                    self._log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
                 continue
             except redis.RedisError as error:
-                log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
+                self._log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
                 continue
             if self._cut_off() and not self._lease_lost:
                 self._wake.set()  # already stopping: a late renewal does not undo the local deadline
             if renewed and not self._cut_off():
                 self._renewed_at = sent
             elif not renewed and not self._closed.is_set():  # after close the attempt has ended: not lost
-                log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
+                self._log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
                 self._lease_lost = True
                 self._wake.set()
                 return

@@ -115,7 +115,12 @@ def run_trial(
             else:
                 outcome = runtime.platform.run_trial(assignment, control)
         except Exception as error:
-            log.exception("trial %s: platform %s failed", trial_id, submission.platform)
+            log.exception(
+                "trial %s: platform %s failed",
+                trial_id,
+                submission.platform,
+                extra={"experiment": experiment_id, "trial": trial_id},
+            )
             control.close()
             failed = _ended(lease, TrialJobStatus.FAILED, None, f"internal error: {error}")
             _end_attempt(runtime, store, lease, failed, control)

@@ -482,7 +482,12 @@ class _RemoteAttempt:
                 if not self.host.connection.connected:
                     self.host.mark_down(str(error))  # the monitor reconnects, and says when the host is back
                 else:
-                    log.warning("trial %s: %s; retrying", self.trial.trial_id, error)
+                    log.warning(
+                        "trial %s: %s; retrying",
+                        self.trial.trial_id,
+                        error,
+                        extra={"experiment": self.trial.experiment_id, "trial": self.trial.trial_id},
+                    )
                     control.wait(FOLLOW_IDLE_S)
                 continue
             except OSError as error:  # its files cannot be read (removed, or their permissions changed)

@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import redis
 from rq import SimpleWorker
@@ -19,6 +19,7 @@ from rq.worker import WorkerStatus
 
 from core.connections import connect, same_server
 from core.dispatch import SERIALIZER, trial_queue, wake_parked
+from core.logs import configure_logging
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
@@ -143,7 +144,13 @@ def alive_here(settings: Settings) -> bool:
 
 
 def serve(
-    settings: Settings, platform: str, *, concurrency: int = 1, burst: bool = False, name: str | None = None
+    settings: Settings,
+    platform: str,
+    *,
+    concurrency: int = 1,
+    burst: bool = False,
+    name: str | None = None,
+    log_format: Literal["text", "json"] = "text",
 ) -> None:
     """Serve `platform`'s queue until stopped (SIGTERM/SIGINT), or until it is empty with `burst`."""
     add_platforms(settings.platforms)
@@ -154,7 +161,7 @@ def serve(
             "trials per worker process; run more workers to run more trials"
         )
     assert settings.redis_url is not None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(log_format)
     _not_dumpable()
     rq_connection = connect(settings.redis_url, decode=False, retry_s=settings.redis_retry_s)
     client = same_server(rq_connection, decode=True)

@@ -114,7 +114,7 @@ async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
-    """Starlette's own refusals (a wrong method's 405): NNI's `{"error": ...}` on NNI's API, FastAPI's detail elsewhere."""
+    """Starlette's own refusals (a wrong method's 405): NNI's `{"error"}` on NNI's API, else FastAPI's."""
     assert isinstance(error, HTTPException)
     if "/api/v1/nni/" not in request.url.path:
         return await http_exception_handler(request, error)

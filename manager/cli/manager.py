@@ -11,11 +11,11 @@ from pathlib import Path
 import uvicorn
 
 from core.connections import connect, redact_url
+from core.logs import configure_logging
 from core.settings import PREFIX, Settings
 from manager.api.app import ApiOptions, build_api, guarded, nnictl_api, served_under
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
-from manager.logs import configure_logging
 from manager.nnictl import NnictlBridge
 from manager.runner import RunnerError
 
