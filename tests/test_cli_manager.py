@@ -228,3 +228,51 @@ def test_errors_through_the_manager_are_one_line(tmp_path: Path, processes: Proc
         "experiments", "list", "--json", env={"TRIALSTREAM_MANAGER_URL": url, "TRIALSTREAM_MANAGER_TOKEN": "the-token"}
     )
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+
+
+def test_resume_through_the_manager_continues_a_stopped_experiment(
+    tmp_path: Path, processes: Processes, manager: str
+) -> None:
+    """`resume` against a manager: the manager runs the rest of an interrupted experiment from its log, and
+    the command follows it to its end as `run` does; its unknown-experiment error is one line."""
+    gate = tmp_path / "gate"
+    gated = f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists():\n    time.sleep(0.05)\n{TRIAL}"
+    config = client_code(tmp_path / "client", gated, maxTrialNumber=2, trialConcurrency=1)
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "--manager", manager, "run", str(config)],
+        cwd=REPO,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def running() -> str | None:
+            for state in httpx.get(f"{manager}/api/v1/experiments").json():
+                page = httpx.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
+                if any(trial["status"] == "RUNNING" for trial in page["items"]):
+                    return str(state["id"])
+            return None
+
+        experiment_id = wait_until(running, 60, what="the first trial to run")
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert httpx.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "STOPPED"
+
+    gate.touch()
+    resumed = trialstream("--manager", manager, "resume", experiment_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["experimentId"] == experiment_id
+    statuses = sorted(trial["status"] for trial in result["trials"])
+    assert statuses == ["SUCCEEDED", "SYS_CANCELED"]  # the canceled one kept, the rest of the budget run
+    assert httpx.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "DONE"
+
+    unknown = trialstream("--manager", manager, "resume", "nosuchxp")
+    assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
+    assert "nosuchxp" in unknown.stderr
