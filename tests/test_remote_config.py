@@ -22,6 +22,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import yaml
@@ -566,3 +567,55 @@ def test_a_password_reaches_the_trials_and_nothing_else_and_goes_with_the_experi
     assert delete_experiment(client, experiment_id) > 0
     assert not client.exists(keys.secrets(experiment_id))
     assert client.zcard(keys.EXPERIMENTS) == 0
+
+
+def test_a_password_in_a_config_the_manager_accepted_is_never_read_back_over_http(
+    tmp_path: Path, ssh_hosts: list[SshHost], ssh_user: SshUser, processes: Processes, remote_workers: RemoteWorkers
+) -> None:
+    """The config goes to a real manager over HTTP, passes its SSH check with the password and runs on the
+    hosts; no answer of trialstream's API nor of NNI's (config, profile, trials, events, export) holds it."""
+    password = ssh_user.password
+    machines = [password_machine(host, ssh_user, password) for host in ssh_hosts]
+    remote_workers.start(args=("--concurrency", "2"))
+    url = processes.manager(env=remote_workers.env)  # the manager checks the hosts too, trusting their keys
+    (tmp_path / "code").mkdir()
+    config = {
+        "trialCommand": f'{sys.executable} -c "print(1)"',
+        "trialCodeDirectory": str(tmp_path / "code"),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 2,
+        "searchSpace": SPACE,
+        "tuner": {"name": "Random"},
+        "trainingService": {"platform": "remote", "machineList": machines},
+    }
+    created = httpx.post(f"{url}/api/v1/experiments", json={"config": config}, timeout=60)
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    done = wait_until(
+        lambda: (state := httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json())["status"] == "DONE" and state,
+        90,
+        what="the experiment on the hosts to finish",
+    )
+    assert done["trialCounts"]["SUCCEEDED"] == 2, done  # the workers logged in with the password
+    trials = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+
+    answers = [created]
+    for path in (
+        "/api/v1/experiments",
+        f"/api/v1/experiments/{experiment_id}",
+        f"/api/v1/experiments/{experiment_id}/trials",
+        f"/api/v1/experiments/{experiment_id}/events?limit=1000",
+        *(f"/api/v1/experiments/{experiment_id}/trials/{trial['id']}" for trial in trials),
+        *(f"/nni/{experiment_id}/api/v1/nni{path}" for path in ("/experiment", "/trial-jobs", "/export-data")),
+        "/api/v1/nni/experiments-info",
+    ):
+        answer = httpx.get(f"{url}{path}", timeout=30)
+        assert answer.status_code == 200, (path, answer.text)
+        answers.append(answer)
+    for answer in answers:
+        assert password not in answer.text, answer.request.url
+    assert [machine["password"] for machine in done["config"]["trainingService"]["machineList"]] == [MASK, MASK]
+    profile = answers[-4].json()["params"]["trainingService"]
+    profile = profile[0] if isinstance(profile, list) else profile
+    assert [machine["password"] for machine in profile["machineList"]] == [MASK, MASK]
+    assert password not in processes.logs()
