@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import yaml
@@ -59,7 +59,7 @@ def _ok(response: httpx.Response) -> httpx.Response:
 
 
 _POLLERS_PROCESS = """
-import sys, threading, httpx
+import os, sys, threading, httpx
 url, clients = sys.argv[1], int(sys.argv[2])
 def poll():
     etags = {}  # as a browser's cache revalidates: If-None-Match with the ETag it was given
@@ -67,8 +67,10 @@ def poll():
         while True:
             for path in ("/trial-jobs", "/metric-data"):
                 answer = client.get(path, headers={"if-none-match": etags.get(path, "")})
-                answer.raise_for_status()
-                etags[path] = answer.headers.get("etag", "")
+                if answer.status_code not in (200, 304):  # 304: unchanged since the ETag it was given
+                    print(path, answer.status_code, file=sys.stderr, flush=True)
+                    os._exit(1)  # a dead poller must fail the figure, not quietly lighten the load
+                etags[path] = answer.headers.get("etag", etags.get(path, ""))
             print("poll", flush=True)
 for _ in range(clients):
     threading.Thread(target=poll, daemon=True).start()
@@ -83,6 +85,18 @@ def _pollers(url: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", _POLLERS_PROCESS, url, str(POLLERS)], stdout=subprocess.PIPE, text=True
     )
+
+
+def _counted(lines: IO[str]) -> Callable[[], int]:
+    """Count the lines the pollers print (one per round of both requests) on a thread of its own."""
+    count = [0]
+
+    def drain() -> None:
+        for _ in lines:
+            count[0] += 1
+
+    threading.Thread(target=drain, daemon=True).start()
+    return lambda: count[0]
 
 
 def _refills(stack: BenchStack, client: httpx.Client, name: str) -> list[float]:
@@ -206,12 +220,17 @@ def run(root: Path, runs: int) -> Section:
             )
             quiet = [median_of(_refills(stack, client, f"quiet{index}")) for index in range(runs)]
             nni_base = f"{url}/nni/{polled}/api/v1/nni"
-            busy = []
+            busy, poll_rates = [], []
             for index in range(runs):
                 pollers = _pollers(nni_base)
                 assert pollers.stdout is not None
                 pollers.stdout.readline()  # they are polling
+                rounds = _counted(pollers.stdout)
+                started = time.perf_counter()
                 busy.append(median_of(_refills(stack, client, f"busy{index}")))
+                poll_rates.append(rounds() / (time.perf_counter() - started))
+                if pollers.poll() is not None:
+                    raise RuntimeError("the pollers stopped during the run: the figure would be of a lighter load")
                 pollers.kill()
                 pollers.wait()
             slowdown = (median_of(busy) / median_of(quiet) - 1) * 100
@@ -221,6 +240,7 @@ def run(root: Path, runs: int) -> Section:
                     f"slot refill p50, {POLLERS} web-UI pollers of a {POLLED:,}-trial experiment", median_of(busy), "ms"
                 ),
                 Figure("slot refill slowed by the pollers", slowdown, "%", "<= 10"),
+                Figure("web-UI polls answered meanwhile (/trial-jobs + /metric-data)", median_of(poll_rates), "/s"),
             )
     section.notes.append(
         f"A real `trialstream manager` on loopback over HTTP/1.1 keep-alive; the experiments' logs written into "

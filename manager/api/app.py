@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -87,8 +90,22 @@ def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
     return BodyLimit(api, options.max_body_bytes, options.max_upload_bytes)
 
 
+API_THREADS = 8
+"""Threads running the plain (sync) handlers at once, where Starlette's default is 40. A handler is a few
+Redis round trips and some Python: more threads than this only contend for the GIL, and the experiments'
+runners, threads of the same process that refill their slots, then wait behind 40 web UIs' polls.
+SSE followers, which block for long, read on threads of their own (native.SSE_THREADS)."""
+
+
+@asynccontextmanager
+async def _few_threads(api: FastAPI) -> AsyncIterator[None]:
+    anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
+    yield
+
+
 def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     api = FastAPI(
+        lifespan=_few_threads,
         title="trialstream manager",
         version="1",
         description="trialstream's API; NNI's REST API is under /api/v1/nni (and /nni/<experiment>/api/v1/nni).",

@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import logging
 import socket
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -20,6 +21,10 @@ from manager.nnictl import NnictlBridge
 from manager.runner import RunnerError
 
 TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
+SWITCH_INTERVAL_S = 0.001
+"""How long a thread holds the GIL while another waits for it (Python's default: 5 ms). The manager's work
+is latency-bound: a runner reacting to a trial's end takes the GIL back after each Redis reply, and under
+web UIs polling flat out it would wait up to 5 ms each time behind a handler thread (bench/api.py)."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -77,6 +82,7 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     )
     # nnictl's per-experiment ports (127.0.0.1 only) take no token: nnictl has no way to send one
     bridge = NnictlBridge(host, nnictl_api(host, options)) if args.nnictl_registry else None
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     host.start()
     log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
     try:
