@@ -21,8 +21,8 @@ TEAM = "platform"
 CLUSTER = "eastus-p40"
 
 
-@pytest.fixture
-def dlts_cluster(tmp_path: Path) -> Iterator[DltsSimulator]:
+@pytest.fixture(name="dlts_cluster")
+def dlts_cluster_fixture(tmp_path: Path) -> Iterator[DltsSimulator]:
     cluster = DltsSimulator(tmp_path / "dlts")
     cluster.start()
     try:
@@ -31,15 +31,15 @@ def dlts_cluster(tmp_path: Path) -> Iterator[DltsSimulator]:
         cluster.stop()
 
 
-def dlts_section(cluster: DltsSimulator, **extra: Any) -> dict[str, Any]:
+def dlts_section(sim: DltsSimulator, **extra: Any) -> dict[str, Any]:
     """NNI's dltsConfig keys for the simulated cluster's user, polled often (the tests wait on it)."""
     return {
         "platform": "dlts",
-        "dashboard": cluster.url,
+        "dashboard": sim.url,
         "cluster": CLUSTER,
         "team": TEAM,
         "email": EMAIL,
-        "password": cluster.password(EMAIL),
+        "password": sim.password(EMAIL),
         "image": "msranni/nni:latest",
         "pollInterval": 0.1,
         **extra,

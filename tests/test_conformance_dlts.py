@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance import PlatformConformance, PlatformHarness
-from tests.dlts_setup import DltsWorkers, dlts_cluster, dlts_section  # noqa: F401  (fixture)
+from tests.dlts_setup import DltsWorkers, dlts_cluster_fixture, dlts_section  # noqa: F401  (fixture)
 from tests.dltssim import DltsSimulator
 
 
 class TestDltsConformance(PlatformConformance):
     @pytest.fixture
-    def harness(self, processes, dlts_cluster: DltsSimulator) -> PlatformHarness:  # noqa: F811
+    def harness(self, processes, dlts_cluster: DltsSimulator) -> PlatformHarness:
         return PlatformHarness(platform_config=dlts_section(dlts_cluster), start_worker=DltsWorkers(processes).start)
