@@ -1,0 +1,17 @@
+"""The conformance suite on the dlts platform, against the simulated DLTS cluster (tests/dltssim): each
+trial is a DLTS job, submitted through the dashboard's API, whose command runs as a local process; its
+trials outlive their worker (a lost worker's attempt is re-attached to its job, found by name)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance import PlatformConformance, PlatformHarness
+from tests.dlts_setup import DltsWorkers, dlts_cluster_fixture, dlts_section  # noqa: F401  (fixture)
+from tests.dltssim import DltsSimulator
+
+
+class TestDltsConformance(PlatformConformance):
+    @pytest.fixture
+    def harness(self, processes, dlts_cluster: DltsSimulator) -> PlatformHarness:
+        return PlatformHarness(platform_config=dlts_section(dlts_cluster), start_worker=DltsWorkers(processes).start)
