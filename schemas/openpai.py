@@ -51,6 +51,9 @@ class OpenpaiConfig(PlatformConfig):
     def _one_job_template(self) -> OpenpaiConfig:
         if self.openpai_config is not None and self.openpai_config_file is not None:
             raise ValueError("give either 'openpaiConfig' or 'openpaiConfigFile', not both")
+        if self.openpai_config_file is not None:  # read once, here, and kept as openpaiConfig: workers need no file
+            template = _read_template(self.openpai_config_file)
+            return self.model_copy(update={"openpai_config": template, "openpai_config_file": None})
         if self.openpai_config is not None:
             _check_template(self.openpai_config, "openpaiConfig")
         return self
@@ -63,24 +66,19 @@ class OpenpaiConfig(PlatformConfig):
             return {"trialGpuNumber": f"{self.trial_gpu_number} here but {top} at the top level: give it once"}
         return {}
 
-    def job_template(self) -> dict[str, Any] | None:
-        """The user's own protocol v2 job (openpaiConfig, or the YAML of openpaiConfigFile), if any.
-        Raises ValueError (one line) when the file cannot be used."""
-        if self.openpai_config is not None:
-            return self.openpai_config
-        if self.openpai_config_file is None:
-            return None
-        path = Path(self.openpai_config_file).expanduser()
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise ValueError(f"openpaiConfigFile: cannot read {path}: {error}".splitlines()[0]) from None
-        _check_template(loaded, f"openpaiConfigFile {path}")
-        return dict(loaded)
+
+def _read_template(file: str) -> dict[str, Any]:
+    path = Path(file).expanduser()
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"cannot read {path}: {error}".splitlines()[0]) from None
+    _check_template(loaded, str(path))
+    return dict(loaded)
 
 
 def _check_template(template: Any, where: str) -> None:
-    """What the job's command wrapper needs of a user's job: task roles with commands."""
+    """What the job's command wrapper needs of a user's job: task roles with commands (OpenPAI checks the rest)."""
     roles = template.get("taskRoles") if isinstance(template, dict) else None
     if not isinstance(roles, dict) or not roles:
         raise ValueError(f"{where}: give a job protocol (protocolVersion 2) with at least one entry in 'taskRoles'")

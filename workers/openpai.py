@@ -122,7 +122,7 @@ def job_protocol(trial: TrialAssignment, config: OpenpaiConfig) -> dict[str, Any
     """The protocol v2 job of one attempt: NNI's own, or the user's openpaiConfig with NNI's name and
     each task role's commands wrapped (as NNI does)."""
     gpus = config.trial_gpu_number if config.trial_gpu_number is not None else trial.launch.gpu_number or 0
-    template = config.job_template()
+    template = config.openpai_config
     if template is not None:
         job = yaml.safe_load(yaml.safe_dump(template))  # a deep copy of plain data
         job["name"] = job_name(trial)
@@ -216,14 +216,15 @@ class OpenpaiPlatform:
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # else a line per poll: one per trial per second
         self._http = httpx.Client(follow_redirects=True)
         self._staged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     @classmethod
     def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
-        """One line per problem: the code within NNI's limits, the local mount point, the job template,
-        then the cluster (reachable, the token accepted, the virtual cluster and the storage there)."""
+        """One line per problem: the code within NNI's limits, the local mount point, then the cluster
+        (reachable, the token accepted, the virtual cluster and the storage there)."""
         assert isinstance(config, OpenpaiConfig)
         problems: list[str] = []
         try:
@@ -236,10 +237,6 @@ class OpenpaiPlatform:
                 f"localStorageMountPoint: {mount} is not a directory: mount the storage "
                 f"{config.storage_config_name!r} there (the jobs see it at {config.container_storage_mount_point})"
             )
-        try:
-            config.job_template()
-        except ValueError as error:
-            problems.append(str(error))
         with httpx.Client(follow_redirects=True) as http:
             problem = _cluster_problem(OpenpaiClient(http, config), config)
         return [*problems, problem] if problem else problems
@@ -272,11 +269,7 @@ class OpenpaiPlatform:
         attempt.directory.mkdir(parents=True, exist_ok=True)
         write_parameters(attempt.directory, trial.form.hyper_parameters.value)
         try:
-            job = job_protocol(trial, config)
-        except ValueError as error:
-            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
-        try:
-            attempt.api.submit(job)
+            attempt.api.submit(job_protocol(trial, config))
         except OpenpaiError as error:
             if error.status == 409:  # an earlier delivery of this attempt submitted it: it is followed
                 return attempt.follow()
