@@ -22,6 +22,7 @@ BUILTIN_PLATFORMS = {
     "kubeflow": "workers.kubeflow:KubeflowPlatform",
     "frameworkcontroller": "workers.frameworkcontroller:FrameworkControllerPlatform",
     "dlts": "workers.dlts:DltsPlatform",
+    "openpai": "workers.openpai:OpenpaiPlatform",
 }
 
 
