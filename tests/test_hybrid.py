@@ -60,10 +60,10 @@ import json, os, time
 
 form = json.load(open(os.path.join(os.environ["NNI_SYS_DIR"], "parameter.cfg")))
 marker = form["parameters"]["marker"]
-first = not os.path.exists(marker)
-open(marker, "a").close()
-while first:
-    time.sleep(0.05)
+if not os.path.exists(marker):
+    open(marker, "a").close()
+    while True:
+        time.sleep(0.05)
 record = {"parameter_id": form["parameter_id"], "type": "FINAL", "sequence": 0, "value": "1.0"}
 print("NNISDK_MEb'" + json.dumps(record) + "'", flush=True)
 """
@@ -240,9 +240,10 @@ def test_a_retry_after_a_lost_worker_is_placed_anew_and_replays_the_same(
         script="hold_once.py",
         max_retries=1,
     )
-    trial = service.submit_trial_job(form(0, marker=str(tmp_path / "held")))
+    held = tmp_path / "held"
+    trial = service.submit_trial_job(form(0, marker=str(held)))
     assert trial.platform == "local"
-    wait_for_status(service, trial.id, "RUNNING", timeout=60)
+    wait_until(held.exists, 60, what="the first attempt to run")
 
     local.send_signal(signal.SIGKILL)
     local.wait()
