@@ -21,18 +21,23 @@ import httpx
 import pytest
 import redis
 import yaml
+from rq import Queue
+from rq.registry import FinishedJobRegistry
 
 from core import keys
+from core.dispatch import queue_name
 from core.event_store import StoredEvent
-from core.settings import REDIS_URL_ENV
+from core.settings import REDIS_URL_ENV, Settings
 from manager.config import load_experiment_config
+from manager.projection import apply_to_trial
 from manager.projector import Projector
 from manager.runner import ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
 from manager.views import ViewStore
 from schemas.config import ConfigError
-from schemas.events import TrialAttemptLost, TrialSubmitted
+from schemas.events import EVENT_ADAPTER, TrialAttemptLost, TrialSubmitted
 from schemas.trial import TrialJobStatus
+from schemas.upcasters import upcast
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status
 from tests.kube_setup import KubeWorkers, kubeflow_section
 from tests.remote_setup import RemoteWorkers, remote_section
@@ -260,6 +265,54 @@ def test_a_retry_after_a_lost_worker_is_placed_anew_and_replays_the_same(
     assert (rebuilt.platform, rebuilt.attempt, rebuilt.status) == ("remote", 2, TrialJobStatus.SUCCEEDED)
 
 
+def test_an_experiment_on_local_and_remote_runs_to_its_end_on_both(
+    processes: Processes,
+    remote_workers: RemoteWorkers,
+    ssh_hosts: list[SshHost],
+    ssh_user: SshUser,
+    client: redis.Redis,
+    rq_connection: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """The whole experiment loop: the runner submits, each trial is placed (the first on local, the second
+    on remote: round robin while both have room), every trial succeeds, the experiment is DONE, and each
+    listed platform is asked to clean up after it."""
+    processes.projector()
+    processes.worker("local")
+    remote_workers.start(args=("--concurrency", "2"))
+    (tmp_path / "release").touch()  # the trials end at once
+    (tmp_path / "trial.py").write_text(textwrap.dedent(TRIAL))
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": ".",
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "searchSpace": {
+            "x": {"_type": "choice", "_value": [1, 2, 3]},
+            "release": {"_type": "choice", "_value": [str(tmp_path / "release")]},
+        },
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "trainingService": [{"platform": "local"}, remote_section(ssh_hosts, ssh_user)],
+    }
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+    settings = Settings(known_hosts=remote_workers.known_hosts)
+    runner = ExperimentRunner.create(
+        load_experiment_config(tmp_path / "config.yml"), client, rq_connection, settings=settings
+    )
+    result = runner.run()
+
+    assert [trial.status for trial in result.trials] == [TrialJobStatus.SUCCEEDED] * 4
+    assert [trial.platform for trial in result.trials[:2]] == ["local", "remote"]
+    assert {trial.platform for trial in result.trials} == {"local", "remote"}
+    assert TrainingService(client, rq_connection, runner.experiment_id).experiment_view().status == "DONE"
+
+    def cleaned_up(platform: str) -> bool:
+        finished = FinishedJobRegistry(queue=Queue(queue_name(platform), connection=rq_connection))
+        return any("--clean-up-" in job_id for job_id in finished.get_job_ids())
+
+    wait_until(lambda: cleaned_up("local") and cleaned_up("remote"), 60, what="both platforms to clean up")
+
+
 # ---------------------------------------------------------------- local + a simulated Kubernetes cluster
 
 
@@ -285,3 +338,22 @@ def test_local_and_kubeflow_take_turns_while_both_have_room(
         ("local", 2),
         ("kubeflow", 3),
     ]
+
+
+# ---------------------------------------------------------------- old logs
+
+
+def test_v1_submissions_and_lost_attempts_read_as_placed_where_they_always_ran() -> None:
+    """Before hybrid experiments a trial had one platform: a v1 TrialSubmitted has no list of sections, and
+    a v1 TrialAttemptLost's retry ran where the lost attempt had (the view keeps the trial's platform)."""
+    launch = {"command": "true", "codeDirectory": "/code", "platformConfig": {"platform": "local"}}
+    submitted = {"type": "TrialSubmitted", "v": 1, "experimentId": "e", "trialId": "t", "platform": "local"}
+    submitted |= {"form": form(0).model_dump(by_alias=True), "workingDirectory": "/w", "launch": launch}
+    lost = {"type": "TrialAttemptLost", "v": 1, "experimentId": "e", "trialId": "t", "attempt": 1}
+    lost |= {"worker": "w", "reason": "gone", "status": "WAITING"}
+
+    events = [EVENT_ADAPTER.validate_python(upcast(payload)) for payload in (submitted, lost)]
+    assert isinstance(events[0], TrialSubmitted) and events[0].v == 2 and events[0].launch.platform_configs is None
+    assert isinstance(events[1], TrialAttemptLost) and events[1].v == 2 and events[1].retry_platform is None
+    view = apply_to_trial(apply_to_trial(None, events[0]), events[1])
+    assert view is not None and (view.platform, view.attempt, view.status) == ("local", 2, TrialJobStatus.WAITING)
