@@ -8,6 +8,7 @@ on real OpenSSH hosts (tests/sshd.py), kubeflow trials are TFJobs of the simulat
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -357,3 +358,55 @@ def test_v1_submissions_and_lost_attempts_read_as_placed_where_they_always_ran()
     assert isinstance(events[1], TrialAttemptLost) and events[1].v == 2 and events[1].retry_platform is None
     view = apply_to_trial(apply_to_trial(None, events[0]), events[1])
     assert view is not None and (view.platform, view.attempt, view.status) == ("local", 2, TrialJobStatus.WAITING)
+
+
+def test_the_example_config_lists_local_and_remote() -> None:
+    spec = load_experiment_config(Path(__file__).resolve().parent.parent / "examples" / "hybrid" / "config.yml")
+
+    assert spec.platform_names == ["local", "remote"] and spec.config.max_trial_retries == 1
+
+
+def test_trialstream_run_serves_every_listed_platform_itself(
+    remote_workers: RemoteWorkers, ssh_hosts: list[SshHost], ssh_user: SshUser, tmp_path: Path
+) -> None:
+    """Without a Redis URL, `run` starts its own Redis and workers for each listed platform."""
+    (tmp_path / "release").touch()
+    (tmp_path / "code").mkdir()  # apart from the experiments: the embedded Redis's socket is never shipped
+    (tmp_path / "code" / "trial.py").write_text(textwrap.dedent(TRIAL))
+    config = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": "code",
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "searchSpace": {
+            "x": {"_type": "choice", "_value": [1, 2]},
+            "release": {"_type": "choice", "_value": [str(tmp_path / "release")]},
+        },
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "trainingService": [{"platform": "local"}, remote_section(ssh_hosts, ssh_user)],
+    }
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TRIALSTREAM_")}
+    ran = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "run", str(tmp_path / "config.yml"), "--json"],
+        env={**env, **remote_workers.env},
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    result = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED"] * 4
+    listed = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "trials", "list", "-e", result["experimentId"], "--json"],
+        env={**env, "TRIALSTREAM_EXPERIMENTS_DIR": str(tmp_path / "experiments")},
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    platforms = [trial["platform"] for trial in json.loads(listed.stdout)]
+    assert platforms[:2] == ["local", "remote"] and set(platforms) == {"local", "remote"}
