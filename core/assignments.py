@@ -3,6 +3,8 @@ with the experiment's secrets (kept beside the log, never in it) put back into i
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from core import keys
@@ -18,7 +20,8 @@ def assignment_of(
 ) -> TrialAssignment:
     submission = submitted.event
     assert isinstance(submission, TrialSubmitted)
-    section = with_secrets(submission.launch.platform_config, secrets)
+    launch = submission.launch
+    section = platform_section(launch.platform_configs or launch.platform_config, platform.name, secrets)
     return TrialAssignment(
         experiment_id=submission.experiment_id,
         trial_id=submission.trial_id,
@@ -28,6 +31,19 @@ def assignment_of(
         platform_config=platform.config_model.model_validate(section),
         attempt=attempt,
     )
+
+
+def platform_section(training_service: Any, platform: str, secrets: dict[str, str]) -> dict[str, Any]:
+    """`platform`'s section of a (masked) trainingService, one section or a hybrid list of them, with the
+    secrets put back: their paths start at the trainingService (`1.machineList.0.password` in a list)."""
+    unmasked = with_secrets(training_service, secrets)
+    sections = unmasked if isinstance(unmasked, list) else [unmasked]
+    found = [section for section in sections if isinstance(section, dict) and section.get("platform") == platform]
+    if len(sections) == 1 and isinstance(unmasked, dict):
+        return unmasked  # a single section: its platform is the trial's, as it always was
+    if not found:
+        raise LookupError(f"platform {platform} is not in the experiment's trainingService list")
+    return found[0]
 
 
 def load_assignment(

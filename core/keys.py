@@ -62,6 +62,11 @@ def runner_epoch(experiment_id: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:runner-epoch"
 
 
+def placement_turn(experiment_id: str) -> str:
+    """Counter: placements made in a hybrid experiment; whose turn it is among its platforms with room."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:placement-turn"
+
+
 def parked(platform: str) -> str:
     """Zset: attempts of `platform` that could not start yet (JSON member) -> when to check again (ms)."""
     return f"{LOG_PREFIX}:parked:{platform}"

@@ -32,6 +32,7 @@ from core.dispatch import (
 )
 from core.event_store import EventStore, StoredEvent
 from core.leases import LOST, ORPHANED, AttemptRef
+from core.placement import attempt_platform, listed_platforms, place
 from core.registry import platform_class
 from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialRequeued, TrialSubmitted
 from schemas.trial import TrialJobDetail, TrialJobStatus
@@ -150,10 +151,11 @@ def _declare_lost(
                 holder: Any = pipe.get(ref.claim_key)
                 submitted = load_submission(store, ref.trial_id)
                 assert isinstance(submitted.event, TrialSubmitted)
+                platform = attempt_platform(store, submitted, ref.attempt)
                 pipe.multi()
-                if platform_class(submitted.event.platform).trials_outlive_worker:
+                if platform_class(platform).trials_outlive_worker:
                     verdict: TrialAttemptLost | TrialRequeued = _orphan(
-                        pipe, rq_connection, store, submitted, ref, holder
+                        pipe, rq_connection, store, platform, ref, holder
                     )
                 else:
                     verdict = lose_attempt(pipe, rq_connection, store, submitted, ref, holder, reaper)
@@ -174,13 +176,19 @@ def lose_attempt(
     reason: str | None = None,
 ) -> TrialAttemptLost:
     """Queue on `pipe` (in MULTI) the end of a lost attempt: TrialAttemptLost, the release of what it
-    held, its retry when maxTrialRetries allows one, and the end of its lease."""
+    held (where it ran), its retry when maxTrialRetries allows one (placed anew in a hybrid experiment:
+    maybe on another listed platform), and the end of its lease."""
     assert isinstance(submitted.event, TrialSubmitted)
     verdict = _verdict(store, submitted, ref, holder, reaper, reason)
-    platform = submitted.event.platform
+    platform = attempt_platform(store, submitted, ref.attempt)
     jobs = [TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, function=RELEASE_ATTEMPT)]
     if verdict.status is TrialJobStatus.WAITING:
-        jobs.append(TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
+        listed = listed_platforms(submitted.event)
+        if len(listed) > 1:
+            verdict = verdict.model_copy(
+                update={"retry_platform": place(store.client, rq_connection, ref.experiment_id, listed)}
+            )
+        jobs.append(TrialJob(verdict.retry_platform or platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
     dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
     ref.release(pipe, LOST)
     return verdict
@@ -190,13 +198,12 @@ def _orphan(
     pipe: Pipeline,
     rq_connection: redis.Redis,
     store: EventStore,
-    submitted: StoredEvent,
+    platform: str,
     ref: AttemptRef,
     holder: str | None,
 ) -> TrialRequeued:
     """The trial runs on without its worker (on a remote host, in a pod): hand the attempt to another
     worker of its platform, which re-attaches to it (or, finding nothing of it, declares it lost)."""
-    assert isinstance(submitted.event, TrialSubmitted)
     who = f"worker {holder}" if holder else "its worker"
     record = TrialRequeued(
         experiment_id=ref.experiment_id,
@@ -204,7 +211,7 @@ def _orphan(
         attempt=ref.attempt,
         reason=f"{who} stopped renewing the lease of attempt {ref.attempt}; another worker takes it up",
     )
-    job = TrialJob(submitted.event.platform, ref.experiment_id, ref.trial_id, ref.attempt, reattach=True)
+    job = TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, reattach=True)
     dispatch(pipe, rq_connection, store, record, [job])
     ref.release(pipe, ORPHANED)
     return record

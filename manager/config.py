@@ -25,6 +25,7 @@ from schemas.config import (
     PlatformConfig,
     describe_validation_error,
 )
+from schemas.secrets import secret_values
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,38 @@ class ExperimentSpec:
     config: ExperimentConfig
     search_space: dict[str, Any]
     code_directory: Path
-    platform: PlatformConfig
+    platforms: tuple[PlatformConfig, ...]  # one, or a hybrid list (NNI's trainingService list), in config order
     source: Path
+
+    @property
+    def platform(self) -> PlatformConfig:
+        """The platform of a single-platform experiment (a hybrid one's first)."""
+        return self.platforms[0]
+
+    @property
+    def hybrid(self) -> bool:
+        return len(self.platforms) > 1
+
+    @property
+    def platform_names(self) -> list[str]:
+        return [platform.platform for platform in self.platforms]
+
+    @property
+    def training_service(self) -> dict[str, Any] | list[dict[str, Any]]:
+        """The trainingService as stored (secrets masked): one section, or a hybrid list of them."""
+        sections = [platform.model_dump(mode="json", by_alias=True, exclude_none=True) for platform in self.platforms]
+        return sections if self.hybrid else sections[0]
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """The platforms' secrets by path from the trainingService (`1.machineList.0.password` in a list)."""
+        if not self.hybrid:
+            return secret_values(self.platform)
+        return {
+            f"{index}.{path}": value
+            for index, platform in enumerate(self.platforms)
+            for path, value in secret_values(platform).items()
+        }
 
     def algorithms(self, checkpoint_dir: Path | None = None) -> tuple[Algorithm, Algorithm | None]:
         """The tuner (or advisor) and the assessor, checked; PBT's checkpoints default to `checkpoint_dir`."""
@@ -48,7 +79,7 @@ class ExperimentSpec:
         data = self.config.model_dump(mode="json", by_alias=True, exclude_none=True)
         data.update(searchSpace=self.search_space, trialCodeDirectory=str(self.code_directory))
         data.pop("searchSpaceFile", None)
-        data["trainingService"] = self.platform.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data["trainingService"] = self.training_service
         return data
 
 
@@ -80,7 +111,7 @@ def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec
     code_directory = (base / Path(config.trial_code_directory).expanduser()).resolve()
     if not code_directory.is_dir():
         raise ConfigError(f"{source}: trialCodeDirectory: {code_directory} is not a directory")
-    platform = _platform(config, source)
+    platforms = _platforms(config, source)
     tuner = _algorithm(config, source, "tuner")
     if config.assessor is not None:
         if tuner.kind == "advisor":
@@ -91,7 +122,7 @@ def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec
         tuner.check_search_space(search_space)
     except SearchSpaceError as error:
         raise ConfigError(f"{source}: {error}") from None
-    return ExperimentSpec(config, search_space, code_directory, platform, source)
+    return ExperimentSpec(config, search_space, code_directory, platforms, source)
 
 
 def _with_absolute_code_directories(config: ExperimentConfig, base: Path) -> ExperimentConfig:
@@ -158,24 +189,42 @@ def _search_space(config: ExperimentConfig, base: Path, optional: bool) -> dict[
     )
 
 
-def _platform(config: ExperimentConfig, source: Path) -> PlatformConfig:
-    sections = config.training_services
-    if len(sections) != 1:
-        raise ConfigError(f"{source}: trainingService: give exactly one platform (hybrid lists are not supported yet)")
-    section = sections[0]
+def _platforms(config: ExperimentConfig, source: Path) -> tuple[PlatformConfig, ...]:
+    """The trainingService: one platform section, or NNI's hybrid list of them (each a full section;
+    the trial keys, trialGpuNumber included, apply to all). Each platform may be listed once."""
+    if isinstance(config.training_service, dict):
+        return (_platform(config, config.training_service, source, "trainingService"),)
+    sections = config.training_service
+    if not sections:
+        raise ConfigError(f"{source}: trainingService: the list is empty; give one platform section or several")
+    platforms: list[PlatformConfig] = []
+    for index, section in enumerate(sections):
+        platform = _platform(config, section, source, f"trainingService.{index}")
+        earlier = [other.platform for other in platforms]
+        if platform.platform in earlier:
+            raise ConfigError(
+                f"{source}: trainingService.{index}.platform: {platform.platform} is listed twice (also "
+                f"trainingService.{earlier.index(platform.platform)}); list each platform once, with all its "
+                "machines or settings in one section"
+            )
+        platforms.append(platform)
+    return tuple(platforms)
+
+
+def _platform(config: ExperimentConfig, section: dict[str, Any], source: Path, prefix: str) -> PlatformConfig:
     name = next((value for key, value in section.items() if str(key).lower() == "platform"), None)
     if not isinstance(name, str):
-        raise ConfigError(f"{source}: trainingService.platform: required key is missing (e.g. platform: local)")
+        raise ConfigError(f"{source}: {prefix}.platform: required key is missing (e.g. platform: local)")
     try:
         model = platform_class(name).config_model
         platform = model.model_validate(section)
     except UnknownPlatform as error:
-        raise ConfigError(f"{source}: trainingService.platform: {error}") from None
+        raise ConfigError(f"{source}: {prefix}.platform: {error}") from None
     except ValidationError as error:
-        raise ConfigError(_explain(error, source, "trainingService", model)) from None
+        raise ConfigError(_explain(error, source, prefix, model)) from None
     problems = platform.problems_with(config)
     if problems:
-        raise ConfigError("\n".join(f"{source}: trainingService.{key}: {what}" for key, what in problems.items()))
+        raise ConfigError("\n".join(f"{source}: {prefix}.{key}: {what}" for key, what in problems.items()))
     return platform
 
 

@@ -62,18 +62,19 @@ def finish_experiment(
     client: redis.Redis,
     rq_connection: redis.Redis,
     experiment_id: str,
-    platform: str,
+    platforms: str | list[str],
     status: str,
     message: str | None = None,
 ) -> None:
-    """A resumed experiment finishes again: the last ExperimentFinished holds. With it, the platform
-    is asked to clean up where the trials ran (a job of its queue: its workers hold its clients)."""
+    """A resumed experiment finishes again: the last ExperimentFinished holds. With it, each of its
+    platforms (several in a hybrid experiment) is asked to clean up where the trials ran (a job of its
+    queue: its workers hold its clients)."""
     event = ExperimentFinished(experiment_id=experiment_id, status=status, message=message)  # type: ignore[arg-type]
+    names = [platforms] if isinstance(platforms, str) else platforms
+    jobs = [ExperimentJob(platform, experiment_id) for platform in names]
     with client.pipeline(transaction=True) as pipe:
         pipe.multi()
-        dispatch(
-            pipe, rq_connection, EventStore(client, experiment_id), event, [ExperimentJob(platform, experiment_id)]
-        )
+        dispatch(pipe, rq_connection, EventStore(client, experiment_id), event, jobs)
         pipe.execute()
 
 

@@ -25,6 +25,7 @@ from manager.experiments import ExperimentNotFound, finish_experiment, resolve_e
 from manager.projector import Projector
 from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
+from schemas.config import platform_names
 from schemas.events import (
     CustomizedTrialRequested,
     ExperimentChanges,
@@ -159,8 +160,8 @@ class ManagerHost:
         for trial in service.list_trial_jobs():
             if not trial.status.is_terminal:
                 service.request_stop(trial.id, TrialJobStatus.SYS_CANCELED, reason)
-        platform = str(view.config.get("trainingService", {}).get("platform", "local"))
-        finish_experiment(self.client, self.rq_connection, experiment_id, platform, "STOPPED", reason)
+        platforms = platform_names(view.config.get("trainingService", {}))
+        finish_experiment(self.client, self.rq_connection, experiment_id, platforms, "STOPPED", reason)
 
     def update(self, experiment_id: str, changes: ExperimentChanges) -> None:
         self._running(experiment_id)

@@ -159,6 +159,7 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
                     update={
                         "status": TrialJobStatus.WAITING,
                         "attempt": event.attempt + 1,
+                        "platform": event.retry_platform or view.platform,  # a hybrid retry may move
                         "start_time": None,
                         "worker": None,
                         "final_metric_data": [],

@@ -49,7 +49,7 @@ from schemas.events import (
     TrialsRequested,
     TrialSubmitted,
 )
-from schemas.secrets import secret_values, with_secrets
+from schemas.secrets import with_secrets
 from schemas.trial import (
     HyperParameters,
     JobApplicationForm,
@@ -163,11 +163,17 @@ def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str,
 
 def check_platform(spec: ExperimentSpec, settings: Settings) -> None:
     """The platform's own check before anything runs (hosts reachable, credentials right): every
-    problem at once, one line each; no experiment is created or trial submitted when there is one."""
-    check = getattr(platform_class(spec.platform.platform), "check", None)  # optional for third-party platforms
-    problems = check(spec.platform, spec.code_directory, settings) if check is not None else []
-    if problems:
-        raise RunnerError("trainingService: cannot run trials there:\n" + "\n".join(f"  {line}" for line in problems))
+    problem at once, one line each; no experiment is created or trial submitted when there is one. A
+    hybrid experiment checks every listed platform: one that fails stops it before any trial."""
+    failures = []
+    for index, platform in enumerate(spec.platforms):
+        check = getattr(platform_class(platform.platform), "check", None)  # optional for third-party platforms
+        problems = check(platform, spec.code_directory, settings) if check is not None else []
+        if problems:
+            where = f"trainingService.{index} ({platform.platform})" if spec.hybrid else "trainingService"
+            failures.append(f"{where}: cannot run trials there:\n" + "\n".join(f"  {line}" for line in problems))
+    if failures:
+        raise RunnerError("\n".join(failures))
 
 
 class ExperimentRunner:
@@ -240,8 +246,7 @@ class ExperimentRunner:
         settings = settings or Settings()
         check_platform(spec, settings)
         root = experiments_root(spec, settings)
-        secrets = secret_values(spec.platform)
-        experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id, secrets)
+        experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id, spec.secrets)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
         runner._claim(wait_s=0)
         trial_config = TrialConfig(
@@ -252,7 +257,12 @@ class ExperimentRunner:
             max_retries=spec.config.max_trial_retries,
         )
         runner.service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
-        runner.service.set_cluster_metadata(PLATFORM_CONFIG, spec.platform.model_dump_json(by_alias=True))
+        platform_config = (
+            json.dumps([platform.model_dump(mode="json", by_alias=True) for platform in spec.platforms])
+            if spec.hybrid
+            else spec.platform.model_dump_json(by_alias=True)
+        )  # a hybrid experiment's is the list: each trial is placed on one of them when submitted
+        runner.service.set_cluster_metadata(PLATFORM_CONFIG, platform_config)
         runner._start_tuner(replay=[])
         return runner
 
@@ -631,8 +641,8 @@ class ExperimentRunner:
         return self._finish("ERROR", f"the tuner failed:\n{error}")
 
     def _finish_experiment(self, status: str, message: str | None) -> None:
-        platform = self.spec.platform.platform
-        finish_experiment(self._client, self._rq_connection, self.experiment_id, platform, status, message)
+        platforms = self.spec.platform_names
+        finish_experiment(self._client, self._rq_connection, self.experiment_id, platforms, status, message)
 
     def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
         if self._tuner is not None:

@@ -136,18 +136,21 @@ class ServiceProcesses:
             )
         self.processes.append(process)
 
-    def serve(self, platform: str, concurrency: int) -> None:
-        """The projector, and the workers `concurrency` trials need: one per trial where trials run on
-        their worker (local), else one following them all (remote: one SSH connection per host, one
-        upload; one process also starts sooner than several importing at once)."""
+    def serve(self, platforms: list[str], concurrency: int) -> None:
+        """The projector, and for each platform (several in a hybrid experiment: any may get every trial)
+        the workers `concurrency` trials need: one per trial where trials run on their worker (local),
+        else one following them all (remote: one SSH connection per host, one upload; one process also
+        starts sooner than several importing at once)."""
         self.start("projector", log_name="projector")
-        adapter = platform_class(platform)
-        if adapter.trials_outlive_worker:  # the trials run elsewhere: the worker only follows them
-            slots = min(adapter.trials_per_process, workers_for(concurrency))
-            self.start("--platform", platform, "--concurrency", str(slots), log_name="worker-0", module="workers")
-            return
-        for index in range(workers_for(concurrency)):
-            self.start("--platform", platform, log_name=f"worker-{index}", module="workers")
+        for platform in platforms:
+            prefix = f"worker-{platform}-" if len(platforms) > 1 else "worker-"
+            adapter = platform_class(platform)
+            if adapter.trials_outlive_worker:  # the trials run elsewhere: the worker only follows them
+                slots = min(adapter.trials_per_process, workers_for(concurrency))
+                self.start("--platform", platform, "--concurrency", str(slots), log_name=f"{prefix}0", module="workers")
+                continue
+            for index in range(workers_for(concurrency)):
+                self.start("--platform", platform, log_name=f"{prefix}{index}", module="workers")
 
     def stop(self, grace_s: float = 10.0) -> None:
         for process in self.processes:

@@ -15,12 +15,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from core.dispatch import TrialJob, dispatch, submission_key
 from core.event_store import EventStore, StoredEvent
 from core.keys import LOG_PREFIX
+from core.placement import place
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
 from schemas.events import (
@@ -128,16 +130,20 @@ class TrainingService:
         self.store.append(ClusterMetadataSet(experiment_id=self.experiment_id, key=key, value=value))
 
     def submit_trial_job(self, form: JobApplicationForm, requested_by: str | None = None) -> TrialJobDetail:
-        """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither.
-        `requested_by`: the CustomizedTrialRequested event a customized trial answers."""
+        """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither. A hybrid
+        experiment's trial goes to the listed platform `core.placement` picks. `requested_by`: the
+        CustomizedTrialRequested event a customized trial answers."""
         experiment = self.experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
-        platform_section = json.loads(_metadata(experiment, PLATFORM_CONFIG))
+        training_service = json.loads(_metadata(experiment, PLATFORM_CONFIG))
+        sections: list[dict[str, Any]] = training_service if isinstance(training_service, list) else [training_service]
+        platform = place(self._client, self._rq_connection, self.experiment_id, [s["platform"] for s in sections])
+        platform_section = next(section for section in sections if section["platform"] == platform)
         trial_id = self._new_trial_id()
         event = TrialSubmitted(
             experiment_id=self.experiment_id,
             trial_id=trial_id,
-            platform=platform_section["platform"],
+            platform=platform,
             form=form,
             working_directory=str(Path(experiment.working_directory) / "trials" / trial_id),
             launch=TrialLaunchSpec(
@@ -147,6 +153,7 @@ class TrainingService:
                 gpu_number=trial_config.gpu_number,
                 max_duration_seconds=trial_config.max_trial_duration,
                 max_retries=trial_config.max_retries,
+                platform_configs=sections if len(sections) > 1 else None,
             ),
             requested_by=requested_by,
         )

@@ -203,10 +203,11 @@ class ExperimentConfig(NniConfigModel):
         """The tuner (or advisor) that proposes trials: Random when the config names none."""
         return self.advisor or self.tuner or AlgorithmConfig(name="Random")
 
-    @property
-    def training_services(self) -> list[dict[str, Any]]:
-        ts = self.training_service
-        return list(ts) if isinstance(ts, list) else [ts]
+
+def platform_names(training_service: Any) -> list[str]:
+    """The platforms of a stored trainingService: one section, or a hybrid list of them."""
+    sections = training_service if isinstance(training_service, list) else [training_service]
+    return [str(section.get("platform", "local")) for section in sections if isinstance(section, dict)]
 
 
 class ConfigError(ValueError):

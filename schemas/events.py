@@ -124,11 +124,16 @@ class TrialLaunchSpec(CamelModel):
     gpu_number: int | None = None
     max_duration_seconds: float | None = None
     max_retries: int = 0
+    platform_configs: list[dict[str, Any]] | None = None
+    """A hybrid experiment's every trainingService section (masked, in config order; `platform_config` is
+    the one the first attempt was placed on): a retry placed on another listed platform takes its own."""
 
 
 class TrialSubmitted(TrialEvent):
+    """A new trial, placed on `platform` (in a hybrid experiment, the listed platform chosen for it)."""
+
     type: Literal["TrialSubmitted"] = "TrialSubmitted"
-    v: Literal[1] = 1
+    v: Literal[2] = 2
     platform: str
     form: JobApplicationForm
     working_directory: str
@@ -245,16 +250,18 @@ class TrialEnded(TrialEvent):
 class TrialAttemptLost(TrialEvent):
     """The worker running an attempt stopped renewing its lease: that attempt is over.
 
-    `status` WAITING means the trial is retried as attempt + 1 (maxTrialRetries allows it);
+    `status` WAITING means the trial is retried as attempt + 1 (maxTrialRetries allows it), on
+    `retry_platform` (a hybrid experiment places each attempt anew; None: where the lost one ran);
     otherwise it is the terminal status the trial ends in.
     """
 
     type: Literal["TrialAttemptLost"] = "TrialAttemptLost"
-    v: Literal[1] = 1
+    v: Literal[2] = 2
     attempt: int
     worker: str | None = None
     reason: str
     status: TrialJobStatus
+    retry_platform: str | None = None
 
     @field_validator("status")
     @classmethod

@@ -61,7 +61,7 @@ class MetricDataRecord(NniModel):
 
 
 class TrialJobInfo(NniModel):
-    omitted_when_none = frozenset({"endTime", "message", "stderrPath", "finalMetricData", "envId"})
+    omitted_when_none = frozenset({"endTime", "message", "stderrPath", "finalMetricData", "envId", "platform"})
 
     trial_job_id: str = Field(alias="trialJobId")
     status: TrialJobStatus
@@ -74,6 +74,7 @@ class TrialJobInfo(NniModel):
     message: str | None = None
     env_id: str | None = Field(default=None, alias="envId")
     final_metric_data: list[MetricDataRecord] | None = Field(default=None, alias="finalMetricData")
+    platform: str | None = None  # trialstream: where the trial's current attempt runs (hybrid: one of the listed)
 
     @field_validator("hyper_parameters")
     @classmethod
@@ -197,6 +198,7 @@ def trial_job_info(trial: TrialJobDetail) -> TrialJobInfo:
         stderrPath=f"{path}/stderr" if trial.status is TrialJobStatus.FAILED else None,
         message=trial.message,
         finalMetricData=[final] if final is not None else None,
+        platform=trial.platform,
     )
 
 

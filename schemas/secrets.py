@@ -18,14 +18,15 @@ def secret_values(model: BaseModel) -> dict[str, str]:
     return found
 
 
-def with_secrets(data: dict[str, Any], secrets: dict[str, str]) -> dict[str, Any]:
-    """A copy of the masked `data` with the secrets put back at their paths (paths absent are skipped)."""
+def with_secrets(data: Any, secrets: dict[str, str]) -> Any:
+    """A copy of the masked `data` (a mapping, or a list of them: a hybrid trainingService) with the
+    secrets put back at their paths (paths absent are skipped)."""
     data = _copy(data)
     for path, value in secrets.items():
         *parents, last = path.split(".")
         node: Any = data
         for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node.get(part)
+            node = _item(node, part) if isinstance(node, list) else node.get(part)
             if node is None:
                 break
         else:
@@ -43,6 +44,10 @@ def _collect(value: Any, path: str, found: dict[str, str]) -> None:
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             _collect(item, _join(path, str(index)), found)
+
+
+def _item(items: list[Any], part: str) -> Any:
+    return items[int(part)] if part.isdigit() and int(part) < len(items) else None
 
 
 def _join(path: str, part: str) -> str:

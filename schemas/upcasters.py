@@ -19,10 +19,18 @@ def _first_attempt(payload: Payload) -> Payload:
     return {**payload, "v": 2, "attempt": 1}
 
 
+def _placed_as_before(payload: Payload) -> Payload:
+    """v1 -> v2 of TrialSubmitted (launch.platformConfigs) and TrialAttemptLost (retryPlatform): before
+    hybrid experiments, a trial had one platform, so every attempt ran on the one it was submitted to."""
+    return {**payload, "v": 2}
+
+
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("TrialStarted", 1): _first_attempt,
     ("TrialMetricReported", 1): _first_attempt,
     ("TrialEnded", 1): _first_attempt,
+    ("TrialSubmitted", 1): _placed_as_before,
+    ("TrialAttemptLost", 1): _placed_as_before,
 }
 
 

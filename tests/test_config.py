@@ -394,12 +394,11 @@ def test_missing_platform_is_named(tmp_path: Path) -> None:
     )
 
 
-def test_hybrid_list_of_platforms_is_refused_clearly(tmp_path: Path) -> None:
+def test_hybrid_list_names_the_section_of_each_problem(tmp_path: Path) -> None:
+    """Hybrid lists are accepted (tests/test_hybrid.py); a section's problem names its index."""
     message = rejection(tmp_path, minimal(trainingService=[{"platform": "local"}, {"platform": "remote"}]))
 
-    assert problem_lines(message, tmp_path / "config.yml") == [
-        "trainingService: give exactly one platform (hybrid lists are not supported yet)"
-    ]
+    assert problem_lines(message, tmp_path / "config.yml") == ["trainingService.1.machineList: required key is missing"]
 
 
 def test_unknown_tuner_names_tuner_name_and_lists_supported_tuners(tmp_path: Path) -> None:

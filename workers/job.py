@@ -11,11 +11,12 @@ import redis
 from redis.client import Pipeline
 
 from core import keys
-from core.assignments import assignment_of, experiment_secrets, load_assignment
+from core.assignments import assignment_of, experiment_secrets, load_assignment, platform_section
 from core.connections import until_redis_answers
 from core.dispatch import TrialJob, load_submission, park, wake_parked, worker_name
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
+from core.placement import attempt_platform
 from core.platform import Abandoned, Deferred, Lost, Platform, TrialAssignment, TrialOutcome
 from core.reaper import lose_attempt
 from core.settings import Settings
@@ -30,7 +31,6 @@ from schemas.events import (
     TrialReattached,
     TrialSubmitted,
 )
-from schemas.secrets import with_secrets
 from schemas.trial import TrialJobStatus
 from workers.control import LogTrialControl
 
@@ -87,8 +87,9 @@ def run_trial(
     submitted = load_submission(store, trial_id)
     submission = submitted.event
     assert isinstance(submission, TrialSubmitted)
-    if submission.platform != runtime.platform.name:
-        raise RuntimeError(f"trial {trial_id} is for platform {submission.platform}, not {runtime.platform.name}")
+    placed = attempt_platform(store, submitted, attempt)  # a hybrid experiment places each attempt anew
+    if placed != runtime.platform.name:
+        raise RuntimeError(f"trial {trial_id} attempt {attempt} is for platform {placed}, not {runtime.platform.name}")
 
     ref = AttemptRef(experiment_id, trial_id, attempt)
     lease = Lease(runtime.client, ref, runtime.name, runtime.settings.trial_lease_s)
@@ -164,7 +165,8 @@ def clean_up_experiment(experiment_id: str) -> str:
     settings = [e for e in entries if isinstance(e, ClusterMetadataSet) and e.key == PLATFORM_CONFIG]
     if not settings:
         return "no platform config in the log: nothing to clean up"
-    section = with_secrets(json.loads(settings[-1].value), experiment_secrets(runtime.client, experiment_id))
+    secrets = experiment_secrets(runtime.client, experiment_id)
+    section = platform_section(json.loads(settings[-1].value), runtime.platform.name, secrets)  # hybrid: its own
     clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
     return "cleaned up"
 

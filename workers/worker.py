@@ -20,6 +20,7 @@ from rq.worker import WorkerStatus
 from core.connections import connect, same_server
 from core.dispatch import SERIALIZER, trial_queue, wake_parked
 from core.logs import configure_logging
+from core.placement import WORKER_SLOTS_FIELD
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
@@ -62,6 +63,10 @@ class TrialWorker(SimpleWorker):
         self._running: dict[str, tuple[Job, Any]] = {}
         self._running_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+
+    def register_birth(self) -> None:
+        super().register_birth()
+        self.connection.hset(self.key, WORKER_SLOTS_FIELD, self.concurrency)  # a hybrid placement counts them
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         stop = threading.Event()

@@ -195,6 +195,8 @@ def _platform_of(view: ExperimentView | None) -> str:
     if view is None:
         return UNKNOWN_PLATFORM
     section = view.config.get("trainingService")
+    if isinstance(section, list) and len(section) > 1:
+        return "hybrid"  # as NNI names such an experiment's platform; its trials are on the listed ones
     if isinstance(section, dict) and isinstance(section.get("platform"), str):
         return str(section["platform"])
     metadata = json.loads(view.metadata.get(PLATFORM_CONFIG, "{}"))

@@ -60,7 +60,7 @@ def progress_table(progress: Progress) -> Table:
 
 def print_trials(trials: list[TrialJobDetail], title: str) -> None:
     table = Table(title=Text(title), title_justify="left")
-    for column in ("id", "seq", "status", "final metric", "parameters", "message"):
+    for column in ("id", "seq", "status", "platform", "final metric", "parameters", "message"):
         table.add_column(column)
     for trial in trials:
         score = metric_score(trial.final_metric)
@@ -69,6 +69,7 @@ def print_trials(trials: list[TrialJobDetail], title: str) -> None:
                 trial.id,
                 str(trial.sequence_id),
                 str(trial.status),
+                trial.platform,  # where its current attempt runs: in a hybrid experiment, one of the listed
                 "" if score is None else f"{score:.6g}",
                 json.dumps(trial.form.hyper_parameters.parameters),
                 trial.message or "",

@@ -54,12 +54,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     spec = load_experiment_config(args.config)
-    platform, concurrency = spec.platform.platform, spec.config.trial_concurrency
+    platforms, concurrency = spec.platform_names, spec.config.trial_concurrency
     if settings.manager_url is not None:
         manager = manager_client(settings)
         result = _drive(lambda show: managed.create(spec, manager, show))
     elif settings.redis_url is not None:
-        client, rq_connection = _shared(settings.redis_url, platform)
+        client, rq_connection = _shared(settings.redis_url, platforms)
         result = _drive(
             lambda show: ExperimentRunner.create(spec, client, rq_connection, on_progress=show, settings=settings)
         )
@@ -67,7 +67,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         experiment_id = new_id(8)
         root = experiments_root(settings, spec.config.experiment_working_directory)
         with EmbeddedStack(root / experiment_id, settings) as stack:
-            stack.services.serve(platform, concurrency)
+            stack.services.serve(platforms, concurrency)
             result = _drive(
                 lambda show: ExperimentRunner.create(
                     spec, stack.client, stack.rq_connection, experiment_id, on_progress=show, settings=settings
@@ -86,7 +86,7 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
         client = connect(settings.redis_url)
         experiment_id = resolve_experiment(client, args.experiment_id)
         spec = _stored_spec(client, connect(settings.redis_url, decode=False), experiment_id)
-        client, rq_connection = _shared(settings.redis_url, spec.platform.platform)
+        client, rq_connection = _shared(settings.redis_url, spec.platform_names)
         result = _drive(
             lambda show: ExperimentRunner.resume(
                 client, rq_connection, experiment_id, show, settings=settings, allow_imported=args.imported
@@ -99,7 +99,7 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
         with EmbeddedStack(directory, settings) as stack:
             experiment_id = resolve_experiment(stack.client, args.experiment_id)
             spec = _stored_spec(stack.client, stack.rq_connection, experiment_id)
-            stack.services.serve(spec.platform.platform, spec.config.trial_concurrency)
+            stack.services.serve(spec.platform_names, spec.config.trial_concurrency)
             result = _drive(
                 lambda show: ExperimentRunner.resume(
                     stack.client,
@@ -114,9 +114,11 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _shared(url: str, platform: str) -> tuple[redis.Redis, redis.Redis]:
+def _shared(url: str, platforms: list[str]) -> tuple[redis.Redis, redis.Redis]:
+    """Clients of the shared Redis, once a worker serves each platform (every listed one, for hybrid)."""
     client, rq_connection = connect(url), connect(url, decode=False)
-    wait_until_served(client, rq_connection, platform, redact_url(url))
+    for platform in platforms:
+        wait_until_served(client, rq_connection, platform, redact_url(url))
     return client, rq_connection
 
 
