@@ -117,6 +117,23 @@ def test_a_missing_key_file_is_an_auth_error(ssh_hosts: list[SshHost], ssh_user:
     assert "no-such-key" in str(error)
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"not a key at all\n", b"-----BEGIN OPENSSH PRIVATE KEY-----\ngarbage\n-----END OPENSSH PRIVATE KEY-----\n"],
+)
+def test_a_file_that_is_no_private_key_is_one_auth_error(
+    ssh_hosts: list[SshHost], ssh_user: SshUser, known_hosts: Path, tmp_path: Path, content: bytes
+) -> None:
+    """paramiko hands on the `cryptography` package's ValueError (with a URL in it): it must not escape."""
+    key_file = tmp_path / "id_broken"
+    key_file.write_bytes(content)
+    error = failure(target_of(ssh_hosts[0], ssh_user, known_hosts, key_file=str(key_file)))
+    assert error.kind == "auth"
+    assert str(error).endswith(
+        f"cannot use key file {key_file}: not a private key (OpenSSH or PEM) that paramiko reads"
+    )
+
+
 # --- host keys --------------------------------------------------------------------------------------------------
 
 

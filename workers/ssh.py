@@ -220,6 +220,11 @@ def _load_key(target: SshTarget) -> paramiko.PKey:
         raise SshError(f"{target.label}: cannot read key file {path}: {error.strerror or error}", "auth") from error
     except paramiko.SSHException as error:  # a wrong passphrase, or not a private key
         raise SshError(f"{target.label}: cannot use key file {path}: {error}", "auth") from error
+    except ValueError as error:  # the `cryptography` package's word for a file that is no key it can read
+        raise SshError(
+            f"{target.label}: cannot use key file {path}: not a private key (OpenSSH or PEM) that paramiko reads",
+            "auth",
+        ) from error
 
 
 def _client(target: SshTarget) -> paramiko.SSHClient:
