@@ -38,6 +38,16 @@ class Browser:
         entries: list[dict[str, Any]] = self.driver.get_log("browser")
         return entries
 
+    def console_errors(self, origin: str) -> list[str]:
+        """The errors logged since the last call about `origin`'s resources: uncaught ones and failed requests
+        (a 401, a 404). Other origins' are left out: NNI's UI loads its icon fonts from Microsoft's CDN, which
+        an offline machine cannot reach."""
+        return [
+            entry["message"]
+            for entry in self.console()
+            if entry["level"] == "SEVERE" and entry["message"].startswith(origin + "/")
+        ]
+
     def uncaught_errors(self) -> list[str]:
         return [
             entry["message"]
