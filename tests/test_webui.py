@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,7 @@ def test_the_web_ui_shows_and_drives_experiments(tmp_path: Path, processes: Proc
     url = processes.manager()
     finished = _submit(url, tmp_path / "finished", trials=3, released=True)
     wait_until(lambda: _api(url, finished, "/check-status")["status"] == "DONE", 60, what="the first experiment")
+    submitted = time.time()  # the live experiment's execDuration can be no longer than it has existed
     live = _submit(url, tmp_path / "live", trials=2, released=False, maxExperimentDuration="2h")
     driver = browser.driver
     wait = WebDriverWait(driver, UI_DEADLINE_S, ignored_exceptions=(StaleElementReferenceException,))
@@ -183,6 +185,7 @@ def test_the_web_ui_shows_and_drives_experiments(tmp_path: Path, processes: Proc
     wait.until(_shows(live, "Max duration"))
     shown = wait.until(_duration_html)
     longest = _api(url, live, "/experiment")["execDuration"]
+    assert longest <= time.time() - submitted + 1  # whole seconds (not ms), counted from its start
     assert shown in [_format_time_style(seconds) for seconds in range(shortest, longest + 1)], (shown, shortest)
     budget = driver.find_element(By.CSS_SELECTOR, ".maxExperimentDuration.show-params")
     assert [budget.find_element(By.CLASS_NAME, part).text for part in ("title", "number", "unit")] == [
