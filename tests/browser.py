@@ -38,6 +38,17 @@ class Browser:
         entries: list[dict[str, Any]] = self.driver.get_log("browser")
         return entries
 
+    def console_errors(self, base: str) -> list[str]:
+        """The errors logged since the last call about what is under the URL `base`: uncaught ones (their
+        script's) and failed requests (a 401, a 404). Others are left out: NNI's UI loads its icon fonts from
+        Microsoft's CDN, which an offline machine cannot reach, and a browser asks for `/favicon.ico` at the
+        root, outside any --url-prefix (a 404 from NNI's own server too)."""
+        return [
+            entry["message"]
+            for entry in self.console()
+            if entry["level"] == "SEVERE" and entry["message"].startswith(base + "/")
+        ]
+
     def uncaught_errors(self) -> list[str]:
         return [
             entry["message"]
