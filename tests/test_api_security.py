@@ -81,6 +81,22 @@ def test_the_token_is_required_everywhere_but_health(guarded: str, processes: Pr
     assert TOKEN not in processes.logs()
 
 
+def test_the_web_ui_manifest_alone_is_served_without_the_token(guarded: str) -> None:
+    """index.html links `./manifest.json` with no `crossorigin`, so a browser fetches it without the cookie:
+    that public file of NNI's build is open, at the root and under an experiment's prefix, and nothing else
+    of that name is (a trial's own `manifest.json` stays behind the token)."""
+    for path in ("/manifest.json", "/nni/some-experiment/manifest.json"):
+        manifest = httpx.get(guarded + path)
+        assert manifest.status_code == 200 and "start_url" in manifest.json(), (path, manifest.text)
+    for path in (
+        "/api/v1/nni/trial-file/abc/manifest.json",
+        "/nni/x/api/v1/nni/trial-file/abc/manifest.json",
+        "/static/manifest.json",
+        "/manifest.json/x",
+    ):
+        assert httpx.get(guarded + path).status_code == 401, path
+
+
 def test_a_token_file(processes: Processes, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n")

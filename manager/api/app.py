@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from schemas.config import ConfigError
 
 TOKEN_COOKIE = "trialstream_token"
 OPEN_PATHS = frozenset({"/api/v1/health", "/login"})  # a health check reveals nothing; login takes the token
+# NNI's web app manifest, a public file of NNI's build: index.html links it with no `crossorigin`, so a browser
+# fetches it without the cookie, and a refusal would be an error in the console of every page
+OPEN_UI_FILE = re.compile(r"/(?:nni/[^/]+/)?manifest\.json")
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
@@ -179,6 +183,9 @@ class TokenGuard:
         path = scope["path"]
         if path.endswith("/login"):
             await self._login(scope, send)
+            return
+        if OPEN_UI_FILE.fullmatch(path):  # the same file under every experiment: no answer tells if one exists
+            await self.app({**scope, "path": "/manifest.json", "raw_path": b"/manifest.json"}, receive, send)
             return
         if path in OPEN_PATHS or self._presented(scope):
             await self.app(scope, receive, send)
