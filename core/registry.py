@@ -21,6 +21,7 @@ BUILTIN_PLATFORMS = {
     "remote": "workers.remote:RemotePlatform",
     "kubeflow": "workers.kubeflow:KubeflowPlatform",
     "frameworkcontroller": "workers.frameworkcontroller:FrameworkControllerPlatform",
+    "aml": "workers.aml:AmlPlatform",
 }
 
 

@@ -77,6 +77,7 @@ class ControlPlane:
             ("POST", re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)/startPendingUpload$"), ws.pending_upload),
             ("GET", re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)$"), ws.get_asset),
             ("PUT", re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)$"), ws.put_asset),
+            ("GET", re.compile(WORKSPACE + "/computes/(?P<name>[^/]+)$"), ws.get_compute),
             ("GET", re.compile(WORKSPACE + "/jobs$"), ws.list_jobs),
             ("GET", re.compile(WORKSPACE + "/jobs/(?P<name>[^/]+)$"), ws.get_job),
             ("PUT", re.compile(WORKSPACE + "/jobs/(?P<name>[^/]+)$"), ws.put_job),

@@ -155,6 +155,22 @@ class SimulatedWorkspace:
             raise not_found(f"Datastore {match['name']}")
         return 200, {"secretsType": "AccountKey", "key": ACCOUNT_KEY}
 
+    def get_compute(self, request: Request, match: Any) -> tuple[int, Any]:
+        self._workspace(match)
+        if match["name"] not in self.computes:
+            raise not_found(f"Compute {match['name']}")
+        return 200, {
+            "id": self.arm_id("computes", match["name"]),
+            "name": match["name"],
+            "type": "Microsoft.MachineLearningServices/workspaces/computes",
+            "location": "simregion",
+            "properties": {
+                "computeType": "AmlCompute",
+                "provisioningState": "Succeeded",
+                "properties": {"vmSize": "STANDARD_DS3_V2", "scaleSettings": {"maxNodeCount": 4, "minNodeCount": 0}},
+            },
+        }
+
     # code and environment assets
 
     def get_asset(self, request: Request, match: Any) -> tuple[int, Any]:
