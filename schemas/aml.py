@@ -9,7 +9,6 @@ from pydantic import Field
 from schemas.config import Duration, PlatformConfig
 
 
-
 class AmlConfig(PlatformConfig):
     """Each trial is one command job on `computeTarget` in the workspace, running `dockerImage`."""
 

@@ -32,10 +32,6 @@ def aml_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
     try:
         yield workspace
     finally:
-        import json, os
-        with open("/tmp/amlprobe/simstate.txt", "w") as f:
-            f.write(json.dumps({n: j["properties"]["status"] for n, j in workspace.jobs.items()}) + "\n")
-            f.write("\n".join(f"{m} {p}" for m, p in workspace.api.requests if "metadata" not in p))
         workspace.stop()
 
 

@@ -133,7 +133,10 @@ def describe(error: Exception) -> str:
 
 def _workspace_problem(client: MLClient, config: AmlConfig) -> str | None:
     """The first thing that keeps trials from running in the workspace, in one line."""
-    where = f"workspace {config.workspace_name!r} (resource group {config.resource_group!r}, subscription {config.subscription_id})"
+    where = (
+        f"workspace {config.workspace_name!r} (resource group {config.resource_group!r}, "
+        f"subscription {config.subscription_id})"
+    )
     try:
         client.workspaces.get(config.workspace_name)
     except ClientAuthenticationError as error:
@@ -287,8 +290,9 @@ class AmlPlatform:
 
     def close(self) -> None:
         for workspace in self._workspaces.values():
-            with contextlib.suppress(Exception):
-                workspace.client.close()
+            if workspace.container is not None:
+                with contextlib.suppress(Exception):
+                    workspace.container.close()
         shutil.rmtree(self._cache, ignore_errors=True)
 
     def _workspace(self, config: AmlConfig) -> _Workspace:
@@ -359,7 +363,11 @@ class _Attempt:
             environment=Environment(image=config.docker_image),
             compute=config.compute_target,
             environment_variables=self.platform.job_environment(trial),
-            tags={"nni.experiment": trial.experiment_id, "nni.trial": trial.trial_id, "nni.attempt": str(trial.attempt)},
+            tags={
+                "nni.experiment": trial.experiment_id,
+                "nni.trial": trial.trial_id,
+                "nni.attempt": str(trial.attempt),
+            },
         )
         self.workspace.client.jobs.create_or_update(job)
 
@@ -440,13 +448,17 @@ class _Attempt:
         if status == "Completed":
             return TrialOutcome(TrialJobStatus.SUCCEEDED, exit_code if exit_code is not None else 0)
         if status == "Canceled":
-            return TrialOutcome(TrialJobStatus.SYS_CANCELED, exit_code, f"job {self.name} was canceled in the workspace")
+            return TrialOutcome(
+                TrialJobStatus.SYS_CANCELED, exit_code, f"job {self.name} was canceled in the workspace"
+            )
         told = EXIT_LINE.sub(b"", self.tail)
         lines = [line for line in told.splitlines() if line.strip() and not line.startswith(b"NNISDK_MEb")]
         tail = b"\n".join(lines)[-TAIL_BYTES:].decode(errors="replace").strip()
         if exit_code:
             return TrialOutcome(TrialJobStatus.FAILED, exit_code, failure_message(exit_code, tail))
-        return TrialOutcome(TrialJobStatus.FAILED, exit_code, f"job {self.name} failed" + (f"; std_log: {tail}" if tail else ""))
+        return TrialOutcome(
+            TrialJobStatus.FAILED, exit_code, f"job {self.name} failed" + (f"; std_log: {tail}" if tail else "")
+        )
 
     def _unreachable(self, control: TrialControl, reason: str) -> None:
         now = time.monotonic()

@@ -38,12 +38,12 @@ class Azurite:
                 executable,
                 "--silent",
                 "--skipApiVersionCheck",  # the SDK may speak a newer storage API version than this Azurite knows
-                "--location", str(self.root / "data"),
-                "--blobHost", "127.0.0.1",
-                "--blobPort", str(self.port),
-                "--cert", str(self.cert),
-                "--key", str(self.key),
-            ],  # fmt: skip
+                f"--location={self.root / 'data'}",
+                "--blobHost=127.0.0.1",
+                f"--blobPort={self.port}",
+                f"--cert={self.cert}",
+                f"--key={self.key}",
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -57,6 +57,16 @@ class Azurite:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"azurite did not listen on port {self.port} within {START_TIMEOUT_S} s: {self.log_tail()}")
+
+    def _options(self) -> list[str]:
+        """--skipApiVersionCheck (above): the SDK may speak a newer storage API version than this Azurite knows."""
+        return [
+            f"--location={self.root / 'data'}",
+            "--blobHost=127.0.0.1",
+            f"--blobPort={self.port}",
+            f"--cert={self.cert}",
+            f"--key={self.key}",
+        ]
 
     @property
     def url(self) -> str:

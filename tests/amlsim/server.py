@@ -74,7 +74,11 @@ class ControlPlane:
             ("GET", re.compile(WORKSPACE + ASSET + "$"), ws.get_asset),
             ("PUT", re.compile(WORKSPACE + ASSET + "$"), ws.put_asset),
             ("GET", re.compile(WORKSPACE + ASSET + "/versions$"), ws.list_asset_versions),
-            ("POST", re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)/startPendingUpload$"), ws.pending_upload),
+            (
+                "POST",
+                re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)/startPendingUpload$"),
+                ws.pending_upload,
+            ),
             ("GET", re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)$"), ws.get_asset),
             ("PUT", re.compile(WORKSPACE + ASSET + "/versions/(?P<version>[^/]+)$"), ws.put_asset),
             ("GET", re.compile(WORKSPACE + "/computes/(?P<name>[^/]+)$"), ws.get_compute),
@@ -113,7 +117,12 @@ class ControlPlane:
         expires = time.time() + 3600
         self.tokens[token] = expires
         resource = request.query.get("resource", "")
-        return 200, {"access_token": token, "expires_on": str(int(expires)), "resource": resource, "token_type": "Bearer"}
+        return 200, {
+            "access_token": token,
+            "expires_on": str(int(expires)),
+            "resource": resource,
+            "token_type": "Bearer",
+        }
 
     def authenticate(self, request: Request) -> None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

@@ -190,7 +190,8 @@ class SimulatedWorkspace:
             found = [
                 asset
                 for (kind, name, version), asset in self.assets.items()
-                if (kind, name) == (match["kind"], match["name"]) and version is not None
+                if (kind, name) == (match["kind"], match["name"])
+                and version is not None
                 and (wanted is None or asset["properties"].get("properties", {}).get("hash_sha256") == wanted)
             ]
         return 200, {"value": found}
@@ -225,7 +226,8 @@ class SimulatedWorkspace:
             self.assets[key] = {
                 "id": self.arm_id(*parts),
                 "name": version or match["name"],
-                "type": f"Microsoft.MachineLearningServices/workspaces/{match['kind']}" + ("/versions" if version else ""),
+                "type": f"Microsoft.MachineLearningServices/workspaces/{match['kind']}"
+                + ("/versions" if version else ""),
                 "properties": {**body.get("properties", {}), "provisioningState": "Succeeded"},
                 "systemData": {"createdAt": _now(), "createdBy": "amlsim"},
             }
