@@ -160,3 +160,31 @@ def test_code_goes_up_once_a_failure_tells_its_stderr_and_no_secret_reaches_the_
     recorded = "\n".join(stored.event.model_dump_json() for stored in service.store.read() if hasattr(stored, "event"))
     told = processes.logs() + recorded
     assert not [secret for secret in secrets if secret in told]
+
+
+def test_release_and_clean_up_cancel_the_jobs_a_lost_worker_left_running(
+    aml, aml_workspace, processes: Processes, tmp_path: Path, client  # noqa: F811
+) -> None:
+    import signal
+
+    from core.assignments import load_assignment
+    from workers.aml import AmlPlatform
+
+    service = aml()
+    worker = AmlWorkers(processes, aml_workspace).start(args=("--concurrency", "2"))
+    gate = str(tmp_path / "never")
+    held = [service.submit_trial_job(form(i, started=str(tmp_path / f"started-{i}"), gate=gate)).id for i in range(2)]
+    for index in range(2):
+        wait_until((tmp_path / f"started-{index}").exists, 90, what=f"trial {index} to start")
+    worker.send_signal(signal.SIGKILL)  # its jobs run on in the workspace, followed by no one
+    worker.wait()
+    names = {job["properties"]["tags"]["nni.trial"]: name for name, job in list(aml_workspace.jobs.items())}
+    platform = AmlPlatform(Settings(), client)
+    try:
+        platform.release(load_assignment(client, AmlPlatform, service.experiment_id, held[0], 1))
+        wait_until(lambda: aml_workspace.job(names[held[0]])["properties"]["status"] == "Canceled", 30)
+        assert aml_workspace.job(names[held[1]])["properties"]["status"] == "Running"
+        platform.clean_up(service.experiment_id, AmlConfig.model_validate(aml_workspace.section()))
+        wait_until(lambda: aml_workspace.job(names[held[1]])["properties"]["status"] == "Canceled", 30)
+    finally:
+        platform.close()
