@@ -3,6 +3,7 @@ against the simulated workspace (tests/amlsim, Azurite behind its datastore): th
 before an experiment starts, job names, a job the compute has not started yet, a job canceled in the
 workspace, the code uploaded once, a failure's message and logs from std_log, and no secret in the log."""
 
+# ruff: noqa: F811  (the test functions take the aml_workspace fixture imported by name below)
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ def check(section: dict[str, Any], code_dir: Path) -> list[str]:
 
 
 @pytest.fixture
-def aml(make_service: ServiceFactory, code_dir: Path, aml_workspace):  # noqa: F811
+def aml(make_service: ServiceFactory, code_dir: Path, aml_workspace):
     """(**section) -> an experiment whose trials run GATED_TRIAL as jobs of the simulated workspace."""
     (code_dir / "trial.py").write_text(GATED_TRIAL)
 
@@ -83,7 +84,7 @@ def test_job_names_are_one_per_attempt_and_what_azure_ml_allows() -> None:
 def test_a_usable_workspace_passes_the_check_and_each_problem_is_one_line(
     aml_workspace,
     code_dir: Path,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     assert check(aml_workspace.section(), code_dir) == []
     (missing,) = check(aml_workspace.section(workspaceName="elsewhere"), code_dir)
@@ -101,7 +102,7 @@ def test_a_queued_job_keeps_its_trial_waiting_and_one_canceled_in_the_workspace_
     aml,
     aml_workspace,
     processes: Processes,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     service = aml()
     AmlWorkers(processes, aml_workspace).start()
@@ -128,7 +129,7 @@ def test_code_goes_up_once_a_failure_tells_its_stderr_and_no_secret_reaches_the_
     aml,
     aml_workspace,
     processes: Processes,
-    redis_url: str,  # noqa: F811
+    redis_url: str,
 ) -> None:
     from tests.amlsim.azurite import ACCOUNT_KEY
 
@@ -163,7 +164,7 @@ def test_code_goes_up_once_a_failure_tells_its_stderr_and_no_secret_reaches_the_
 
 
 def test_release_and_clean_up_cancel_the_jobs_a_lost_worker_left_running(
-    aml, aml_workspace, processes: Processes, tmp_path: Path, client  # noqa: F811
+    aml, aml_workspace, processes: Processes, tmp_path: Path, client
 ) -> None:
     import signal
 

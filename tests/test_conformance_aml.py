@@ -2,6 +2,7 @@
 each trial is a command job run by the real azure-ai-ml SDK, its std_log in Azurite; its trials outlive
 their worker (a lost worker's attempt is re-attached to its job)."""
 
+# ruff: noqa: F811  (the test functions take the aml_workspace fixture imported by name below)
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,6 @@ from tests.conformance import PlatformConformance, PlatformHarness
 
 class TestAmlConformance(PlatformConformance):
     @pytest.fixture
-    def harness(self, processes, aml_workspace) -> PlatformHarness:  # noqa: F811
+    def harness(self, processes, aml_workspace) -> PlatformHarness:
         section = aml_workspace.section(pollInterval=0.5)
         return PlatformHarness(platform_config=section, start_worker=AmlWorkers(processes, aml_workspace).start)
