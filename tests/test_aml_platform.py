@@ -125,7 +125,7 @@ def test_a_queued_job_keeps_its_trial_waiting_and_one_canceled_in_the_workspace_
     assert trial.message == f"job {name} was canceled in the workspace"
 
 
-def test_code_goes_up_once_a_failure_tells_its_stderr_and_no_secret_reaches_the_log(
+def test_one_code_asset_a_failure_tells_its_stderr_and_no_secret_reaches_the_log(
     aml,
     aml_workspace,
     processes: Processes,
@@ -143,8 +143,10 @@ def test_code_goes_up_once_a_failure_tells_its_stderr_and_no_secret_reaches_the_
     trial = wait_for_status(service, failing, "SUCCEEDED", "FAILED", timeout=90)
     assert trial.status is TrialJobStatus.FAILED and trial.exit_code == 3
     assert trial.message == "exit code 3; stderr: the last words"
-    uploads = [path for method, path in aml_workspace.api.requests if path.endswith("/startPendingUpload")]
-    assert len(uploads) == 1  # one code asset for the experiment, whichever worker ran which trial
+    versions = [key for key in aml_workspace.assets if key[0] == "codes" and key[2] is not None]
+    assert len(versions) == 1  # one code asset for the experiment, whichever worker ran which trial (or first)
+    (code,) = {job["properties"]["codeId"] for job in list(aml_workspace.jobs.values())}
+    assert code.endswith(f"/codes/{versions[0][1]}/versions/{versions[0][2]}")
 
     def logs(*extra: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(

@@ -111,7 +111,7 @@ def _credential(config: AmlConfig) -> TokenCredential:
     return DefaultAzureCredential()
 
 
-def ml_client(config: AmlConfig) -> MLClient:
+def ml_client(config: AmlConfig, credential: TokenCredential | None = None) -> MLClient:
     """A client of the workspace; no request is made until it is used."""
     from azure.ai.ml import MLClient
 
@@ -119,7 +119,11 @@ def ml_client(config: AmlConfig) -> MLClient:
     if config.cloud:
         options["cloud"] = config.cloud
     return MLClient(
-        _credential(config), config.subscription_id, config.resource_group, config.workspace_name, **options
+        credential or _credential(config),
+        config.subscription_id,
+        config.resource_group,
+        config.workspace_name,
+        **options,
     )
 
 
@@ -161,6 +165,7 @@ class _Workspace:
     """One workspace as this worker uses it: its client, and its default datastore's container (std_logs)."""
 
     client: MLClient
+    credential: TokenCredential  # the client's: for a datastore that takes the identity rather than a key
     container: Any = None  # azure.storage.blob.ContainerClient, made on first use
 
     def logs(self) -> Any:
@@ -174,7 +179,7 @@ class _Workspace:
             if secret:
                 credential = {"account_name": datastore.account_name, "account_key": secret}
             else:
-                credential = getattr(datastore.credentials, "sas_token", None) or self.client._credential
+                credential = getattr(datastore.credentials, "sas_token", None) or self.credential
             service = BlobServiceClient(account_url, credential=credential)
             self.container = service.get_container_client(datastore.container_name)
         return self.container
@@ -230,8 +235,15 @@ class AmlPlatform:
             shutil.copyfile(package.path, partial / "code-000")
             shutil.copyfile(pod_keeper.__file__, partial / "keeper.py")
             partial.rename(staged)
-        asset = Code(name=f"nni-{experiment_id}", version=package.sha256[:16], path=str(staged))
-        created = self._workspace(config).client._code.create_or_update(asset)
+        name, version = f"nni-{experiment_id}", package.sha256[:16]
+        codes = self._workspace(config).client._code
+        try:
+            created = codes.create_or_update(Code(name=name, version=version, path=str(staged)))
+        except Exception as error:  # another worker created this version first: its path is the asset's (immutable)
+            try:
+                created = codes.get(name, version)
+            except ResourceNotFoundError:
+                raise error from None
         self._codes[(workspace_key, experiment_id)] = str(created.id)
 
     def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
@@ -300,7 +312,8 @@ class AmlPlatform:
         with self._lock:
             workspace = self._workspaces.get(key)
             if workspace is None:
-                workspace = self._workspaces[key] = _Workspace(ml_client(config))
+                credential = _credential(config)
+                workspace = self._workspaces[key] = _Workspace(ml_client(config, credential), credential)
             return workspace
 
     def job_environment(self, trial: TrialAssignment) -> dict[str, str]:

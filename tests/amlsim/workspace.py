@@ -223,6 +223,9 @@ class SimulatedWorkspace:
         parts = [match["kind"], match["name"]] + (["versions", version] if version else [])
         with self.lock:
             created = key not in self.assets
+            path = (body.get("properties") or {}).get("codeUri")
+            if not created and version and path != self.assets[key]["properties"].get("codeUri"):
+                raise HttpError(400, "UserError", "Asset paths cannot be updated.")  # versions are immutable
             self.assets[key] = {
                 "id": self.arm_id(*parts),
                 "name": version or match["name"],
