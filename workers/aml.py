@@ -68,17 +68,12 @@ JOB_COMMAND = (
     f"python3 {pod_keeper.ARCHIVE_DIR}/keeper.py; status=$?; "
     'echo "trialstream: the trial exited with code $status"; exit $status'
 )
-WAITING_STATUSES = {"NotStarted", "Queued", "Preparing", "Provisioning", "Starting"}
-RUNNING_STATUSES = {"Running", "Finalizing", "CancelRequested", "NotResponding", "Paused", "Unknown"}
+WAITING_STATUSES = {"NotStarted", "Queued", "Preparing", "Provisioning", "Starting"}  # any other runs, till it ends
 ENDED_STATUSES = {"Completed", "Failed", "Canceled"}
 READ_BYTES = 1 << 20  # of std_log per read
 TAIL_BYTES = 2000  # of std_log told when a trial fails
 UNREACHABLE_AFTER_S = 10.0  # the workspace failing this long makes the trial UNKNOWN; one failed call does not
 LOG_DRAIN_S = 30.0  # how long an ended job's std_log is waited for (it is uploaded as the job ends)
-
-
-class WorkspaceError(Exception):
-    """The workspace cannot be reached or used as configured; says what to fix, in one line."""
 
 
 def job_name(trial: TrialAssignment) -> str:
