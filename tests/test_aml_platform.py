@@ -191,3 +191,42 @@ def test_release_and_clean_up_cancel_the_jobs_a_lost_worker_left_running(
         wait_until(lambda: aml_workspace.job(names[held[1]])["properties"]["status"] == "Canceled", 30)
     finally:
         platform.close()
+
+
+def test_metrics_are_read_once_across_a_killed_worker_from_the_committed_std_log_offset(
+    aml, aml_workspace, processes: Processes, tmp_path: Path
+) -> None:
+    import signal
+
+    from core import keys
+    from manager.projector import Projector
+    from schemas.events import TrialReattached
+    from tests.amlsim.compute import std_log_path
+    from tests.conformance import history
+
+    service = aml()
+    fast = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
+    workers = AmlWorkers(processes, aml_workspace)
+    victim = workers.start(env=fast)
+    gate = tmp_path / "gate"
+    trial_id = service.submit_trial_job(form(0, before=[0, 1], gate=str(gate), after=[2, 3])).id
+
+    def metrics() -> list[tuple[str, int]]:
+        Projector(service.store.client).catch_up(service.experiment_id)
+        return sorted((m.type, m.sequence) for m in service.views.metrics(trial_id))
+
+    wait_until(lambda: len(metrics()) == 2, 60, what="the metrics before the gate")
+    (name,) = list(aml_workspace.jobs)
+    std_log = aml_workspace.compute.blobs().get_blob_client(aml_workspace.container, std_log_path(name))
+    text = std_log.download_blob().readall()
+    after_second = text.index(b"\n", text.index(b'"sequence": 1')) + 1
+    committed = service.store.client.hget(keys.read_offsets(service.experiment_id, trial_id, 1), "std_log")
+    assert committed is not None and int(committed) == after_second  # where the next worker resumes reading
+    workers.start(env=fast)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    wait_until(lambda: any(isinstance(e, TrialReattached) for e in history(service, trial_id)), 60)
+    gate.touch()
+    assert wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60).status is TrialJobStatus.SUCCEEDED
+    assert metrics() == [("FINAL", 0), ("PERIODICAL", 0), ("PERIODICAL", 1), ("PERIODICAL", 2), ("PERIODICAL", 3)]
+    assert len(aml_workspace.jobs) == 1  # the same job, followed again
