@@ -23,6 +23,7 @@ BUILTIN_PLATFORMS = {
     "frameworkcontroller": "workers.frameworkcontroller:FrameworkControllerPlatform",
     "dlts": "workers.dlts:DltsPlatform",
     "openpai": "workers.openpai:OpenpaiPlatform",
+    "aml": "workers.aml:AmlPlatform",
 }
 
 

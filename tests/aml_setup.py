@@ -1,0 +1,46 @@
+"""What the aml platform's tests share: a simulated Azure ML workspace (tests/amlsim: the real azure-ai-ml
+SDK speaks to its control plane over HTTPS, Azurite is its blob store, its compute runs each job as a local
+process), the environment that points the SDK and DefaultAzureCredential at it, and workers for it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.amlsim import SimulatedWorkspace
+    from tests.conftest import Processes
+
+
+@pytest.fixture
+def aml_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatedWorkspace]:
+    """The workspace, its environment set in this process too (the platform's check() runs here)."""
+    pytest.importorskip("azure.ai.ml", reason="the aml platform needs azure-ai-ml: pip install .[aml]")
+    if shutil.which("azurite-blob") is None:
+        pytest.skip("Azurite is not installed: npm install -g azurite")
+    from tests.amlsim import SimulatedWorkspace
+
+    workspace = SimulatedWorkspace(tmp_path / "aml")
+    workspace.start()
+    for name, value in workspace.environment().items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield workspace
+    finally:
+        workspace.stop()
+
+
+class AmlWorkers:
+    """`trialstream worker --platform aml` processes that reach the simulated workspace."""
+
+    def __init__(self, processes: Processes, workspace: SimulatedWorkspace) -> None:
+        self.processes = processes
+        self.workspace = workspace
+
+    def start(self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        return self.processes.worker("aml", env={**self.workspace.environment(), **(env or {})}, args=args)

@@ -1,0 +1,7 @@
+"""A simulated Azure ML workspace for the aml platform's tests: a control plane speaking the REST API that
+azure-ai-ml calls (over HTTPS with a self-signed CA), Azurite as the workspace's blob store, and a compute
+that runs each command job as a local process, writing its std_log to Azurite."""
+
+from tests.amlsim.workspace import SimulatedWorkspace
+
+__all__ = ["SimulatedWorkspace"]
