@@ -17,7 +17,7 @@ from tests.amlsim.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from tests.amlsim.compute import Compute
 from tests.amlsim.proxy import ConnectProxy
 from tests.amlsim.server import ControlPlane, HttpError, Request, not_found
-from tests.amlsim.tls import make_certificate
+from tests.tls import make_self_signed
 
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000000a1"
 RESOURCE_GROUP = "nni-rg"
@@ -39,7 +39,7 @@ class SimulatedWorkspace:
         self.container = f"azureml-blobstore-{uuid.uuid4()}"
         self.workspace_id = str(uuid.uuid4())
         self.computes = {COMPUTE_TARGET}
-        self.ca, key = make_certificate(self.root / "pki", [f"*.blob.{STORAGE_SUFFIX}"])
+        self.ca, key = make_self_signed(self.root / "pki", "amlsim", (f"*.blob.{STORAGE_SUFFIX}",))
         self.azurite = Azurite(self.root / "azurite", self.ca, key)
         self.api = ControlPlane(self, self.ca, key)
         self.proxy: ConnectProxy | None = None

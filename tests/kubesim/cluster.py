@@ -22,8 +22,8 @@ from tests.kubesim.kubelet import Kubelet
 from tests.kubesim.resources import Registry, ResourceType
 from tests.kubesim.server import ApiServer, Token
 from tests.kubesim.store import Store
-from tests.kubesim.tls import make_self_signed
 from tests.kubesim.training_operator import TrainingOperator, admit
+from tests.tls import make_self_signed
 
 ADMIN_TOKEN = "sim-admin-token"
 
@@ -69,7 +69,7 @@ class SimulatedCluster:
                     "status": {"phase": "Active"},
                 },
             )
-        self._cert, self._key = make_self_signed(self.root / "pki")
+        self._cert, self._key = make_self_signed(self.root / "pki", "kubesim-apiserver")
         self.api = ApiServer(self, self._cert, self._key)
         self.api.tokens[ADMIN_TOKEN] = Token("kubernetes-admin", None)
         self.gc = GarbageCollector(self.store)

@@ -1,4 +1,5 @@
-"""One self-signed certificate, both the CA and the serving certificate of the control plane and Azurite."""
+"""A self-signed certificate for the simulators that speak HTTPS (tests/kubesim, tests/amlsim): one
+certificate that is both the CA a client is told to trust and the server's own."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
-def make_certificate(directory: Path, dns_names: list[str]) -> tuple[Path, Path]:
+def make_self_signed(directory: Path, common_name: str, dns_names: tuple[str, ...] = ()) -> tuple[Path, Path]:
     """Write ca.crt and server.key for 127.0.0.1, localhost and `dns_names` (wildcards allowed)."""
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "amlsim")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = dt.datetime.now(dt.UTC)
     names: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
     names += [x509.DNSName(dns) for dns in dns_names]
