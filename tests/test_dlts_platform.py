@@ -159,16 +159,22 @@ def test_a_job_is_nni_s_job_config_sent_with_query_auth_and_read_through_the_v2_
     assert all(query.get("email") == EMAIL and query.get("password") == password for *_, query in dlts_cluster.requests)
 
 
-def test_a_queued_job_is_waiting_and_runs_once_the_cluster_takes_it(
-    dlts,
-    dlts_cluster: DltsSimulator,
-    processes: Processes,
-) -> None:
+def queued_trial(dlts, dlts_cluster: DltsSimulator, processes: Processes) -> tuple[TrainingService, str]:
+    """A trial whose job the cluster holds in its queue (until `hold_queue(False)`)."""
     dlts_cluster.hold_queue(True)
     service = dlts()
     DltsWorkers(processes).start()
     trial_id = service.submit_trial_job(form(0)).id
     wait_until(lambda: dlts_cluster.job_named(job_name_of(service, trial_id)), 30, what="the job submitted")
+    return service, trial_id
+
+
+def test_a_queued_job_is_waiting_and_runs_once_the_cluster_takes_it(
+    dlts,
+    dlts_cluster: DltsSimulator,
+    processes: Processes,
+) -> None:
+    service, trial_id = queued_trial(dlts, dlts_cluster, processes)
     assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
     dlts_cluster.hold_queue(False)
     assert wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60).status is TrialJobStatus.SUCCEEDED
@@ -307,11 +313,7 @@ def test_clean_up_kills_the_experiment_s_queued_jobs_too(
     dlts_cluster: DltsSimulator,
     processes: Processes,
 ) -> None:
-    dlts_cluster.hold_queue(True)
-    service = dlts()
-    DltsWorkers(processes).start()
-    trial_id = service.submit_trial_job(form(0)).id
-    wait_until(lambda: dlts_cluster.job_named(job_name_of(service, trial_id)), 30, what="the job submitted")
+    service, trial_id = queued_trial(dlts, dlts_cluster, processes)
     service.clean_up()
     job = dlts_cluster.job_named(job_name_of(service, trial_id))
     assert job is not None
