@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from schemas.trial import MetricRecord
-from workers import metrics as metrics_module
+from workers import metric_framing
 from workers.metrics import (
     MAX_RECORD_BYTES,
     MetricFileReader,
@@ -244,7 +244,7 @@ def test_a_bogus_header_does_not_hold_back_the_records_that_follow_it_while_the_
 
 
 def test_a_header_longer_than_the_record_limit_is_rejected_at_once(trial: Trial, monkeypatch) -> None:
-    monkeypatch.setattr(metrics_module, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(metric_framing, "MAX_RECORD_BYTES", 1000)
     trial.write(b"ME999999" + b"x" * 100 + RECORDS[0])  # no newline yet: only the length can tell it is bogus
 
     metrics, problems = trial.read()

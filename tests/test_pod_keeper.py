@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,9 +14,11 @@ import tarfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.waiting import wait_until
 from workers import pod_keeper
-from workers.metrics import parse_stdout_line
+from workers.metrics import MetricRejected, parse_stdout_line
 
 TRIAL = """
 import json, os, sys, time
@@ -31,6 +32,9 @@ def to_file(kind, sequence, value):
         metrics.write(b"ME%06d" % len(data) + data)
 print("hello from", os.getcwd(), flush=True)
 to_file("PERIODICAL", 0, 0.5)
+if form["parameters"].get("bad"):  # bytes that are no record, between two that are
+    with open(os.path.join(sys_dir, ".nni", "metrics"), "ab") as metrics:
+        metrics.write(form["parameters"]["bad"].encode())
 to_file("REQUEST_PARAMETER", 0, "")
 to_file("FINAL", 0, {"default": 0.75, "params": form["parameters"]})
 if form["parameters"].get("hold"):
@@ -56,7 +60,8 @@ def pod(tmp_path: Path, parts: int = 3) -> Path:
     size = -(-len(blob) // parts)
     for index in range(parts):
         (archive / f"code-{index:03d}").write_bytes(blob[index * size : (index + 1) * size])
-    shutil.copy(pod_keeper.__file__, archive / "keeper.py")
+    for name, source in pod_keeper.keeper_files().items():
+        (archive / name).write_text(source)
     return work
 
 
@@ -71,7 +76,7 @@ def keeper(work: Path, **parameters: object) -> subprocess.Popen[bytes]:
         pod_keeper.COMMAND_VARIABLE: f"{sys.executable} trial.py",
     }
     return subprocess.Popen(
-        [sys.executable, f"{pod_keeper.ARCHIVE_DIR}/keeper.py"],
+        [sys.executable, f"{pod_keeper.ARCHIVE_DIR}/{pod_keeper.KEEPER}"],
         cwd=work,
         env=env,
         stdout=subprocess.PIPE,
@@ -108,3 +113,32 @@ def test_sigterm_is_passed_on_to_the_trial(tmp_path: Path) -> None:
     process.communicate(timeout=30)
     assert process.returncode == 128 + signal.SIGTERM
     assert (work / pod_keeper.TERMINATION_LOG).exists()
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ('MEabcdef{"type": "FINAL"}\n', "malformed metric record header b'MEabcdef'; skipped"),
+        ('ME000005{"type": "PERIODICAL", "sequence": 1}\n', "metric record length does not match its content; skipped"),
+    ],
+    ids=["non-digit length", "lying length"],
+)
+def test_a_bad_record_is_reported_and_the_records_after_it_still_come_out(
+    tmp_path: Path, bad: str, problem: str
+) -> None:
+    """Regression (issue 24 A5): the keeper trusted the length header. A non-digit one raised ValueError (the
+    keeper exited 1, the trial FAILED); a lying one stopped its reading for good (every later metric lost).
+    It now frames the file with the worker's own code: the bad bytes become one rejection, the rest is read."""
+    work = pod(tmp_path)
+    process = keeper(work, bad=bad)
+    out, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 0
+    metrics, rejected = [], []
+    for line in out.splitlines()[1:]:
+        try:
+            metrics.append(parse_stdout_line(line))
+        except MetricRejected as error:
+            rejected.append(str(error))
+    assert [(m.metric_type, m.sequence) for m in metrics if m] == [("PERIODICAL", 0), ("FINAL", 0)]
+    assert rejected == [problem]

@@ -89,11 +89,12 @@ p = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
 work = os.path.join(tempfile.gettempdir(), p["dir"])
 archive = os.path.join(work, "archive")
 os.makedirs(archive, exist_ok=True)
-open(os.path.join(archive, "keeper.py"), "w").write(p["keeper"])
+for name, source in p["keeper"].items():
+    open(os.path.join(archive, name), "w").write(source)
 open(os.path.join(archive, "code-000"), "wb").write(base64.b64decode(p["code"]))
 env = dict(os.environ)
 env.update(p["env"])
-keeper = subprocess.Popen([sys.executable, os.path.join(archive, "keeper.py")], cwd=work, env=env)
+keeper = subprocess.Popen([sys.executable, os.path.join(archive, p["run"])], cwd=work, env=env)
 def forward(signum, frame):
     try:
         keeper.send_signal(signum)
@@ -223,15 +224,22 @@ def work_dir_name(trial: TrialAssignment) -> str:
     return f"nni-{trial.experiment_id}-{trial.trial_id}-{trial.attempt}"
 
 
-def job_command(keeper: str, code: bytes, environment: Mapping[str, str], work_dir: str) -> str:
-    """The job's `cmd`: the bootstrap, and everything it unpacks, in one shell-safe argument."""
-    payload = {"keeper": keeper, "code": base64.b64encode(code).decode(), "env": dict(environment), "dir": work_dir}
+def job_command(code: bytes, environment: Mapping[str, str], work_dir: str) -> str:
+    """The job's `cmd`: the bootstrap, and everything it unpacks (the keeper's files, the code), in one
+    shell-safe argument."""
+    payload = {
+        "keeper": pod_keeper.keeper_files(),
+        "run": pod_keeper.KEEPER,
+        "code": base64.b64encode(code).decode(),
+        "env": dict(environment),
+        "dir": work_dir,
+    }
     packed = base64.b64encode(zlib.compress(json.dumps(payload).encode(), 9)).decode()
     return f"python3 -c {shlex.quote(BOOTSTRAP)} {packed}"
 
 
 def _code_problem(package: CodePackage) -> str | None:
-    size = len(job_command(_keeper_source(), package.path.read_bytes(), {}, "")) + COMMAND_MARGIN_BYTES
+    size = len(job_command(package.path.read_bytes(), {}, "")) + COMMAND_MARGIN_BYTES
     if size <= MAX_COMMAND_BYTES:
         return None
     return (
@@ -239,10 +247,6 @@ def _code_problem(package: CodePackage) -> str | None:
         f"environment value, at most {MAX_COMMAND_BYTES // 1024} KiB here: exclude data with .nniignore, or put it "
         "in the image"
     )
-
-
-def _keeper_source() -> str:
-    return Path(pod_keeper.__file__).read_text()
 
 
 def _cursor_offsets(cursor: str | None) -> dict[str, int] | None:
@@ -578,9 +582,7 @@ class DltsPlatform:
         environment = nni_environment({}, self.name, trial, paths, None)  # the keeper sets the paths it finds
         environment[pod_keeper.PARAMETERS_VARIABLE] = trial.form.hyper_parameters.value
         environment[pod_keeper.COMMAND_VARIABLE] = trial.launch.command
-        command = job_command(
-            _keeper_source(), self._packages[trial.experiment_id].path.read_bytes(), environment, work
-        )
+        command = job_command(self._packages[trial.experiment_id].path.read_bytes(), environment, work)
         return {
             "team": access.team,
             "vcName": access.team,

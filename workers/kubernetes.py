@@ -482,7 +482,7 @@ class KubernetesPlatform:
                     name=code_map_name(experiment_id, index), labels={"app": APP_LABEL, "expId": experiment_id}
                 ),
                 binary_data=data,
-                data={"keeper.py": Path(pod_keeper.__file__).read_text()} if index == 0 else None,
+                data=pod_keeper.keeper_files() if index == 0 else None,
             )
             try:
                 core.create_namespaced_config_map(config.namespace, body, _request_timeout=REQUEST_TIMEOUT)
@@ -620,7 +620,7 @@ class KubernetesPlatform:
                 {
                     "name": container,
                     "image": image,
-                    "command": ["python3", f"{pod_keeper.ARCHIVE_DIR}/keeper.py"],
+                    "command": ["python3", f"{pod_keeper.ARCHIVE_DIR}/{pod_keeper.KEEPER}"],
                     "workingDir": WORK_DIR,
                     # `$(NAME)` in a value is Kubernetes' variable reference: `$$` keeps a `$` as it is
                     "env": [{"name": key, "value": value.replace("$", "$$")} for key, value in environment.items()],

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from core.platform import ParsedMetric
+from workers.metric_framing import (
+    MAX_RECORD_BYTES,
+    READ_LIMIT_BYTES,
+    REJECTED_NOTICE,
+    Frame,
+    FramingProblem,
+    RecordTail,
+    split_records,
+)
 
-MAX_RECORD_BYTES = 1_000_000
-READ_LIMIT_BYTES = 4 * MAX_RECORD_BYTES  # what one read_new() reads at most
 STDOUT_PREFIX = b"NNISDK_ME"
-_HEADER = re.compile(rb"ME(\d{6})")
-_PARTIAL_HEADER = re.compile(rb"M(?:E\d{0,5})?\Z")
-_HEADER_LEN = 8
 _METRIC_TYPES = {"PERIODICAL", "FINAL", "REQUEST_PARAMETER"}
 
 
@@ -95,6 +98,8 @@ def parse_stdout_line(line: bytes) -> ParsedMetric | None:
     line = line.rstrip(b"\r\n")
     if not line.startswith(STDOUT_PREFIX):
         return None
+    if line.startswith(REJECTED_NOTICE):  # the pod keeper met bytes of the metrics file that are no record
+        raise MetricRejected(line[len(REJECTED_NOTICE) : len(REJECTED_NOTICE) + 200].decode(errors="replace"))
     if len(line) > MAX_RECORD_BYTES:
         raise MetricRejected(f"metric line of {len(line)} bytes exceeds the {MAX_RECORD_BYTES}-byte limit")
     literal = line[len(STDOUT_PREFIX) :]
@@ -116,76 +121,42 @@ def parse_stdout_line(line: bytes) -> ParsedMetric | None:
 
 
 class MetricFileReader:
-    """Tails a metrics file, returning whole records as they complete."""
+    """Tails a metrics file, returning whole records as they complete (framed by `metric_framing`)."""
 
     def __init__(self, path: Path, read_limit: int = READ_LIMIT_BYTES) -> None:
-        self.path = path
-        self.read_limit = read_limit
-        self.behind = False  # the last read stopped at read_limit: more is there already
-        self._offset = 0
-        self._buffer = b""
+        self._tail = RecordTail(path, read_limit)
+
+    @property
+    def path(self) -> Path:
+        return self._tail.path
+
+    @property
+    def behind(self) -> bool:
+        """The last read stopped at its limit: more is there already."""
+        return self._tail.behind
 
     def read_new(self, final: bool = False) -> tuple[list[ParsedMetric], list[str]]:
-        """Records completed since the last call, and the problems met; at most `read_limit` bytes
-        are read (`behind` then says to call again). `final`: the writer is gone, so a torn tail is
-        reported, once the file has been read to its end."""
-        try:
-            with self.path.open("rb") as file:
-                file.seek(self._offset)
-                chunk = file.read(self.read_limit)
-        except FileNotFoundError:
-            chunk = b""
-        self.behind = len(chunk) == self.read_limit
-        self._offset += len(chunk)
-        buffer = self._buffer + chunk if self._buffer else chunk
-        position, metrics, problems = parse_records(buffer, final and not self.behind)
-        self._buffer = buffer[position:]
-        return metrics, problems
+        """Records completed since the last call, and the problems met; see `RecordTail.read_new`."""
+        return parse_frames(self._tail.read_new(final))
 
 
 def parse_records(buffer: bytes, final: bool) -> tuple[int, list[ParsedMetric], list[str]]:
     """Parse whole records from `buffer`: (where the unparsed rest starts, metrics, problems). For
     readers of a metrics file held elsewhere (over SSH): they keep the rest and their offset."""
+    position, frames = split_records(buffer, final)
+    return (position, *parse_frames(frames))
+
+
+def parse_frames(frames: list[Frame]) -> tuple[list[ParsedMetric], list[str]]:
+    """The metrics in framed records, and every problem met (framing or content), in file order."""
     metrics: list[ParsedMetric] = []
     problems: list[str] = []
-    position = 0
-    size = len(buffer)
-    while position < size:
-        header = _HEADER.match(buffer, position)
-        if header is None:
-            rest = buffer[position : position + _HEADER_LEN]
-            if len(rest) < _HEADER_LEN and b"ME".startswith(rest[:2]) and not final:
-                break  # the start of a header; wait for the rest
-            problems.append(f"malformed metric record header {rest!r}; skipped")
-            position = _resync(buffer, position)
+    for frame in frames:
+        if isinstance(frame, FramingProblem):
+            problems.append(str(frame))
             continue
-        length = int(header.group(1))  # counts the record's closing newline
-        end = position + _HEADER_LEN + length
-        newline = buffer.find(b"\n", position + _HEADER_LEN, min(end, size))
-        if length > MAX_RECORD_BYTES + 1:
-            problems.append(f"metric record of {length - 1} bytes exceeds the {MAX_RECORD_BYTES}-byte limit; skipped")
-        elif newline != end - 1 and (newline != -1 or size >= end):  # its one newline is not its last byte
-            problems.append("metric record length does not match its content; skipped")
-        elif newline == -1:
-            if not final:
-                break
-            problems.append("metric record truncated at the end of the file; skipped")
-        else:
-            try:
-                metrics.append(parse_record(buffer[position + _HEADER_LEN : end - 1]))
-            except MetricRejected as error:
-                problems.append(str(error))
-            position = end
-            continue
-        position = _resync(buffer, position)
-    return position, metrics, problems
-
-
-def _resync(buffer: bytes, position: int) -> int:
-    """Where the next plausible record header starts after a bad one at `position`, keeping a header
-    still being written; the end of the buffer if there is none."""
-    following = _HEADER.search(buffer, position + 1)
-    if following:
-        return following.start()
-    partial = _PARTIAL_HEADER.search(buffer, max(position + 1, len(buffer) - _HEADER_LEN))
-    return partial.start() if partial else len(buffer)
+        try:
+            metrics.append(parse_record(frame))
+        except MetricRejected as error:
+            problems.append(str(error))
+    return metrics, problems

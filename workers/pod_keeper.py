@@ -8,7 +8,8 @@ Metrics the SDK appended to `$NNI_SYS_DIR/.nni/metrics` (NNI's file format) are 
 own output. Its exit code is the container's; when it fails, the end of its stderr goes to the
 container's termination message, from which the worker writes the trial's `message`.
 
-Standard library only, Python >= 3.8: it runs with whatever python3 the trial's image has.
+Standard library only, Python >= 3.8: it runs with whatever python3 the trial's image has. It is shipped
+with `workers/metric_framing.py` beside it (`keeper_files()`), so it frames the metrics file as a worker does.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import threading
 import time
 from pathlib import Path
 
+try:
+    from workers.metric_framing import REJECTED_NOTICE, FramingProblem, RecordTail
+except ImportError:  # in the pod: shipped beside this file (KEEPER_FILES)
+    from metric_framing import REJECTED_NOTICE, FramingProblem, RecordTail  # type: ignore[no-redef]
+
 ARCHIVE_DIR = "archive"  # the ConfigMaps' projected volume, under the working directory
 TERMINATION_LOG = "termination-log"  # the container's terminationMessagePath, under the working directory
 STORAGE_DIR = "storage"  # where the pod mounts the nfs storage, if the config has one
@@ -30,6 +36,16 @@ PARAMETERS_VARIABLE = "TRIAL_PARAMETER_CFG"
 COMMAND_VARIABLE = "TRIAL_COMMAND"
 STDERR_TAIL = 2000
 _out_lock = threading.Lock()
+
+
+KEEPER = "keeper.py"
+KEEPER_FILES = {KEEPER: "pod_keeper.py", "metric_framing.py": "metric_framing.py"}  # shipped name -> ours
+
+
+def keeper_files() -> dict[str, str]:
+    """What a pod or job is given to run the keeper: file name -> source, all in one directory."""
+    here = Path(__file__).resolve().parent
+    return {name: (here / source).read_text() for name, source in KEEPER_FILES.items()}
 
 
 def emit(line: bytes) -> None:
@@ -57,30 +73,22 @@ def unpack(work: Path) -> Path:
 
 
 class MetricFile:
-    """Follows NNI's metrics file (`ME` + 6-digit length + JSON + newline records), by offset."""
+    """Follows NNI's metrics file, framed as a worker frames it: each record becomes a metric line, each
+    framing problem a notice line the worker records as a rejected metric, and reading goes on past it."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
+        self.tail = RecordTail(path)
 
-    def forward(self) -> None:
-        try:
-            with self.path.open("rb") as file:
-                file.seek(self.offset)
-                data = file.read()
-        except FileNotFoundError:
-            return
-        position = 0
-        while len(data) - position >= 8 and data[position : position + 2] == b"ME":
-            size = int(data[position + 2 : position + 8])
-            end = position + 8 + size
-            if end > len(data):
-                break  # the rest of the record is not written yet
-            record = data[position + 8 : end].rstrip(b"\r\n")
-            if b'"REQUEST_PARAMETER"' not in record:
-                emit(b"NNISDK_MEb'" + record + b"'")
-            position = end
-        self.offset += position
+    def forward(self, final: bool = False) -> None:
+        """Everything completed since the last call; `final`: the trial has ended, read to the end."""
+        while True:
+            for frame in self.tail.read_new(final):
+                if isinstance(frame, FramingProblem):
+                    emit(REJECTED_NOTICE + frame.encode())
+                elif b'"REQUEST_PARAMETER"' not in frame:
+                    emit(b"NNISDK_MEb'" + frame.rstrip(b"\r") + b"'")
+            if not self.tail.behind:
+                return
 
 
 def copy_stdout(stream: object) -> None:
@@ -138,7 +146,7 @@ def main() -> int:
         time.sleep(0.2)
     for reader in readers:
         reader.join(timeout=10)  # a child the trial left behind may hold its pipes open
-    metrics.forward()
+    metrics.forward(final=True)
     if trial.returncode != 0:
         (work / TERMINATION_LOG).write_bytes(bytes(tail))
     return trial.returncode if trial.returncode >= 0 else 128 - trial.returncode
