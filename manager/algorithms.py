@@ -47,6 +47,9 @@ class Builtin:
     below: tuple[tuple[str, str], ...] = ()  # (distribution, version) it fails from, measured on NNI 3.0
     environment: dict[str, str] = field(default_factory=dict)  # set while its module is imported
     default_mode: str = "maximize"  # its optimize_mode when classArgs give none (NNI's class default)
+    # (classArg, folder): the class writes files where that classArg says, by default relative to the current
+    # directory; unless the user sets it, it is pointed at that folder of the experiment's directory
+    files_arg: tuple[str, str] | None = None
 
 
 def _nni(name: str, target: str, kind: Kind = "tuner", **extra: Any) -> Builtin:
@@ -110,7 +113,13 @@ BUILTINS: tuple[Builtin, ...] = (
             "Metis with old SciPy"
         ),
     ),
-    _nni("PBT", "pbt_tuner.PBTTuner", aliases=("PBTTuner",), validator="pbt_tuner.PBTClassArgsValidator"),
+    _nni(
+        "PBT",
+        "pbt_tuner.PBTTuner",
+        aliases=("PBTTuner",),
+        validator="pbt_tuner.PBTClassArgsValidator",
+        files_arg=("all_checkpoint_dir", "checkpoint"),
+    ),
     _nni(
         "DNGO",
         "dngo_tuner.DNGOTuner",
@@ -131,6 +140,7 @@ BUILTINS: tuple[Builtin, ...] = (
         pip="pip install nni torch 'numpy<2.4'",
         validator="networkmorphism_tuner.NetworkMorphismClassArgsValidator",
         own_space=True,
+        files_arg=("path", "model_path"),
         below=(("numpy", "2.4"),),
     ),
     _nni(
@@ -211,10 +221,11 @@ def find_builtin(name: str, role: Role) -> Builtin:
     raise AlgorithmError("name", f"unknown {role} {name!r}: supported {role}s are {', '.join(names(role))}")
 
 
-def resolve(section: AlgorithmConfig, role: Role, defaults: dict[str, Any] | None = None) -> Algorithm:
+def resolve(section: AlgorithmConfig, role: Role, files_dir: Path | None = None) -> Algorithm:
     """Import the section's class and check its classArgs, without building it.
 
-    `defaults` fill classArgs the user left out and the class takes (PBT's checkpoint directory)."""
+    `files_dir` (the experiment's directory) is where a built-in that writes files (PBT's checkpoints,
+    NetworkMorphism's models) writes them, unless its classArgs say otherwise: never the current directory."""
     args = section.class_args or {}
     if section.class_name is not None:
         cls = _custom_class(section.class_name, section.code_directory)
@@ -228,10 +239,9 @@ def resolve(section: AlgorithmConfig, role: Role, defaults: dict[str, Any] | Non
     _check_versions(builtin)
     checked = _checked_args(cls, args, builtin.fixed_args, builtin.name)
     _nni_validation(builtin, args)
-    accepted = _parameters(cls)
-    for key, value in (defaults or {}).items():
-        if key in accepted and checked.get(key) is None:
-            checked[key] = value
+    if builtin.files_arg and files_dir is not None and checked.get(builtin.files_arg[0]) is None:
+        argument, folder = builtin.files_arg
+        checked[argument] = str(files_dir / folder)
     space: Literal["standard", "nas"] = "nas" if builtin.nas else "standard"
     return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space, space, builtin.default_mode)
 

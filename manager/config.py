@@ -66,10 +66,9 @@ class ExperimentSpec:
             for path, value in secret_values(platform).items()
         }
 
-    def algorithms(self, checkpoint_dir: Path | None = None) -> tuple[Algorithm, Algorithm | None]:
-        """The tuner (or advisor) and the assessor, checked; PBT's checkpoints default to `checkpoint_dir`."""
-        defaults = {"all_checkpoint_dir": str(checkpoint_dir)} if checkpoint_dir else None
-        tuner = resolve(self.config.tuner_section, "tuner", defaults)
+    def algorithms(self, files_dir: Path | None = None) -> tuple[Algorithm, Algorithm | None]:
+        """The tuner (or advisor) and the assessor, checked; files they write go under `files_dir`."""
+        tuner = resolve(self.config.tuner_section, "tuner", files_dir)
         assessor = resolve(self.config.assessor, "assessor") if self.config.assessor else None
         return tuner, assessor
 

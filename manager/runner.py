@@ -194,7 +194,7 @@ class ExperimentRunner:
         self.service = TrainingService(client, rq_connection, experiment_id)
         self.experiment_dir = experiment_dir
         self.on_progress = on_progress
-        tuner, assessor = spec.algorithms(checkpoint_dir=experiment_dir / "checkpoint")
+        tuner, assessor = spec.algorithms(files_dir=experiment_dir)
         self.maximize = tuner.optimize_mode != "minimize"
         self.progress = Progress(
             experiment_id,

@@ -270,8 +270,13 @@ def test_bohb_hands_out_budgets_from_its_model(
 
 
 def test_network_morphism_defines_its_own_space_and_runs_without_one(
-    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis, monkeypatch
 ) -> None:
+    """Also a regression (issue 24 A8): its models went to `model_path/` in the current directory, and so
+    into the repository's top level from this test. They belong to the experiment, in its directory."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     trial = """
 import trialstream_sdk as nni
 graph = nni.get_next_parameter()
@@ -289,6 +294,9 @@ nni.report_final_result(0.5 if graph else 0.0)
     )
     assert statuses(result) == ["SUCCEEDED"] * 2
     assert all(trial.final_metric == 0.5 for trial in result.trials)  # each got a model description
+    assert list(elsewhere.iterdir()) == []
+    experiment_dir = tmp_path / "experiments" / result.experiment_id
+    assert sorted(path.name for path in (experiment_dir / "model_path").iterdir())[:2] == ["0.json", "1.json"]
 
 
 def test_curvefitting_judges_trials_from_their_learning_curves(
