@@ -214,6 +214,40 @@ def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: P
     assert password not in processes.logs()
 
 
+def test_the_config_cluster_metadata_cannot_be_put(processes: Processes, client: redis.Redis, tmp_path: Path) -> None:
+    """PUT cluster-metadata of `platform_config` or `trial_config` (issue 24, A7), valid or not, is refused
+    with the key and what to do instead: an SSH password sent there is in no answer, event or stream, and
+    the next trials run with the section the platform checked. Any other key is stored as before."""
+    password = "ssh-pa55-5e0c-do-not-leak"
+    url = processes.manager(env=NO_TOKEN)
+    api = f"{url}/api/v1"
+    created = httpx.post(f"{api}/experiments", json={"config": experiment_config(write_trial(tmp_path / "code"))})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    base = f"{api}/experiments/{experiment_id}/cluster-metadata"
+    platform_before = httpx.get(f"{base}/platform_config").json()
+    trial_before = httpx.get(f"{base}/trial_config").json()
+    machine = {"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": password}
+    for key, value in (
+        ("platform_config", {"platform": "remote", "machineList": [machine]}),
+        ("platform_config", {"platform": "remote", "machineList": [{**machine, "nosuchkey": 1}]}),
+        ("platform_config", {"platform": "nope"}),
+        ("trial_config", {"command": "id > pwned.txt", "codeDirectory": str(tmp_path)}),
+    ):
+        refused = httpx.put(f"{base}/{key}", json={"value": json.dumps(value)})
+        assert refused.status_code == 409, refused.text
+        assert f"{key!r}" in refused.json()["error"] and "create an experiment" in refused.json()["error"]
+        assert password not in refused.text
+    assert httpx.get(f"{base}/platform_config").json() == platform_before
+    assert httpx.get(f"{base}/trial_config").json() == trial_before
+    events = httpx.get(f"{api}/experiments/{experiment_id}/events", params={"limit": 10000})
+    assert events.status_code == 200 and password not in events.text and "pwned" not in events.text
+    stream = json.dumps(client.xrange(f"ts:exp:{experiment_id}:events"), default=str)
+    assert "ClusterMetadataSet" in stream and password not in stream and "pwned" not in stream
+    note = httpx.put(f"{base}/note", json={"value": "kept"})
+    assert note.status_code == 200 and httpx.get(f"{base}/note").json() == {"value": "kept"}
+
+
 @pytest.fixture
 def redis_with_password(tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
     server = RedisServer(tmp_path / "redis-data")

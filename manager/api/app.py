@@ -65,6 +65,7 @@ _ERRORS: dict[type[Exception], int] = {
     ExperimentNotRunning: 409,
     RunnerError: 409,
     MissingClusterMetadata: 409,
+    native.ClusterMetadataOfTheConfig: 409,
     UnicodeEncodeError: 422,  # a lone surrogate in a request's text (a search space, a form) reaching Redis
 }
 
