@@ -51,6 +51,13 @@ def test_an_empty_token_file_is_refused(processes: Processes, tmp_path: Path) ->
     assert code != 0 and f"--token-file {empty} is empty" in message, message
 
 
+def test_a_url_prefix_the_web_ui_would_misread_is_refused_at_start(processes: Processes) -> None:
+    """Every prefix routes (tests/test_api_nni.py); one NNI's web UI cannot read back from its page's path
+    (issue 24, A6; which ones: tests/test_api_nni.py) is refused with the reason."""
+    code, message = refused_start(processes, "--url-prefix", "oview/ui")
+    assert code != 0 and "--url-prefix oview/ui: " in message and "cutting the first '/oview'" in message, message
+
+
 @pytest.fixture
 def guarded(processes: Processes) -> str:
     """A manager bound to every address (allowed: it has a token), reached through loopback."""

@@ -128,7 +128,7 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
 async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
     """A malformed request: NNI's `{"error": ...}` on NNI's API (its UI shows `error`), FastAPI's detail elsewhere."""
     assert isinstance(error, RequestValidationError)
-    if "/api/v1/nni/" not in request.url.path:
+    if "/api/v1/nni/" not in route_path(request.scope):
         return await request_validation_exception_handler(request, error)
     first = error.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
@@ -138,7 +138,7 @@ async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
 async def _http_error(request: Request, error: Exception) -> Response:
     """Starlette's own refusals (a wrong method's 405): NNI's `{"error"}` on NNI's API, else FastAPI's."""
     assert isinstance(error, HTTPException)
-    if "/api/v1/nni/" not in request.url.path:
+    if "/api/v1/nni/" not in route_path(request.scope):
         return await http_exception_handler(request, error)
     return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
@@ -158,6 +158,14 @@ def served_under(app: ASGIApp, url_prefix: str) -> ASGIApp:
     """The application as the main port serves it: under NNI's optional `--url-prefix`. (nnictl's
     per-experiment ports serve it without: nnictl never applies the prefix.)"""
     return webui.UrlPrefix(app, url_prefix) if url_prefix else app
+
+
+def route_path(scope: Scope) -> str:
+    """The request's path below the `--url-prefix`: as ASGI has it, `path` is the whole path and `root_path`
+    the prefix it is served under (webui.UrlPrefix)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return (path[len(root) :] or "/") if root and path.startswith(root) else path
 
 
 def _handler(status: int) -> Any:
@@ -181,12 +189,13 @@ class TokenGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path = route_path(scope)
         if path.endswith("/login"):
             await self._login(scope, send)
             return
         if OPEN_UI_FILE.fullmatch(path):  # the same file under every experiment: no answer tells if one exists
-            await self.app({**scope, "path": "/manifest.json", "raw_path": b"/manifest.json"}, receive, send)
+            manifest = scope.get("root_path", "") + "/manifest.json"
+            await self.app({**scope, "path": manifest, "raw_path": manifest.encode()}, receive, send)
             return
         if path in OPEN_PATHS or self._presented(scope):
             await self.app(scope, receive, send)
@@ -209,7 +218,7 @@ class TokenGuard:
         if not hmac.compare_digest(token, self.token):
             await _send_json(send, 401, {"error": "wrong token"})
             return
-        target = scope.get("root_path", "") + scope["path"][: -len("login")] + "oview"  # under any url prefix
+        target = scope["path"][: -len("login")] + "oview"  # the whole path: under any url prefix
         # a path of this host, whatever the request's: `//evil.example/login` must not send the browser to
         # `//evil.example/oview` (nor `/\evil.example`, nor `/%09/evil.example`, which browsers read the same)
         target = "/" + quote(target, safe="/;:@!$&'()*+,=-._~").lstrip("/")

@@ -15,6 +15,7 @@ from core.connections import connect, redact_url
 from core.logs import configure_logging
 from core.settings import PREFIX, Settings
 from manager.api.app import ApiOptions, build_api, guarded, nnictl_api, served_under
+from manager.api.webui import url_prefix_problem
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.nnictl import NnictlBridge
@@ -64,8 +65,9 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         )
     url = required_url(settings)
     prefix = args.url_prefix.strip("/")
-    if "experiment" in prefix:
-        raise RunnerError("--url-prefix: NNI's web UI misreads a prefix containing 'experiment'; choose another")
+    prefix_problem = url_prefix_problem(prefix) if prefix else None
+    if prefix_problem is not None:
+        raise RunnerError(f"--url-prefix {prefix}: {prefix_problem}; choose another")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
     host = ManagerHost(connect(url), settings)
     options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin))
