@@ -15,6 +15,8 @@ from nni.experiment import TrialHyperParameters, TrialJob, TrialMetricData
 from nni.experiment.data import TrialResult
 from pydantic import ValidationError
 
+from core.settings import PREFIX
+from manager.api.webui import url_prefix_problem
 from schemas import nni_rest
 from schemas.trial import (
     ExperimentView,
@@ -24,7 +26,7 @@ from schemas.trial import (
     TrialJobDetail,
     TrialJobStatus,
 )
-from tests.conftest import Processes, ServiceFactory, form, metric
+from tests.conftest import Processes, ServiceFactory, form, free_port, metric
 from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until
 
@@ -377,6 +379,74 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     assert gone.status_code == 404 and "error" in gone.json()
     refused = httpx.post(f"{url}/api/v1/nni/trial-jobs", json={"x": 0.5})
     assert refused.status_code == 500 and "not running" in refused.json()["error"]
+
+
+def test_a_url_prefix_is_refused_only_where_the_web_ui_would_misread_it() -> None:
+    """NNI's UI takes its prefix to be the page's path with the first `/oview` or `/detail` cut out, and any
+    path holding `experiment` for its All experiments page: those prefixes, and characters a browser would
+    rewrite in the path, are refused at start (the start itself: tests/test_api_security.py)."""
+    for usable in ("nni", "api", "api/v1", "oview", "detail", "x/oview", "some/prefix", "a-b_c.d~e!$&'()*+,;=:@"):
+        assert url_prefix_problem(usable) is None, usable
+    for unusable, reason in (
+        ("oview/ui", "first '/oview'"),
+        ("oviewer", "first '/oview'"),
+        ("detail/x", "first '/detail'"),
+        ("myexperiments", "'experiment'"),
+        ("my ui", "ASCII letters"),
+        ("a//b", "none empty"),
+        ("a/../b", "'..'"),
+        ("%2e%2e", "ASCII letters"),
+        ("prefixé", "ASCII letters"),
+    ):
+        assert reason in (url_prefix_problem(unusable) or ""), unusable
+
+
+def test_any_url_prefix_routes_the_apis_the_ui_and_the_login(
+    processes: Processes, make_service: ServiceFactory
+) -> None:
+    """Issue 24, A6: a prefix that is also a path of the manager (`nni`, `api`, `api/v1`, `oview`) is taken off
+    once, so the REST calls under it answer JSON, not the UI's index.html; the UI, its manifest and the login's
+    redirect stay under it. Behind a token, as a prefixed manager usually is (a proxy in front)."""
+    experiment_id = make_service().experiment_id
+    token = "tok-prefix-0b1e"
+    bearer = {"Authorization": f"Bearer {token}"}
+    prefixes = ("nni", "api", "api/v1", "oview", "some/prefix")
+    urls = {prefix: f"http://127.0.0.1:{free_port()}" for prefix in prefixes}
+    for prefix, url in urls.items():  # started together, waited for together
+        port = url.rsplit(":", 1)[1]
+        processes.start("manager", "--port", port, "--url-prefix", prefix, env={f"{PREFIX}MANAGER_TOKEN": token})
+
+    def serving(url: str) -> bool:
+        """It answers, whatever the answer (what each prefix answers is checked next)."""
+        try:
+            httpx.get(url, timeout=2)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    wait_until(lambda: all(serving(f"{url}/{prefix}/") for prefix, url in urls.items()), 60, what="the managers")
+    for prefix, url in urls.items():
+        base = f"{url}/{prefix}"
+        health = httpx.get(f"{base}/api/v1/health")  # open: no token
+        assert health.headers["content-type"] == "application/json" and health.json()["status"] == "ok", prefix
+        native = httpx.get(f"{base}/api/v1/experiments/{experiment_id}", headers=bearer)
+        assert native.status_code == 200 and native.json()["id"] == experiment_id, (prefix, native.text[:80])
+        assert httpx.get(f"{base}/api/v1/nni/version", headers=bearer).text == "3.0.0", prefix
+        for nni_api in (f"{base}/api/v1/nni", f"{base}/nni/{experiment_id}/api/v1/nni"):
+            entry = httpx.get(f"{nni_api}/experiment-metadata", headers=bearer).json()
+            assert entry["id"] == experiment_id and entry["prefixUrl"] == f"{prefix}/nni/{experiment_id}", prefix
+            assert httpx.get(f"{nni_api}/trial-jobs", headers=bearer).json() == [], prefix
+        unknown = httpx.get(f"{base}/api/v1/nosuch", headers=bearer)
+        assert unknown.status_code == 404 and unknown.json() == {"error": "no such endpoint: /api/v1/nosuch"}, prefix
+        for page in (f"{base}/oview", f"{base}/nni/{experiment_id}/detail"):
+            assert '<div id="root">' in httpx.get(page, headers=bearer).text, page
+        assert "start_url" in httpx.get(f"{base}/manifest.json").json(), prefix  # open, as without a prefix
+        assert httpx.get(f"{base}/api/v1/experiments").status_code == 401, prefix
+        login = httpx.get(f"{base}/login", params={"token": token})
+        assert login.status_code == 303 and login.headers["location"] == f"/{prefix}/oview", prefix
+        assert httpx.get(f"{base}/api/v1/experiments", cookies=login.cookies).status_code == 200, prefix
+        outside = httpx.get(f"{url}/elsewhere/oview")
+        assert (outside.status_code, outside.text) == (404, f'Outside prefix "/{prefix}"'), prefix
 
 
 def test_hundreds_of_trials_listed_under_a_url_prefix(processes: Processes, make_service: ServiceFactory) -> None:

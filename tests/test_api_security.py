@@ -1,5 +1,6 @@
 """The manager's API guards, on real `trialstream manager` processes: no open network bind without a
-token, the token itself (header, login cookie, token file), body limits, CORS, and secrets (an SSH
+token, Host and Origin (DNS rebinding, other sites' pages), the token itself (header, login cookie, token
+file), body limits, CORS, what cluster metadata may be set, and secrets (an SSH
 password, the Redis password, the token) kept out of every answer, event and log line."""
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def test_an_empty_token_file_is_refused(processes: Processes, tmp_path: Path) ->
     empty.write_text("\n")
     code, message = refused_start(processes, "--host", "0.0.0.0", "--token-file", str(empty))
     assert code != 0 and f"--token-file {empty} is empty" in message, message
+
+
+def test_a_url_prefix_the_web_ui_would_misread_and_unsafe_host_or_origin_options_are_refused_at_start(
+    processes: Processes,
+) -> None:
+    """Every prefix routes (tests/test_api_nni.py); one NNI's web UI cannot read back from its page's path
+    (issue 24, A6; which ones: tests/test_api_nni.py) is refused with the reason; so are an --allowed-host
+    with a port and, with no token, `--cors-origin '*'` (every site's pages could drive the manager)."""
+    for arguments, reason in (
+        (("--url-prefix", "oview/ui"), "cutting the first '/oview'"),
+        (("--allowed-host", "proxy.example:8080"), "without a port"),
+        (("--cors-origin", "*"), "give it a token"),
+    ):
+        code, message = refused_start(processes, *arguments)
+        assert code != 0 and f"{arguments[0]} {arguments[1]}: " in message and reason in message, message
 
 
 @pytest.fixture
@@ -126,12 +142,14 @@ def test_bodies_over_the_limit_are_refused_whether_or_not_they_say_their_length(
 
 
 def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> None:
+    """Without --cors-origin another site's page is refused outright (the Origin rule), preflight or not."""
     origin = "http://ui.example"
     plain = processes.manager(env=NO_TOKEN)
     answer = httpx.get(f"{plain}/api/v1/experiments", headers={"Origin": origin})
-    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+    assert answer.status_code == 403 and "access-control-allow-origin" not in answer.headers
     preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
-    assert "access-control-allow-origin" not in httpx.options(f"{plain}/api/v1/experiments", headers=preflight).headers
+    refused = httpx.options(f"{plain}/api/v1/experiments", headers=preflight)
+    assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
 
     allowing = processes.manager("--cors-origin", origin, env=NO_TOKEN)
     answer = httpx.get(f"{allowing}/api/v1/experiments", headers={"Origin": origin})
@@ -139,7 +157,7 @@ def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> Non
     checked = httpx.options(f"{allowing}/api/v1/experiments", headers=preflight)
     assert checked.status_code == 200 and checked.headers["access-control-allow-origin"] == origin
     other = httpx.get(f"{allowing}/api/v1/experiments", headers={"Origin": "http://evil.example"})
-    assert "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
 def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes: Processes) -> None:
@@ -163,7 +181,7 @@ def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes
     refused = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin})  # the page can tell it needs the token
     assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
     other = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": "http://evil.example"})
-    assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
 def test_the_token_cookie_is_read_beside_another_apps_malformed_cookie(guarded: str) -> None:
@@ -212,6 +230,141 @@ def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: P
     assert password not in answer.text and "127.0.0.1" in answer.text  # it names the machine, not its password
     assert httpx.get(f"{url}/api/v1/experiments").json() == []
     assert password not in processes.logs()
+
+
+def test_the_config_cluster_metadata_cannot_be_put(processes: Processes, client: redis.Redis, tmp_path: Path) -> None:
+    """PUT cluster-metadata of `platform_config` or `trial_config` (issue 24, A7), valid or not, is refused
+    with the key and what to do instead: an SSH password sent there is in no answer, event or stream, and
+    the next trials run with the section the platform checked. Any other key is stored as before."""
+    password = "ssh-pa55-5e0c-do-not-leak"
+    url = processes.manager(env=NO_TOKEN)
+    api = f"{url}/api/v1"
+    created = httpx.post(f"{api}/experiments", json={"config": experiment_config(write_trial(tmp_path / "code"))})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    base = f"{api}/experiments/{experiment_id}/cluster-metadata"
+    platform_before = httpx.get(f"{base}/platform_config").json()
+    trial_before = httpx.get(f"{base}/trial_config").json()
+    machine = {"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": password}
+    for key, value in (
+        ("platform_config", {"platform": "remote", "machineList": [machine]}),
+        ("platform_config", {"platform": "remote", "machineList": [{**machine, "nosuchkey": 1}]}),
+        ("platform_config", {"platform": "nope"}),
+        ("trial_config", {"command": "id > pwned.txt", "codeDirectory": str(tmp_path)}),
+    ):
+        refused = httpx.put(f"{base}/{key}", json={"value": json.dumps(value)})
+        assert refused.status_code == 409, refused.text
+        assert f"{key!r}" in refused.json()["error"] and "create an experiment" in refused.json()["error"]
+        assert password not in refused.text
+    assert httpx.get(f"{base}/platform_config").json() == platform_before
+    assert httpx.get(f"{base}/trial_config").json() == trial_before
+    events = httpx.get(f"{api}/experiments/{experiment_id}/events", params={"limit": 10000})
+    assert events.status_code == 200 and password not in events.text and "pwned" not in events.text
+    stream = json.dumps(client.xrange(f"ts:exp:{experiment_id}:events"), default=str)
+    assert "ClusterMetadataSet" in stream and password not in stream and "pwned" not in stream
+    note = httpx.put(f"{base}/note", json={"value": "kept"})
+    assert note.status_code == 200 and httpx.get(f"{base}/note").json() == {"value": "kept"}
+
+
+def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: Processes, tmp_path: Path) -> None:
+    """DNS rebinding and cross-site requests against a manager with no token (issue 24, A4): a request whose
+    Host is not a loopback name (nor an --allowed-host), or whose Origin is not the manager's own, is
+    refused before it creates or changes anything, the event stream included. Its own pages still write."""
+    url = processes.manager(env=NO_TOKEN)
+    port = int(url.rsplit(":", 1)[1])
+    api = f"{url}/api/v1"
+    code = write_trial(tmp_path / "code")
+    created = httpx.post(f"{api}/experiments", json={"config": experiment_config(code, trials=2, concurrency=1)})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    attack = {"config": experiment_config(code, trials=1, trialCommand="id > pwned.txt")}
+    more = {"params": {"trialConcurrency": 50}}
+    rebound = {"Host": f"attacker.example:{port}"}
+    for headers, named in ((rebound, "Host"), ({"Origin": f"http://attacker.example:{port}"}, "Origin")):
+        answers = [
+            httpx.post(f"{api}/experiments", json=attack, headers=headers),
+            httpx.patch(f"{api}/experiments/{experiment_id}", json={"trialConcurrency": 50}, headers=headers),
+            httpx.put(f"{api}/nni/experiment?update_type=TRIAL_CONCURRENCY", json=more, headers=headers),
+            httpx.post(f"{api}/experiments/{experiment_id}/stop", headers=headers),
+            httpx.get(f"{api}/experiments", headers=headers),
+        ]
+        for answer in answers:
+            assert answer.status_code == 403 and answer.json()["error"].startswith(named), answer.text
+        with httpx.stream("GET", f"{api}/experiments/{experiment_id}/events/stream", headers=headers) as events:
+            assert events.status_code == 403
+    [state] = httpx.get(f"{api}/experiments").json()
+    assert state["id"] == experiment_id and state["status"] == "RUNNING" and state["config"]["trialConcurrency"] == 1
+
+    for host in (
+        "localhost",
+        f"localhost:{port}",
+        f"LocalHost.:{port}",
+        f"ui.localhost:{port}",
+        f"127.0.0.1:{port}",
+        f"127.8.9.10:{port}",
+        f"[::1]:{port}",
+    ):
+        assert httpx.get(f"{api}/experiments", headers={"Host": host}).status_code == 200, host
+    for host in (
+        "attacker.example",
+        f"127.0.0.1.attacker.example:{port}",
+        f"localhost.attacker.example:{port}",
+        f"0.0.0.0:{port}",
+        f"10.0.0.5:{port}",
+        f"attacker.example@localhost:{port}",
+        f"[::1:{port}",
+    ):
+        assert httpx.get(f"{api}/experiments", headers={"Host": host}).status_code == 403, host
+    own = {"Host": f"localhost:{port}"}
+    for origin in ("null", f"http://localhost:{port + 1}", f"http://127.0.0.1:{port}", "http://localhost"):
+        refused = httpx.post(f"{api}/experiments", json=attack, headers={**own, "Origin": origin})
+        assert refused.status_code == 403, origin
+    answer = httpx.post(
+        f"{api}/experiments", json={"config": {}}, headers={**own, "Origin": f"http://localhost:{port}"}
+    )
+    assert answer.status_code == 422, answer.text  # past the guard: an invalid config
+    assert [experiment["id"] for experiment in httpx.get(f"{api}/experiments").json()] == [experiment_id]
+    # what the web UI does: a write from its own page
+    page = {"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}"}
+    edited = httpx.put(
+        f"{api}/nni/experiment?update_type=TRIAL_CONCURRENCY", json={"params": {"trialConcurrency": 2}}, headers=page
+    )
+    assert edited.status_code == 200, edited.text
+    wait_until(
+        lambda: httpx.get(f"{api}/experiments/{experiment_id}").json()["config"]["trialConcurrency"] == 2,
+        10,
+        what="the edit",
+    )
+
+
+def test_an_allowed_host_is_answered_without_a_token(processes: Processes) -> None:
+    """`--allowed-host NAME` (a reverse proxy's name): its Host and its pages' Origin are answered too."""
+    url = processes.manager("--allowed-host", "Proxy.Example", env=NO_TOKEN)
+    api = f"{url}/api/v1"
+    for headers in ({"Host": "proxy.example"}, {"Host": "proxy.example:8443", "Origin": "https://proxy.example"}):
+        assert httpx.get(f"{api}/experiments", headers=headers).status_code == 200, headers
+    for headers in ({"Host": "other.example"}, {"Host": "proxy.example", "Origin": "https://other.example"}):
+        assert httpx.get(f"{api}/experiments", headers=headers).status_code == 403, headers
+
+
+def test_with_a_token_any_host_is_answered_but_not_another_pages_origin(guarded: str) -> None:
+    """With a token the Host is free (a rebinding page has no token), but a page of another origin is refused,
+    even one of the same site, to which the SameSite cookie is still sent (another port of the same host)."""
+    port = int(guarded.rsplit(":", 1)[1])
+    api = f"{guarded}/api/v1"
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{api}/experiments", headers={**bearer, "Host": f"ml.example:{port}"}).status_code == 200
+    assert httpx.get(f"{api}/experiments", headers={"Host": f"ml.example:{port}"}).status_code == 401
+    login = httpx.get(f"{guarded}/login", params={"token": TOKEN})
+    for origin in (f"http://127.0.0.1:{port + 1}", "http://evil.example", "null"):
+        with_cookie = httpx.post(
+            f"{api}/experiments", json={"config": {}}, headers={"Origin": origin}, cookies=login.cookies
+        )
+        with_bearer = httpx.post(f"{api}/experiments", json={"config": {}}, headers={"Origin": origin, **bearer})
+        assert with_cookie.status_code == with_bearer.status_code == 403, (origin, with_cookie.text)
+    own = {"Origin": f"http://127.0.0.1:{port}"}
+    answer = httpx.post(f"{api}/experiments", json={"config": {}}, headers=own, cookies=login.cookies)
+    assert answer.status_code == 422, answer.text  # past the guards: an invalid config
 
 
 @pytest.fixture

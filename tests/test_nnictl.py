@@ -137,6 +137,46 @@ def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Pr
     wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
 
 
+def test_an_experiments_own_port_answers_loopback_names_and_its_experiment_alone(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """Issue 24, A4: an experiment's nnictl port, which takes no token even when the main port has one, answers
+    as a port with no token does: only to a loopback Host (nnictl's `localhost:<port>`) and no other site's
+    Origin, so a rebinding page cannot edit the experiment; and it knows its own experiment alone."""
+    home, code = tmp_path / "home", write_trial(tmp_path / "code")
+    home.mkdir()
+    url = processes.manager("--nnictl-registry", env={"HOME": str(home), TOKEN_ENV: TOKEN})
+    http = httpx.Client(base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    config = experiment_config(code, trials=2, concurrency=1)
+    mine, other = (http.post("/experiments", json={"config": config}).json()["id"] for _ in range(2))
+    registry = home / "nni-experiments" / ".experiment"
+    wait_until(lambda: registry.exists() and {mine, other} <= set(json.loads(registry.read_text())), 30, what="entries")
+    port = json.loads(registry.read_text())[mine]["port"]
+    own = f"http://127.0.0.1:{port}/api/v1/nni"
+    nnictl_host = {"Host": f"localhost:{port}"}
+
+    listed = httpx.get(f"{own}/experiments-info", headers=nnictl_host)
+    assert [entry["id"] for entry in listed.json()] == [mine]
+    assert httpx.get(f"{own}/experiment", headers=nnictl_host).json()["id"] == mine
+    for path in (f"/nni/{other}/api/v1/nni/experiment", f"/nni/{other}/api/v1/nni/check-status"):
+        assert httpx.get(f"http://127.0.0.1:{port}{path}", headers=nnictl_host).status_code == 404, path
+
+    def concurrency() -> int:
+        return int(http.get(f"/experiments/{mine}").json()["config"]["trialConcurrency"])
+
+    def edit(trial_concurrency: int, headers: dict[str, str]) -> int:
+        """`nnictl update concurrency`'s request, with these headers: its status."""
+        body = {"params": {"trialConcurrency": trial_concurrency}}
+        return httpx.put(f"{own}/experiment?update_type=TRIAL_CONCURRENCY", json=body, headers=headers).status_code
+
+    for foreign in ({"Host": f"attacker.example:{port}"}, {**nnictl_host, "Origin": f"http://attacker.example:{port}"}):
+        assert edit(50, foreign) == 403, foreign
+        assert httpx.get(f"{own}/experiments-info", headers=foreign).status_code == 403, foreign
+    assert concurrency() == 1
+    assert edit(2, nnictl_host) == 200
+    wait_until(lambda: concurrency() == 2, 10, what="nnictl's edit")
+
+
 def test_the_registry_entry_turns_done_with_its_end_time(tmp_path: Path, processes: Processes) -> None:
     """An experiment that finishes under a running manager is DONE in nnictl's registry, with its end
     time (NNI's milliseconds), as NNI's manager leaves it; the manager's own answer agrees."""

@@ -1,20 +1,23 @@
-"""The ASGI application: routers, and what guards every request (token, body size, CORS, errors).
+"""The ASGI application: routers, and what guards every request (Host and Origin, token, body size, CORS,
+errors).
 
 The guards are plain ASGI middleware, in front of FastAPI: a refused request costs no routing, and a
 streamed answer (100,000 trials) passes through untouched. `build_api` makes the routes; `guarded` is
-what the main port serves (CORS, then the token, then the body limit); `body_limited` is what nnictl's
-per-experiment loopback ports serve (nnictl sends no token and no Origin).
+what the main port serves (Host and Origin, CORS, the token, the body limit); `nnictl_api` is what
+nnictl's per-experiment loopback ports serve (Host and Origin as on a port with no token, the body limit:
+nnictl sends no token).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, unquote_to_bytes
 
 import anyio.to_thread
@@ -51,6 +54,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 class ApiOptions:
     token: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # names answered besides loopback ones (a reverse proxy's), and their pages
     max_body_bytes: int = MAX_BODY_BYTES
     max_upload_bytes: int = MAX_ARCHIVE_BYTES  # the largest code archive the CLI makes (NNI's limits, gzipped)
 
@@ -65,6 +69,7 @@ _ERRORS: dict[type[Exception], int] = {
     ExperimentNotRunning: 409,
     RunnerError: 409,
     MissingClusterMetadata: 409,
+    native.ClusterMetadataOfTheConfig: 409,
     UnicodeEncodeError: 422,  # a lone surrogate in a request's text (a search space, a form) reaching Redis
 }
 
@@ -84,10 +89,11 @@ def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
 
 def nnictl_api(host: ManagerHost, options: ApiOptions) -> ASGIApp:
     """What nnictl's per-experiment 127.0.0.1 ports serve: NNI's REST API alone, behind the body limits
-    but no token (nnictl sends none). Nothing else of the manager is reachable there."""
+    but no token (nnictl sends none), so behind the Host and Origin rule of a port with no token (nnictl
+    sends `Host: localhost:<port>` and no Origin). Nothing else of the manager is reachable there."""
     api = _api(host, options)
     api.include_router(nni.router, prefix="/api/v1/nni")
-    return body_limited(api, options)
+    return HostOriginGuard(body_limited(api, options), loopback_only=True, allowed_hosts=options.allowed_hosts)
 
 
 def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
@@ -127,7 +133,7 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
 async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
     """A malformed request: NNI's `{"error": ...}` on NNI's API (its UI shows `error`), FastAPI's detail elsewhere."""
     assert isinstance(error, RequestValidationError)
-    if "/api/v1/nni/" not in request.url.path:
+    if "/api/v1/nni/" not in route_path(request.scope):
         return await request_validation_exception_handler(request, error)
     first = error.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
@@ -137,20 +143,26 @@ async def _invalid_request(request: Request, error: Exception) -> JSONResponse:
 async def _http_error(request: Request, error: Exception) -> Response:
     """Starlette's own refusals (a wrong method's 405): NNI's `{"error"}` on NNI's API, else FastAPI's."""
     assert isinstance(error, HTTPException)
-    if "/api/v1/nni/" not in request.url.path:
+    if "/api/v1/nni/" not in route_path(request.scope):
         return await http_exception_handler(request, error)
     return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
 def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:
-    """The API as the main port serves it. CORS is outermost: a browser's preflight never carries the
-    token, so it is answered before the token is asked for, and a 401 still says which origin may read it."""
+    """The API as the main port serves it. Host and Origin are checked first; then CORS: a browser's
+    preflight never carries the token, so it is answered before the token is asked for, and a 401 still
+    says which origin may read it."""
     app = body_limited(api, options)
     if options.token is not None:
         app = TokenGuard(app, options.token)
     if options.cors_origins:
         app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
-    return app
+    return HostOriginGuard(
+        app,
+        loopback_only=options.token is None,
+        allowed_hosts=options.allowed_hosts,
+        allowed_origins=options.cors_origins,
+    )
 
 
 def served_under(app: ASGIApp, url_prefix: str) -> ASGIApp:
@@ -159,12 +171,145 @@ def served_under(app: ASGIApp, url_prefix: str) -> ASGIApp:
     return webui.UrlPrefix(app, url_prefix) if url_prefix else app
 
 
+def route_path(scope: Scope) -> str:
+    """The request's path below the `--url-prefix`: as ASGI has it, `path` is the whole path and `root_path`
+    the prefix it is served under (webui.UrlPrefix)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return (path[len(root) :] or "/") if root and path.startswith(root) else path
+
+
 def _handler(status: int) -> Any:
     async def handle(request: Request, error: Exception) -> JSONResponse:
         message = str(error) if not isinstance(error, ValidationError) else error.errors()[0]["msg"]
         return JSONResponse({"error": message}, status_code=status)
 
     return handle
+
+
+class HostOriginGuard:
+    """What a web page the user opens must not do: reach the manager by rebinding its own name to this
+    machine's address (DNS rebinding), or send requests from another site (CSRF, websocket hijacking).
+
+    Host: a port with no token (the main port without one, and always nnictl's ports) answers only to
+    loopback names (`localhost`, `*.localhost`, 127.0.0.0/8, `[::1]`, any port) and `--allowed-host`
+    names: a rebinding page's requests carry its own name, which no other check can tell from ours.
+    With a token any Host is answered: a rebinding page has neither the header nor the cookie, which
+    its browser keeps for our name.
+
+    Origin: a request that carries one (browsers send it on every cross-origin request, every write and
+    every websocket) is answered only when it is this manager's own origin (the host and port of its
+    Host), a `--cors-origin`, or of an `--allowed-host` name. With a token too: the cookie is SameSite=Strict,
+    but a page of the same site (another port of localhost, a sibling subdomain) still gets it sent, and
+    clients that send the token themselves (scripts, nnictl, NNI's client) send no Origin at all."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        loopback_only: bool,
+        allowed_hosts: tuple[str, ...] = (),
+        allowed_origins: tuple[str, ...] = (),
+    ) -> None:
+        self.app = app
+        self.loopback_only = loopback_only
+        self.allowed_hosts = frozenset(_host_name(name) for name in allowed_hosts)
+        self.allowed_origins = frozenset(allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        problem = self._problem(scope.get("headers", []))
+        if problem is not None:
+            await _refuse(scope, send, 403, problem)
+            return
+        await self.app(scope, receive, send)
+
+    def _problem(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        hosts = [value.decode("latin-1") for name, value in headers if name == b"host"]
+        origins = [value.decode("latin-1") for name, value in headers if name == b"origin"]
+        if len(hosts) > 1 or len(origins) > 1:
+            return "more than one Host or Origin header"
+        host = _authority(hosts[0]) if hosts else None  # no Host at all (HTTP/1.0): no browser's request
+        if hosts and host is None:
+            return f"Host {hosts[0][:100]!r} is not a host name or address"
+        if self.loopback_only and host is not None and not self._trusted_name(host.name):
+            return (
+                f"Host {hosts[0][:100]!r} refused: with no token, only loopback names (localhost, 127.0.0.1, "
+                "[::1]) and --allowed-host names are answered, so that no web page can reach this manager by "
+                "rebinding its own name to this machine; open it as http://localhost:<port>, or start it with "
+                "--allowed-host NAME"
+            )
+        if origins and not self._trusted_origin(origins[0], host):
+            return (
+                f"Origin {origins[0][:100]!r} refused: only pages of this manager's own address (or a "
+                "--cors-origin of its main port) may send it requests"
+            )
+        return None
+
+    def _trusted_name(self, name: str) -> bool:
+        return name in self.allowed_hosts or _is_loopback_name(name)
+
+    def _trusted_origin(self, origin: str, host: _Authority | None) -> bool:
+        if origin in self.allowed_origins or "*" in self.allowed_origins:  # `--cors-origin '*'` needs a token
+            return True
+        match = _ORIGIN.fullmatch(origin)  # `null` (a sandboxed or local page) never matches
+        authority = _authority(match["authority"]) if match is not None else None
+        if match is None or authority is None:
+            return False
+        if authority.name in self.allowed_hosts:
+            return True
+        if host is None or authority.name != host.name:
+            return False
+        default_port = _DEFAULT_PORTS.get(match["scheme"].lower())  # a Host without a port: the page's scheme's
+        return (authority.port or default_port) == (host.port or default_port)
+
+
+_AUTHORITY = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?")
+_ORIGIN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#@]+)")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class _Authority(NamedTuple):
+    name: str  # lower-case, without IPv6 brackets or the root's trailing dot
+    port: int | None
+
+
+def _authority(text: str) -> _Authority | None:
+    """`host[:port]` of a Host header or an origin: the host name, lower-case, and the port if given; None
+    if it is no such thing (a user part, a path, an unbracketed IPv6 address)."""
+    match = _AUTHORITY.fullmatch(text)
+    if match is None:
+        return None
+    port = int(match["port"]) if match["port"] else None
+    return _Authority(_host_name(match["ipv6"] or match["name"]), port)
+
+
+def allowed_host_problem(name: str) -> str | None:
+    """Why `name` cannot be an `--allowed-host`, or None."""
+    authority = _authority(name)
+    if authority is None or authority.port is not None:
+        return "a host name or address without a port (proxy.example, 10.0.0.5, [fd00::5])"
+    return None
+
+
+def _host_name(name: str) -> str:
+    """A host name as compared: lower-case, without IPv6 brackets or the root's trailing dot."""
+    return name.strip("[]").lower().removesuffix(".")
+
+
+def _is_loopback_name(name: str) -> bool:
+    """`localhost`, a name under `.localhost` (RFC 6761: browsers resolve it to loopback themselves), or
+    an address of 127.0.0.0/8 or ::1 (an IPv4-mapped one too)."""
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 class TokenGuard:
@@ -180,17 +325,18 @@ class TokenGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path = route_path(scope)
         if path.endswith("/login"):
             await self._login(scope, send)
             return
         if OPEN_UI_FILE.fullmatch(path):  # the same file under every experiment: no answer tells if one exists
-            await self.app({**scope, "path": "/manifest.json", "raw_path": b"/manifest.json"}, receive, send)
+            manifest = scope.get("root_path", "") + "/manifest.json"
+            await self.app({**scope, "path": manifest, "raw_path": manifest.encode()}, receive, send)
             return
         if path in OPEN_PATHS or self._presented(scope):
             await self.app(scope, receive, send)
             return
-        await _send_json(send, 401, {"error": "a bearer token is required"}, ((b"www-authenticate", b"Bearer"),))
+        await _refuse(scope, send, 401, "a bearer token is required", ((b"www-authenticate", b"Bearer"),))
 
     def _presented(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers", []))
@@ -206,9 +352,9 @@ class TokenGuard:
         """Set the token cookie and go to the web UI: a user opens `<manager>/login?token=...` once."""
         token = _query_parameter(scope.get("query_string", b""), b"token")
         if not hmac.compare_digest(token, self.token):
-            await _send_json(send, 401, {"error": "wrong token"})
+            await _refuse(scope, send, 401, "wrong token")
             return
-        target = scope.get("root_path", "") + scope["path"][: -len("login")] + "oview"  # under any url prefix
+        target = scope["path"][: -len("login")] + "oview"  # the whole path: under any url prefix
         # a path of this host, whatever the request's: `//evil.example/login` must not send the browser to
         # `//evil.example/oview` (nor `/\evil.example`, nor `/%09/evil.example`, which browsers read the same)
         target = "/" + quote(target, safe="/;:@!$&'()*+,=-._~").lstrip("/")
@@ -277,6 +423,17 @@ class BodyLimit:
         except Exception:
             if not refused:
                 raise  # a refused body's aftermath (a client-disconnect error) is no error of the app's
+
+
+async def _refuse(
+    scope: Scope, send: Send, status: int, error: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """A guard's refusal: `{"error": ...}` with the status, or, to a websocket, a close before it was
+    accepted (the server answers its handshake 403)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await _send_json(send, status, {"error": error}, headers)
 
 
 async def _send_json(

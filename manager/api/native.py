@@ -54,7 +54,7 @@ from schemas.api import (
     TrialPage,
 )
 from schemas.config import ConfigError, ExperimentConfig
-from schemas.events import ExperimentChanges
+from schemas.events import PLATFORM_CONFIG, TRIAL_CONFIG, ExperimentChanges
 from schemas.trial import JobApplicationForm, TrialJobDetail, TrialJobStatus
 
 router = APIRouter(prefix="/api/v1")
@@ -456,10 +456,30 @@ def get_cluster_metadata(experiment_id: Experiment, key: str, host: Host) -> Clu
     return ClusterMetadataValue(value=host.service(experiment_id).get_cluster_metadata(key))
 
 
-@router.put("/experiments/{experiment_id}/cluster-metadata/{key}", response_model=ClusterMetadataValue)
+class ClusterMetadataOfTheConfig(ValueError):
+    """A PUT of the cluster metadata the experiment's config sets at creation (409)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"cluster metadata {key!r} is set from the experiment's config when it is created (its trainingService "
+            "checked by the platform, its secrets kept out of the log) and cannot be set on its own: to run trials "
+            "another way, create an experiment with that config (POST /api/v1/experiments, or `trialstream run`)"
+        )
+
+
+@router.put(
+    "/experiments/{experiment_id}/cluster-metadata/{key}", response_model=ClusterMetadataValue, responses={409: {}}
+)
 def set_cluster_metadata(
     experiment_id: Experiment, key: str, value: ClusterMetadataValue, host: Host
 ) -> ClusterMetadataValue:
+    """Any key but `trial_config` and `platform_config`, which are the experiment's config. Stored as sent, a
+    section would pass no platform check and land in the log unmasked; checked and masked as at creation, it
+    would still not be safe: the secrets are kept beside the log by path for the trainingService the
+    experiment was created with, which the trials submitted so far (their retries, re-attachments) and a
+    resume (its spec, its platform check) go on using, and another section's secrets would reach them."""
+    if key in (TRIAL_CONFIG, PLATFORM_CONFIG):
+        raise ClusterMetadataOfTheConfig(key)
     host.service(experiment_id).set_cluster_metadata(key, value.value)
     return value
 

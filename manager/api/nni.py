@@ -166,9 +166,11 @@ def experiment_metadata(experiment_id: NniExperiment, host: Host, request: Reque
 
 @router.get("/experiments-info")
 def experiments_info(host: Host, request: Request) -> Response:
-    """Every experiment in Redis, each reachable at `<prefix>/nni/<id>` on this manager."""
+    """Every experiment in Redis, each reachable at `<prefix>/nni/<id>` on this manager; on a port pinned to
+    one experiment (nnictl's), that one alone: nothing else is reachable there."""
+    pinned = request.scope.get(PINNED_EXPERIMENT)
     entries = []
-    for experiment_id in host.experiment_ids():
+    for experiment_id in [str(pinned)] if pinned is not None else host.experiment_ids():
         try:
             entries.append(_metadata(request, host, experiment_id).wire())
         except LookupError:  # deleted meanwhile, or no ExperimentCreated: nothing to show

@@ -4,12 +4,14 @@ The router is mounted at the root (the default experiment) and at `/nni/{experim
 UI derives its API base from the page's path (`<prefix>/api/v1/nni`), so each experiment is a prefix. As
 NNI's Express server does: a file of the build if there is one, else `index.html` (the UI's own routes
 `/oview`, `/detail`, `/experiment`); `/logs/<file>` are the experiment's `<working directory>/log/` files.
-`UrlPrefix` is NNI's `--url-prefix`: everything under `/<prefix>`, a 404 outside it.
+`UrlPrefix` is NNI's `--url-prefix`: everything under `/<prefix>`, a 404 outside it; `url_prefix_problem`
+says why a prefix cannot work (the UI reads its prefix back from the page's path).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated
@@ -72,9 +74,33 @@ def web_ui(path: str, _experiment: Annotated[str | None, Depends(_experiment_if_
     return FileResponse(root / "index.html", media_type="text/html; charset=utf-8")
 
 
+UI_ROUTES = ("/oview", "/detail", "/experiment")  # the UI's pages: it takes its prefix to be the path before one
+_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@-]+")  # what a path keeps as it is (no %-escapes)
+
+
+def url_prefix_problem(prefix: str) -> str | None:
+    """Why NNI's web UI cannot work under `prefix` (given without its outer slashes), or None. The routes
+    take any prefix; the UI finds its own from `location.pathname` as NNI's `getPrefix` does: cut the
+    first occurrence of its page's route (`.replace`), and any path holding `experiment` is its All
+    experiments page."""
+    segments = prefix.split("/")
+    if not all(_PREFIX_SEGMENT.fullmatch(segment) and segment not in (".", "..") for segment in segments):
+        return (
+            "path segments of ASCII letters, digits and -._~!$&'()*+,;=:@ only, none empty, '.' or '..' "
+            "(a browser rewrites or escapes anything else in the page's path)"
+        )
+    if "experiment" in prefix:
+        return "NNI's web UI takes any path containing 'experiment' for its All experiments page"
+    for route in UI_ROUTES:
+        if ("/" + prefix + route).replace(route, "", 1) != "/" + prefix:
+            return f"NNI's web UI finds its prefix by cutting the first {route!r} out of the page's path"
+    return None
+
+
 class UrlPrefix:
-    """NNI's `--url-prefix P`: requests under `/P` go on with `/P` taken off their path; any other path is
-    a 404 saying so, as NNI answers (`Outside prefix "/P"`)."""
+    """NNI's `--url-prefix P`: a request under `/P` goes on with `/P` as its `root_path` (its `path` whole,
+    as ASGI has it: the routes match what follows the root path); any other path is a 404 saying so, as
+    NNI answers (`Outside prefix "/P"`)."""
 
     def __init__(self, app: ASGIApp, prefix: str) -> None:
         self.app = app
@@ -86,14 +112,6 @@ class UrlPrefix:
             return
         path: str = scope["path"]
         if path == self.prefix or path.startswith(self.prefix + "/"):
-            inner = {
-                **scope,
-                "path": path[len(self.prefix) :] or "/",
-                "root_path": scope.get("root_path", "") + self.prefix,
-            }
-            raw_path = scope.get("raw_path")
-            if raw_path is not None and raw_path.startswith(self.prefix.encode()):
-                inner["raw_path"] = raw_path[len(self.prefix) :] or b"/"
-            await self.app(inner, receive, send)
+            await self.app({**scope, "root_path": scope.get("root_path", "") + self.prefix}, receive, send)
             return
         await PlainTextResponse(f'Outside prefix "{self.prefix}"', status_code=404)(scope, receive, send)

@@ -14,7 +14,8 @@ import uvicorn
 from core.connections import connect, redact_url
 from core.logs import configure_logging
 from core.settings import PREFIX, Settings
-from manager.api.app import ApiOptions, build_api, guarded, nnictl_api, served_under
+from manager.api.app import ApiOptions, allowed_host_problem, build_api, guarded, nnictl_api, served_under
+from manager.api.webui import url_prefix_problem
 from manager.cli.access import required_url
 from manager.host import ManagerHost, OnExit
 from manager.nnictl import NnictlBridge
@@ -32,13 +33,22 @@ def register(commands: argparse._SubParsersAction) -> None:
         "manager",
         help="serve the API and NNI's web UI, project, and run experiments submitted to it",
         description="Bound to loopback it needs no token; any other address needs one "
-        f"(${TOKEN_ENV} or --token-file), sent as `Authorization: Bearer <token>`.",
+        f"(${TOKEN_ENV} or --token-file), sent as `Authorization: Bearer <token>`. With no token it answers "
+        "only requests whose Host is a loopback name (localhost, 127.0.0.1, [::1]) or an --allowed-host; "
+        "with or without one, a request whose Origin is another site's is refused.",
     )
     manager.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     manager.add_argument("--port", type=int, default=8080, help="port (default: 8080, as nnictl's)")
     manager.add_argument("--url-prefix", default="", help="serve everything under /PREFIX, as NNI's --url-prefix")
     manager.add_argument("--token-file", type=Path, help=f"a file holding the bearer token (else ${TOKEN_ENV})")
     manager.add_argument("--cors-origin", action="append", default=[], help="allow this origin (CORS is off without)")
+    manager.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer requests for this host name too (a reverse proxy's), and pages of it",
+    )
     manager.add_argument(
         "--nnictl-registry",
         action="store_true",
@@ -62,13 +72,23 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
             f"--host {args.host} is not a loopback address: the API would be open to the network. "
             f"Give it a token (${TOKEN_ENV}, or --token-file FILE), or bind 127.0.0.1"
         )
+    if token is None and "*" in args.cors_origin:
+        raise RunnerError(
+            "--cors-origin *: every site's pages could send this manager requests; give it a token "
+            f"(${TOKEN_ENV}, or --token-file FILE), or name the origins"
+        )
     url = required_url(settings)
     prefix = args.url_prefix.strip("/")
-    if "experiment" in prefix:
-        raise RunnerError("--url-prefix: NNI's web UI misreads a prefix containing 'experiment'; choose another")
+    prefix_problem = url_prefix_problem(prefix) if prefix else None
+    if prefix_problem is not None:
+        raise RunnerError(f"--url-prefix {prefix}: {prefix_problem}; choose another")
+    for name in args.allowed_host:
+        name_problem = allowed_host_problem(name)
+        if name_problem is not None:
+            raise RunnerError(f"--allowed-host {name}: expected {name_problem}")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
     host = ManagerHost(connect(url), settings)
-    options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin))
+    options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host))
     api = build_api(host, options)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -80,7 +100,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
             timeout_graceful_shutdown=5,
         )
     )
-    # nnictl's per-experiment ports (127.0.0.1 only) take no token: nnictl has no way to send one
+    # nnictl's per-experiment ports (127.0.0.1 only) take no token: nnictl has no way to send one, so they
+    # answer as a port with no token does, to loopback names (and --allowed-host ones) alone
     bridge = NnictlBridge(host, nnictl_api(host, options)) if args.nnictl_registry else None
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     host.start()
