@@ -353,7 +353,8 @@ class ExperimentRunner:
                 if not self._active and (out_of_time or self._search_over()):
                     if tuner.error is not None:  # it failed on the last trial's end
                         return self._tuner_failed(tuner.error)
-                    return self._finish("DONE")
+                    if (result := self._finish_done()) is not None:
+                        return result
                 self.on_progress(self.progress)
                 wait = _WAIT_S if tuner.idle else _TUNER_POLL_S
                 if deadline is not None:
@@ -645,9 +646,27 @@ class ExperimentRunner:
         finish_experiment(self._client, self._rq_connection, self.experiment_id, platforms, status, message)
 
     def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
+        self._drain()
+        self._finish_experiment(status, message)
+        return self._cleaned_up()
+
+    def _finish_done(self) -> ExperimentResult | None:
+        """DONE, unless the log grew past what this runner has read: an update or a customized trial the API
+        accepted meanwhile may give it more to do, and must not be dropped. None then: the round reads it
+        and decides again."""
+        self._drain()
+        platforms = self.spec.platform_names
+        if not finish_experiment(
+            self._client, self._rq_connection, self.experiment_id, platforms, "DONE", read_up_to=self._cursor
+        ):
+            return None
+        return self._cleaned_up()
+
+    def _drain(self) -> None:
         if self._tuner is not None:
             self._tuner.wait(_DRAIN_S)  # the last trials' ends reach the tuner (and a custom tuner's log)
         self.on_progress(self.progress)
-        self._finish_experiment(status, message)
+
+    def _cleaned_up(self) -> ExperimentResult:
         self.service.clean_up()
         return ExperimentResult(self.experiment_id, self.service.list_trial_jobs())
