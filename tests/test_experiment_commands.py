@@ -26,6 +26,7 @@ from schemas.events import (
 )
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form
+from tests.sshd import process_gone
 from tests.test_api import Api, api  # noqa: F401  (the fixture)
 from tests.test_api_smoke import experiment_config
 from tests.test_tuner_driving import write_experiment
@@ -39,9 +40,11 @@ def test_a_stop_logged_while_no_runner_acts_on_it_is_carried_out_by_the_next_run
 ) -> None:
     experiment_id = api.create(experiment_config(api.code, trials=6, concurrency=2))
     api.wait_running(experiment_id, 2)
-    manager = next(process for process in processes.running if "manager" in str(process.args))
+    manager = next(process for process in processes.running if "manager" in process.args)  # not manager.cli
+    pid = api.http.get("/nni/experiment-metadata").json()["pid"]  # the newest experiment: this one
     manager.kill()  # the runner dies with it: nothing will act on what is appended now
     manager.wait()
+    wait_until(lambda: process_gone(pid), 30, what="the experiment's process to end with its manager")
     EventStore(client, experiment_id).append(ExperimentStopRequested(experiment_id=experiment_id, reason="enough"))
 
     url = processes.manager()  # resumes the experiments the last one ran; the stop was never answered

@@ -34,7 +34,7 @@ from core import code_archive, keys
 from core.event_store import check_experiment_id, is_stream_id, stream_position
 from manager.algorithms import AlgorithmError, optimize_mode_of, resolve
 from manager.config import experiment_spec
-from manager.experiments import delete_experiment, resolve_experiment
+from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.replay import describe
 from manager.tuners import SearchSpaceError, validate_search_space
@@ -353,7 +353,7 @@ def resume_experiment(experiment_id: Experiment, host: Host) -> dict[str, str]:
 
 @router.delete("/experiments/{experiment_id}")
 def remove_experiment(experiment_id: Experiment, host: Host) -> dict[str, int]:
-    return {"deletedKeys": delete_experiment(host.client, experiment_id)}
+    return {"deletedKeys": host.delete(experiment_id)}
 
 
 def _caught_up(host: ManagerHost, experiment_id: str) -> None:
