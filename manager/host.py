@@ -5,8 +5,9 @@ The API calls it; it never holds state the log lacks. The experiments it runs ar
 RUNNING from their logs. Stopping an experiment is an event (ExperimentStopRequested), which
 whichever runner drives it acts on, in this process or in a `trialstream run` elsewhere.
 
-Each experiment it keeps open has a process of its own (manager/experiment_process.py), whose pid NNI's
-tools stop it by.
+Every command answers once the projected views show it (`_shown`), so any read of this manager after it,
+the projected lists included, sees it. Each experiment it keeps open has a process of its own
+(manager/experiment_process.py), whose pid NNI's tools stop it by.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class ManagerHost:
         self.settings = settings
         self._project = project
         self._stop = threading.Event()
+        self._projector = Projector(client)  # its thread projects; commands bring their own events in (`_shown`)
         self._projector_thread: threading.Thread | None = None
         self._hosted: dict[str, _Hosted] = {}
         self._processes: dict[str, ExperimentProcess] = {}  # the experiments kept open: hosted, or ended DONE/ERROR
@@ -79,9 +81,8 @@ class ManagerHost:
     def start(self) -> None:
         """Start projecting, then take up the experiments this manager ran before it stopped."""
         if self._project:
-            projector = Projector(self.client)
             self._projector_thread = threading.Thread(
-                target=projector.run, args=(self._stop,), name="projector", daemon=True
+                target=self._projector.run, args=(self._stop,), name="projector", daemon=True
             )
             self._projector_thread.start()
         hosted: Any = self.client.smembers(keys.MANAGER_HOSTED)
@@ -178,6 +179,7 @@ class ManagerHost:
             ExperimentStopRequested(experiment_id=experiment_id, reason=reason)
         )
         if self.client.exists(keys.runner(experiment_id)):
+            self._shown(experiment_id)
             return
         service = self.service(experiment_id)
         for trial in service.list_trial_jobs():
@@ -185,6 +187,7 @@ class ManagerHost:
                 service.request_stop(trial.id, TrialJobStatus.SYS_CANCELED, reason)
         platforms = platform_names(view.config.get("trainingService", {}))
         finish_experiment(self.client, self.rq_connection, experiment_id, platforms, "STOPPED", reason)
+        self._shown(experiment_id)
 
     def end(self, experiment_id: str, reason: str = "stopped by the user") -> None:
         """NNI's `DELETE /experiment`, after which NNI's client waits for the experiment's pid to end: a
@@ -213,6 +216,7 @@ class ManagerHost:
                 raise ExperimentNotRunning(
                     f"experiment {experiment_id} is {status}, not running: resume it before changing it"
                 )
+        self._shown(experiment_id)
 
     def delete(self, experiment_id: str) -> int:
         """Delete a stopped or finished experiment from Redis (refused while a runner holds it), and end its
@@ -220,6 +224,12 @@ class ManagerHost:
         deleted = delete_experiment(self.client, experiment_id)
         self._close_process(experiment_id)
         return deleted
+
+    def cancel_trial(self, experiment_id: str, trial_id: str, early_stopped: bool = False) -> None:
+        """A user's cancel: USER_CANCELED (EARLY_STOPPED if `early_stopped`); a waiting trial has ended when
+        this returns, a running one ends once its worker has stopped it."""
+        self.service(experiment_id).cancel_trial_job(trial_id, is_early_stopped=early_stopped)
+        self._shown(experiment_id)
 
     def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> int | None:
         """Queue a trial with these parameters; its sequence id once the runner has submitted it (None
@@ -251,7 +261,9 @@ class ManagerHost:
                 cursor = entry.id
                 event = entry.event if isinstance(entry, StoredEvent) else None
                 if isinstance(event, TrialSubmitted) and event.requested_by == request:
+                    self._shown(experiment_id)
                     return event.form.sequence_id
+        self._shown(experiment_id)
         return None
 
     def _running(self, experiment_id: str) -> Any:
@@ -260,6 +272,13 @@ class ManagerHost:
         if view.status != "RUNNING":
             raise ExperimentNotRunning(f"experiment {experiment_id} is {view.status}, not running")
         return view
+
+    def _shown(self, experiment_id: str) -> None:
+        """Project the experiment's log up to its end before a command answers, so every read of this manager
+        after it sees it: NNI's API serves the projected views (a read folding the log could show the experiment
+        DONE while its lists still show trials running). Safe beside the projector thread: a batch commits
+        under a WATCH of the position, so two never apply the same event."""
+        self._projector.catch_up(experiment_id)
 
     def _runner_ended(self, experiment_id: str) -> None:
         """Wait for the runner thread of an experiment it has just finished to end (it lets go of its claim)."""

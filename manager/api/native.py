@@ -436,9 +436,8 @@ def update_trial(experiment_id: Experiment, trial_id: str, form: JobApplicationF
 
 @router.post("/experiments/{experiment_id}/trials/{trial_id}/cancel", response_model=TrialJobDetail)
 def cancel_trial(experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest) -> TrialJobDetail:
-    service = host.service(experiment_id)
-    service.cancel_trial_job(trial_id, is_early_stopped=request.early_stopped)
-    return service.get_trial_job(trial_id)
+    host.cancel_trial(experiment_id, trial_id, early_stopped=request.early_stopped)
+    return host.service(experiment_id).get_trial_job(trial_id)
 
 
 @router.get("/experiments/{experiment_id}/trials/{trial_id}/metrics", response_model=MetricList)

@@ -7,6 +7,7 @@ projection position for a small experiment (what the UI polls), and streamed a c
 for a large one, so 100,000 trials are never in memory at once (manager/api/listings.py). Errors are
 `{"error": ...}`: 404 for what does not exist, 400 for a malformed request, 409 for a write the experiment's
 state refuses (NNI's UI shows the `error`; nnictl and NNI's client take any answer but 200 as a failure).
+A write answers once every read shows it (ManagerHost's commands).
 """
 
 from __future__ import annotations
@@ -319,7 +320,7 @@ def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str
 def cancel_trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Response:
     """The UI's kill and `nnictl trial kill`: the trial ends USER_CANCELED (one that has ended stays as it is)."""
     try:
-        host.service(experiment_id).cancel_trial_job(trial_job_id)
+        host.cancel_trial(experiment_id, trial_job_id)
     except TrialNotFound as missing:
         return _error(str(missing), 404)
     return _empty()
