@@ -65,17 +65,28 @@ def finish_experiment(
     platforms: str | list[str],
     status: str,
     message: str | None = None,
-) -> None:
+    read_up_to: str | None = None,
+) -> bool:
     """A resumed experiment finishes again: the last ExperimentFinished holds. With it, each of its
     platforms (several in a hybrid experiment) is asked to clean up where the trials ran (a job of its
-    queue: its workers hold its clients)."""
+    queue: its workers hold its clients). With `read_up_to`, only if that is still the log's last entry
+    (under a WATCH of the log: nothing is appended in between); whether it finished."""
     event = ExperimentFinished(experiment_id=experiment_id, status=status, message=message)  # type: ignore[arg-type]
     names = [platforms] if isinstance(platforms, str) else platforms
     jobs = [ExperimentJob(platform, experiment_id) for platform in names]
+    store = EventStore(client, experiment_id)
     with client.pipeline(transaction=True) as pipe:
-        pipe.multi()
-        dispatch(pipe, rq_connection, EventStore(client, experiment_id), event, jobs)
-        pipe.execute()
+        try:
+            if read_up_to is not None:
+                pipe.watch(store.stream)
+                if store.last_id() != read_up_to:
+                    return False
+            pipe.multi()
+            dispatch(pipe, rq_connection, store, event, jobs)
+            pipe.execute()
+        except redis.WatchError:
+            return False
+    return True
 
 
 def resolve_experiment(client: redis.Redis, experiment_id: str | None) -> str:

@@ -4,6 +4,10 @@ The API calls it; it never holds state the log lacks. The experiments it runs ar
 (`keys.MANAGER_HOSTED`), so a manager that restarts, after a crash or a `detach`, resumes those still
 RUNNING from their logs. Stopping an experiment is an event (ExperimentStopRequested), which
 whichever runner drives it acts on, in this process or in a `trialstream run` elsewhere.
+
+Every command answers once the projected views show it (`_shown`), so any read of this manager after it,
+the projected lists included, sees it. Each experiment it keeps open has a process of its own
+(manager/experiment_process.py), whose pid NNI's tools stop it by.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from core.connections import same_server
 from core.event_store import EventStore, StoredEvent
 from core.settings import Settings
 from manager.config import ExperimentSpec
-from manager.experiments import ExperimentNotFound, finish_experiment, resolve_experiment
+from manager.experiment_process import ExperimentProcess
+from manager.experiments import ExperimentNotFound, delete_experiment, finish_experiment, resolve_experiment
 from manager.projector import Projector
 from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 
 SERVICES_KEPT = 256  # TrainingService objects cached (each memoizes parsed views)
 CUSTOMIZED_WAIT_S = 5.0  # how long POST /trial-jobs waits to learn the customized trial's sequence id
+RUNNER_END_WAIT_S = 30.0  # how long an update of a DONE experiment waits for the runner that finished it to end
 OnExit = Literal["detach", "stop"]
 
 
@@ -60,11 +66,14 @@ class ManagerHost:
         self.settings = settings
         self._project = project
         self._stop = threading.Event()
+        self._projector = Projector(client)  # its thread projects; commands bring their own events in (`_shown`)
         self._projector_thread: threading.Thread | None = None
         self._hosted: dict[str, _Hosted] = {}
+        self._processes: dict[str, ExperimentProcess] = {}  # the experiments kept open: hosted, or ended DONE/ERROR
         self._services: dict[str, TrainingService] = {}
         self._lock = threading.Lock()
         self._customized_lock = threading.Lock()  # customized trials are checked against the budget one at a time
+        self._update_lock = threading.Lock()  # of two updates of a DONE experiment, the first takes it up again
         self.on_change: list[Any] = []  # callables(experiment_id) told when a hosted experiment starts or ends
 
     # life cycle
@@ -72,9 +81,8 @@ class ManagerHost:
     def start(self) -> None:
         """Start projecting, then take up the experiments this manager ran before it stopped."""
         if self._project:
-            projector = Projector(self.client)
             self._projector_thread = threading.Thread(
-                target=projector.run, args=(self._stop,), name="projector", daemon=True
+                target=self._projector.run, args=(self._stop,), name="projector", daemon=True
             )
             self._projector_thread.start()
         hosted: Any = self.client.smembers(keys.MANAGER_HOSTED)
@@ -89,7 +97,8 @@ class ManagerHost:
 
     def shutdown(self, on_exit: OnExit, wait_s: float = 60.0) -> None:
         """`detach`: let go of every experiment (they stay RUNNING and resume at the next start);
-        `stop`: stop each as a user would, its trials SYS_CANCELED. Then stop projecting."""
+        `stop`: stop each as a user would, its trials SYS_CANCELED. Then end the experiments' processes
+        and stop projecting."""
         with self._lock:
             hosted = dict(self._hosted)
         for experiment_id, entry in hosted.items():
@@ -110,6 +119,10 @@ class ManagerHost:
         give_up = time.monotonic() + wait_s
         for entry in hosted.values():
             entry.thread.join(max(0.0, give_up - time.monotonic()))
+        with self._lock:
+            kept_open = list(self._processes)
+        for experiment_id in kept_open:
+            self._close_process(experiment_id)
         self._stop.set()
         if self._projector_thread is not None:
             self._projector_thread.join(5)
@@ -134,18 +147,29 @@ class ManagerHost:
         with self._lock:
             return list(self._hosted)
 
+    def process_id(self, experiment_id: str) -> int | None:
+        """The pid NNI's tools know the experiment by (nnictl's registry, `/experiments-info`), while this
+        manager keeps it open; None otherwise (not run here, or stopped)."""
+        with self._lock:
+            process = self._processes.get(experiment_id)
+        return process.pid if process is not None else None
+
     def create(self, spec: ExperimentSpec) -> str:
         """Create the experiment (every check first: nothing is written when one fails) and run it."""
         runner = ExperimentRunner.create(spec, self.client, self.rq_connection, settings=self.settings)
         self._host(runner)
         return runner.experiment_id
 
-    def resume(self, experiment_id: str) -> None:
+    def resume(self, experiment_id: str, changes: ExperimentChanges | None = None) -> None:
+        """Take the experiment up again from its log; `changes` (which a DONE one needs) are logged first."""
         experiment_id = resolve_experiment(self.client, experiment_id)
         with self._lock:
             if experiment_id in self._hosted:
                 raise RunnerError(f"experiment {experiment_id} is already running in this manager")
-        self._host(ExperimentRunner.resume(self.client, self.rq_connection, experiment_id, settings=self.settings))
+        runner = ExperimentRunner.resume(
+            self.client, self.rq_connection, experiment_id, settings=self.settings, changes=changes
+        )
+        self._host(runner)
 
     def stop(self, experiment_id: str, reason: str = "stopped by the user") -> None:
         """Ask the experiment's runner to stop it. With no runner (it crashed, or was detached and never
@@ -155,6 +179,7 @@ class ManagerHost:
             ExperimentStopRequested(experiment_id=experiment_id, reason=reason)
         )
         if self.client.exists(keys.runner(experiment_id)):
+            self._shown(experiment_id)
             return
         service = self.service(experiment_id)
         for trial in service.list_trial_jobs():
@@ -162,10 +187,49 @@ class ManagerHost:
                 service.request_stop(trial.id, TrialJobStatus.SYS_CANCELED, reason)
         platforms = platform_names(view.config.get("trainingService", {}))
         finish_experiment(self.client, self.rq_connection, experiment_id, platforms, "STOPPED", reason)
+        self._shown(experiment_id)
+
+    def end(self, experiment_id: str, reason: str = "stopped by the user") -> None:
+        """NNI's `DELETE /experiment`, after which NNI's client waits for the experiment's pid to end: a
+        running experiment is stopped, its process ending once it is STOPPED; one that has ended already
+        (DONE, ERROR) is closed, its process ended now. Other experiments are not touched."""
+        try:
+            self.stop(experiment_id, reason)
+        except ExperimentNotRunning:
+            if self._close_process(experiment_id):
+                self._changed(experiment_id)
 
     def update(self, experiment_id: str, changes: ExperimentChanges) -> None:
-        self._running(experiment_id)
-        EventStore(self.client, experiment_id).append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
+        """Change a running experiment. A DONE one is taken up again under the changes, as NNI's manager
+        goes on when a finished experiment's limits are raised (and finishes again if they allow no more
+        trials); a STOPPED or ERROR one is refused: resuming it is the user's call."""
+        resolve_experiment(self.client, experiment_id)
+        with self._update_lock:
+            status = self.service(experiment_id).experiment_view().status
+            if status == "DONE":
+                self._runner_ended(experiment_id)
+                self.resume(experiment_id, changes)
+            elif status == "RUNNING":
+                store = EventStore(self.client, experiment_id)
+                store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
+            else:
+                raise ExperimentNotRunning(
+                    f"experiment {experiment_id} is {status}, not running: resume it before changing it"
+                )
+        self._shown(experiment_id)
+
+    def delete(self, experiment_id: str) -> int:
+        """Delete a stopped or finished experiment from Redis (refused while a runner holds it), and end its
+        process if this manager kept it open; how many keys went."""
+        deleted = delete_experiment(self.client, experiment_id)
+        self._close_process(experiment_id)
+        return deleted
+
+    def cancel_trial(self, experiment_id: str, trial_id: str, early_stopped: bool = False) -> None:
+        """A user's cancel: USER_CANCELED (EARLY_STOPPED if `early_stopped`); a waiting trial has ended when
+        this returns, a running one ends once its worker has stopped it."""
+        self.service(experiment_id).cancel_trial_job(trial_id, is_early_stopped=early_stopped)
+        self._shown(experiment_id)
 
     def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> int | None:
         """Queue a trial with these parameters; its sequence id once the runner has submitted it (None
@@ -197,7 +261,9 @@ class ManagerHost:
                 cursor = entry.id
                 event = entry.event if isinstance(entry, StoredEvent) else None
                 if isinstance(event, TrialSubmitted) and event.requested_by == request:
+                    self._shown(experiment_id)
                     return event.form.sequence_id
+        self._shown(experiment_id)
         return None
 
     def _running(self, experiment_id: str) -> Any:
@@ -207,13 +273,73 @@ class ManagerHost:
             raise ExperimentNotRunning(f"experiment {experiment_id} is {view.status}, not running")
         return view
 
+    def _shown(self, experiment_id: str) -> None:
+        """Project the experiment's log up to its end before a command answers, so every read of this manager
+        after it sees it: NNI's API serves the projected views (a read folding the log could show the experiment
+        DONE while its lists still show trials running). Safe beside the projector thread: a batch commits
+        under a WATCH of the position, so two never apply the same event."""
+        self._projector.catch_up(experiment_id)
+
+    def _runner_ended(self, experiment_id: str) -> None:
+        """Wait for the runner thread of an experiment it has just finished to end (it lets go of its claim)."""
+        with self._lock:
+            hosted = self._hosted.get(experiment_id)
+        if hosted is not None:
+            hosted.thread.join(RUNNER_END_WAIT_S)
+
     def _host(self, runner: ExperimentRunner) -> None:
         experiment_id = runner.experiment_id
         self.client.sadd(keys.MANAGER_HOSTED, experiment_id)
         thread = threading.Thread(target=self._run, args=(runner,), name=f"runner-{experiment_id}", daemon=True)
         with self._lock:
             self._hosted[experiment_id] = _Hosted(runner, thread)
+            process = self._processes.get(experiment_id)
+        if process is None:  # one kept open (DONE, now taken up again) goes on with the same pid
+            self._open_process(experiment_id)
         thread.start()
+        self._changed(experiment_id)
+
+    def _open_process(self, experiment_id: str) -> None:
+        try:
+            process = ExperimentProcess(experiment_id, self._process_ended)
+        except OSError:  # it runs all the same; NNI's tools cannot find it by a pid
+            log.exception("experiment %s: no process of its own", experiment_id, extra={"experiment": experiment_id})
+            return
+        with self._lock:
+            self._processes[experiment_id] = process
+
+    def _close_process(self, experiment_id: str) -> bool:
+        """End the experiment's process (it stopped, or the manager lets go of it); whether there was one."""
+        with self._lock:
+            process = self._processes.pop(experiment_id, None)
+        if process is None:
+            return False
+        process.release()
+        return True
+
+    def _process_ended(self, process: ExperimentProcess) -> None:
+        """Someone ended the experiment's process (`nnictl stop`, NNI's client killing what it takes for the
+        experiment's manager): that experiment stops, and only it."""
+        experiment_id = process.experiment_id
+        with self._lock:
+            if self._processes.get(experiment_id) is not process:
+                return
+            del self._processes[experiment_id]
+        log.info(
+            "experiment %s: its process %d was ended; stopping it",
+            experiment_id,
+            process.pid,
+            extra={"experiment": experiment_id},
+        )
+        try:
+            self.stop(experiment_id, f"its process ({process.pid}) was ended, as nnictl stop does")
+        except (ExperimentNotRunning, ExperimentNotFound):
+            pass  # it had ended (or was deleted): closing it was all there was to do
+        except Exception:
+            log.exception("experiment %s: not stopped", experiment_id, extra={"experiment": experiment_id})
+        self._changed(experiment_id)
+
+    def _changed(self, experiment_id: str) -> None:
         for listener in self.on_change:  # side matters (nnictl's registry): theirs are not the experiment's errors
             try:
                 listener(experiment_id)
@@ -239,11 +365,19 @@ class ManagerHost:
         finally:
             with self._lock:
                 self._hosted.pop(experiment_id, None)
-            for listener in self.on_change:  # side matters (nnictl's registry): theirs are not the experiment's errors
-                try:
-                    listener(experiment_id)
-                except Exception:
-                    log.exception("experiment %s: on_change failed", experiment_id, extra={"experiment": experiment_id})
+            if not self._stays_open(experiment_id):
+                self._close_process(experiment_id)
+            self._changed(experiment_id)
+
+    def _stays_open(self, experiment_id: str) -> bool:
+        """Whether an experiment whose runner here has ended keeps its process: one that ended DONE or ERROR
+        does, as NNI's manager stays up for it (its UI, nnictl's reads, an update taking it up again); one
+        STOPPED, let go of (detach) or taken over by another runner does not."""
+        try:
+            return self.service(experiment_id).experiment_view().status in ("DONE", "ERROR")
+        except Exception:
+            log.exception("experiment %s: its status unread", experiment_id, extra={"experiment": experiment_id})
+            return False
 
 
 __all__ = ["ExperimentNotFound", "ExperimentNotRunning", "ManagerHost", "OnExit"]

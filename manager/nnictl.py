@@ -4,14 +4,15 @@ a loopback port of its own that answers NNI's REST API for that experiment alone
 nnictl finds an experiment's server by the registry's `port` and always asks
 `http://localhost:<port>/api/v1/nni` with no prefix, so one manager port cannot tell two experiments
 apart: hence one small listener per experiment (a second uvicorn server on the same application, in
-a thread), which pins its requests to the experiment. `nnictl stop` sends SIGTERM to `pid`: the
-manager's own, so it stops the manager (with `--nnictl-registry`, its experiments too).
+a thread), which pins its requests to the experiment. `pid` is the experiment's own process
+(manager/experiment_process.py), alive while the manager keeps the experiment open (running, or ended DONE or
+ERROR, as NNI's manager stays up for it): `nnictl stop` sends it SIGTERM, which stops that experiment alone, and
+once it has ended the entry is STOPPED, as nnictl itself marks an entry whose pid is gone.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
@@ -61,7 +62,8 @@ class NnictlBridge:
         host.on_change.append(self.experiment_changed)
 
     def experiment_changed(self, experiment_id: str) -> None:
-        """A hosted experiment started (register it, with its own port) or its runner ended (its status).
+        """A hosted experiment started (register it, with its own port), its runner ended (its status), or
+        its process ended (STOPPED).
 
         All of it under the lock, its view read there too: the call for the start (the API's thread) and the
         one for the end (the runner's) can come together, and the first one's RUNNING, written last, would
@@ -70,6 +72,10 @@ class NnictlBridge:
             if self._closed:  # the manager is going: close() marked every entry STOPPED
                 return
             view = self.host.service(experiment_id).experiment_view()
+            pid = self.host.process_id(experiment_id)
+            if pid is None:
+                self.registry.update(experiment_id, "STOPPED", view.end_time or _now_ms())
+                return
             listener = self._listeners.get(experiment_id)
             if listener is None:
                 listener = self._listeners[experiment_id] = self._listen(experiment_id)
@@ -78,9 +84,7 @@ class NnictlBridge:
                 self.registry.update(experiment_id, _NNI_STATUS[view.status], view.end_time)
                 return
             submitted = self.host.service(experiment_id).views.total()
-            entry = experiment_metadata(
-                view, submitted, port=listener.port, pid=os.getpid(), prefix_url=None, now_ms=_now_ms()
-            )
+            entry = experiment_metadata(view, submitted, port=listener.port, pid=pid, prefix_url=None, now_ms=_now_ms())
             self.registry.register(entry)
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ from manager.transfer import end_imported_trials
 from manager.tuner_thread import TunerThread
 from schemas.events import (
     CustomizedTrialRequested,
+    ExperimentChanges,
     ExperimentCreated,
     ExperimentFinished,
     ExperimentResumed,
@@ -275,13 +276,16 @@ class ExperimentRunner:
         on_progress: Callable[[Progress], None] = lambda progress: None,
         settings: Settings | None = None,
         allow_imported: bool = False,
+        changes: ExperimentChanges | None = None,
     ) -> ExperimentRunner:
         """Take an experiment up again from its log: ended trials are not rerun, running ones are
         followed to their end, maxTrialNumber and maxExperimentDuration count what came before, and
         the tuner is rebuilt by replaying its inputs (see `_start_tuner`).
 
         An imported log's run is not here: only with `allow_imported` is it taken up, its unfinished
-        trials first ended as SYS_CANCELED."""
+        trials first ended as SYS_CANCELED. A DONE experiment is taken up only with `changes` (NNI's
+        update of a finished experiment: a larger budget, say), logged once the claim is taken and
+        before the replay, so the runner starts under them."""
         service = TrainingService(client, rq_connection, experiment_id)
         experiment = service.experiment_view()
         if experiment.imported and not allow_imported:
@@ -289,7 +293,7 @@ class ExperimentRunner:
                 f"experiment {experiment_id} was imported and the run that wrote it is not here; "
                 "resume it with --imported to cancel its unfinished trials and go on"
             )
-        if experiment.status == "DONE":
+        if experiment.status == "DONE" and changes is None:
             raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
         config = dict(experiment.config)
         config["trainingService"] = with_secrets(config["trainingService"], experiment_secrets(client, experiment_id))
@@ -307,6 +311,8 @@ class ExperimentRunner:
             settings,
         )
         runner._claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
+        if changes is not None:
+            service.store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
         if experiment.imported:
             end_imported_trials(service)
         runner._start_tuner(replay=service.store.read())
@@ -353,7 +359,8 @@ class ExperimentRunner:
                 if not self._active and (out_of_time or self._search_over()):
                     if tuner.error is not None:  # it failed on the last trial's end
                         return self._tuner_failed(tuner.error)
-                    return self._finish("DONE")
+                    if (result := self._finish_done()) is not None:
+                        return result
                 self.on_progress(self.progress)
                 wait = _WAIT_S if tuner.idle else _TUNER_POLL_S
                 if deadline is not None:
@@ -645,9 +652,27 @@ class ExperimentRunner:
         finish_experiment(self._client, self._rq_connection, self.experiment_id, platforms, status, message)
 
     def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
+        self._drain()
+        self._finish_experiment(status, message)
+        return self._cleaned_up()
+
+    def _finish_done(self) -> ExperimentResult | None:
+        """DONE, unless the log grew past what this runner has read: an update or a customized trial the API
+        accepted meanwhile may give it more to do, and must not be dropped. None then: the round reads it
+        and decides again."""
+        self._drain()
+        platforms = self.spec.platform_names
+        if not finish_experiment(
+            self._client, self._rq_connection, self.experiment_id, platforms, "DONE", read_up_to=self._cursor
+        ):
+            return None
+        return self._cleaned_up()
+
+    def _drain(self) -> None:
         if self._tuner is not None:
             self._tuner.wait(_DRAIN_S)  # the last trials' ends reach the tuner (and a custom tuner's log)
         self.on_progress(self.progress)
-        self._finish_experiment(status, message)
+
+    def _cleaned_up(self) -> ExperimentResult:
         self.service.clean_up()
         return ExperimentResult(self.experiment_id, self.service.list_trial_jobs())

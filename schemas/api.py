@@ -6,25 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from schemas.trial import CamelModel, MetricRecord, TrialJobDetail
-
-
-def _encodable(value: Any) -> Any:
-    """JSON may carry lone surrogates (`"\\ud800"`), which no UTF-8 store can hold: refused here, as the
-    client's mistake (a 422), rather than failing as Redis encodes them (a 500, or half a write)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"text {value[:40]!r} holds a lone surrogate: not valid UTF-8") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _encodable(key)
-            _encodable(item)
-    elif isinstance(value, list):
-        for item in value:
-            _encodable(item)
-    return value
+from schemas.trial import CamelModel, MetricRecord, TrialJobDetail, encodable
 
 
 class ExperimentRequest(CamelModel):
@@ -33,7 +15,7 @@ class ExperimentRequest(CamelModel):
 
     model_config = ConfigDict(alias_generator=None, populate_by_name=True, frozen=True, extra="forbid")
 
-    config: Annotated[dict[str, Any], AfterValidator(_encodable)]
+    config: Annotated[dict[str, Any], AfterValidator(encodable)]
     code_id: str | None = Field(default=None, alias="codeId", pattern=r"^[0-9a-f]{64}$")
 
 
@@ -68,7 +50,7 @@ class TrialPage(CamelModel):
 
 class CustomizedTrial(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    parameters: Annotated[dict[str, Any], AfterValidator(_encodable)]
+    parameters: Annotated[dict[str, Any], AfterValidator(encodable)]
 
 
 class CustomizedTrialAnswer(CamelModel):
@@ -91,7 +73,7 @@ class EventPage(CamelModel):
 
 
 class ClusterMetadataValue(CamelModel):
-    value: Annotated[str, AfterValidator(_encodable)]
+    value: Annotated[str, AfterValidator(encodable)]
 
 
 class Health(CamelModel):

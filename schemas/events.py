@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, Field, TypeAdapter, field_validator
 
-from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus, metric_dedup_key
+from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus, encodable, metric_dedup_key
 
 
 def now_ms() -> int:
@@ -74,7 +74,7 @@ class ExperimentChanges(CamelModel):
     trial_concurrency: int | None = Field(default=None, ge=1)
     max_trial_number: int | None = Field(default=None, ge=1)
     max_experiment_duration: float | None = Field(default=None, gt=0, description="seconds")
-    search_space: dict[str, Any] | None = None
+    search_space: Annotated[dict[str, Any] | None, AfterValidator(encodable)] = None
 
 
 class ExperimentUpdated(BaseEvent):

@@ -132,7 +132,7 @@ class ExperimentMetadata(NniModel):
     platform: str
     experiment_name: str = Field(alias="experimentName")
     tag: list[str] = []
-    pid: int
+    pid: int | None  # None: no process of its own here (it runs elsewhere, or was stopped)
     webui_url: list[str] = Field(default=[], alias="webuiUrl")
     log_dir: str = Field(alias="logDir")
     prefix_url: str | None = Field(alias="prefixUrl")
@@ -292,7 +292,7 @@ def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_
 
 
 def experiment_metadata(
-    view: ExperimentView, submitted: int, *, port: int, pid: int, prefix_url: str | None, now_ms: int
+    view: ExperimentView, submitted: int, *, port: int, pid: int | None, prefix_url: str | None, now_ms: int
 ) -> ExperimentMetadata:
     platform = view.config.get("trainingService", {})
     platform_name = platform.get("platform", "local") if isinstance(platform, dict) else "hybrid"

@@ -10,6 +10,25 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 
+def encodable(value: Any) -> Any:
+    """JSON may carry lone surrogates (`"\\ud800"`), which no UTF-8 store can hold: refused here, as the
+    client's mistake (a 4xx), rather than failing as Redis encodes them (a 500, or half a write) or as a JSON dump
+    replaces them (text changed behind the client's back)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"text {value[:40]!r} holds a lone surrogate: not valid UTF-8") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            encodable(key)
+            encodable(item)
+    elif isinstance(value, list):
+        for item in value:
+            encodable(item)
+    return value
+
+
 class CamelModel(BaseModel):
     """Python names in snake_case, JSON names in NNI's camelCase."""
 

@@ -178,6 +178,8 @@ def test_stop_cancels_running_trials_resume_runs_to_the_budget_and_delete_waits_
     trials = api.trials(experiment_id)
     assert {trial["id"]: trial["status"] for trial in trials} == {trial["id"]: "SYS_CANCELED" for trial in first}
     assert api.http.post(f"/experiments/{experiment_id}/stop").status_code == 409  # not running any more
+    changed = api.http.patch(f"/experiments/{experiment_id}", json={"maxTrialNumber": 5})
+    assert changed.status_code == 409 and "STOPPED" in changed.json()["error"]  # resuming it is the user's call
 
     assert api.http.post(f"/experiments/{experiment_id}/resume").status_code == 202
     api.release_all()
@@ -220,8 +222,10 @@ def test_changes_to_a_running_experiment_are_obeyed(api: Api) -> None:
 
     bad = api.http.patch(f"/experiments/{experiment_id}", json={"trialConcurrency": 0})
     assert bad.status_code == 422
-    done = api.http.patch(f"/experiments/{experiment_id}", json={"maxTrialNumber": 10})
-    assert done.status_code == 409, done.text  # a finished experiment is not changed
+    more = api.http.patch(f"/experiments/{experiment_id}", json={"maxTrialNumber": 7})
+    assert more.status_code == 200 and more.json()["status"] == "RUNNING", more.text  # taken up again, as NNI does
+    api.wait_status(experiment_id, "DONE")
+    assert [trial["status"] for trial in api.trials(experiment_id)] == ["SUCCEEDED"] * 7
 
 
 def test_a_customized_trial_runs_with_exactly_its_parameters_within_the_budget(api: Api) -> None:

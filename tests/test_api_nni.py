@@ -323,7 +323,7 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     for space in ({"x": [0, 1]}, {"x": {"_type": "nonsense", "_value": [0, 1]}}, "wide"):
         body = {**profile, "params": {**profile["params"], "searchSpace": space}}
         refused = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "SEARCH_SPACE"}, json=body)
-        assert refused.status_code == 500 and refused.json()["error"].startswith("searchSpace"), refused.text
+        assert refused.status_code == 400 and refused.json()["error"].startswith("searchSpace"), refused.text
     assert _nni(url, "/experiment")["params"]["searchSpace"] == profile["params"]["searchSpace"]  # unchanged
     update("SEARCH_SPACE", searchSpace={"x": {"_type": "choice", "_value": [0.5, 0.75]}})
     wait_until(
@@ -333,7 +333,7 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     )
     vague = {**profile, "params": {**profile["params"], "maxExperimentDuration": "soon"}}
     refused = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "MAX_EXEC_DURATION"}, json=vague)
-    assert refused.status_code == 500 and refused.json()["error"].startswith("maxExperimentDuration"), refused.text
+    assert refused.status_code == 400 and refused.json()["error"].startswith("maxExperimentDuration"), refused.text
     update("MAX_EXEC_DURATION", maxExperimentDuration="2h")
     wait_until(
         lambda: _nni(url, "/experiment")["params"].get("maxExperimentDuration") == 7200,
@@ -378,7 +378,7 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     gone = httpx.delete(f"{url}/api/v1/nni/trial-jobs/nope0")
     assert gone.status_code == 404 and "error" in gone.json()
     refused = httpx.post(f"{url}/api/v1/nni/trial-jobs", json={"x": 0.5})
-    assert refused.status_code == 500 and "not running" in refused.json()["error"]
+    assert refused.status_code == 409 and "not running" in refused.json()["error"]
 
 
 def test_a_url_prefix_is_refused_only_where_the_web_ui_would_misread_it() -> None:

@@ -1,23 +1,35 @@
 """Commands to a running experiment, at their edges: a stop whose runner died before carrying it out, a
-customized trial's answer while another waits, a search space changed before a resume, and results the
-ranking must not keep (NaN, a retried trial's old result)."""
+customized trial's answer while another waits, an update landing as the runner finishes, a search space
+changed before a resume, and results the ranking must not keep (NaN, a retried trial's old result)."""
 
 from __future__ import annotations
 
 import json
 import math
 import threading
+from pathlib import Path
 
 import redis
 
 from core.event_store import EventStore
+from manager.config import load_experiment_config
 from manager.projector import Projector
+from manager.runner import ExperimentRunner, Progress
 from manager.views import ViewStore
-from schemas.events import ExperimentStopRequested, TrialAttemptLost, TrialMetricReported, TrialStarted
+from schemas.events import (
+    ExperimentChanges,
+    ExperimentStopRequested,
+    ExperimentUpdated,
+    TrialAttemptLost,
+    TrialMetricReported,
+    TrialStarted,
+)
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form
+from tests.sshd import process_gone
 from tests.test_api import Api, api  # noqa: F401  (the fixture)
 from tests.test_api_smoke import experiment_config
+from tests.test_tuner_driving import write_experiment
 from tests.waiting import wait_until
 
 
@@ -28,9 +40,11 @@ def test_a_stop_logged_while_no_runner_acts_on_it_is_carried_out_by_the_next_run
 ) -> None:
     experiment_id = api.create(experiment_config(api.code, trials=6, concurrency=2))
     api.wait_running(experiment_id, 2)
-    manager = next(process for process in processes.running if "manager" in str(process.args))
+    manager = next(process for process in processes.running if "manager" in process.args)  # not manager.cli
+    pid = api.http.get("/nni/experiment-metadata").json()["pid"]  # the newest experiment: this one
     manager.kill()  # the runner dies with it: nothing will act on what is appended now
     manager.wait()
+    wait_until(lambda: process_gone(pid), 30, what="the experiment's process to end with its manager")
     EventStore(client, experiment_id).append(ExperimentStopRequested(experiment_id=experiment_id, reason="enough"))
 
     url = processes.manager()  # resumes the experiments the last one ran; the stop was never answered
@@ -70,6 +84,24 @@ def test_a_customized_trial_is_answered_with_its_own_sequence_id(api: Api) -> No
     sequence = answers["sequenceId"]
     assert sequence is not None  # its slot freed while it waited
     assert by_sequence[sequence] == {"x": 0.75}  # its own trial, not the first request's
+
+
+def test_an_update_landing_as_the_runner_finishes_is_carried_out(
+    tmp_path: Path, served: Processes, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    """The API took it (a 200): the runner, about to record DONE with its budget spent, must not drop it."""
+    config = write_experiment(tmp_path, maxTrialNumber=1, trialConcurrency=1)
+    runner = ExperimentRunner.create(load_experiment_config(config), client, rq_connection)
+    more = ExperimentUpdated(experiment_id=runner.experiment_id, changes=ExperimentChanges(max_trial_number=2))
+    updated: list[str] = []
+
+    def update_once(progress: Progress) -> None:
+        if not updated and progress.counts["SUCCEEDED"] == 1:  # all ran: reported just before it records DONE
+            updated.append(runner.service.store.append(more))
+
+    runner.on_progress = update_once
+    result = runner.run()
+    assert updated and [str(trial.status) for trial in result.trials] == ["SUCCEEDED"] * 2
 
 
 def parameters(trial: dict[str, object]) -> object:

@@ -3,7 +3,6 @@ experiment in its registry and reads it through the experiment's own port, as it
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import shutil
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from bench.nnictl import nnictl_environment
@@ -90,14 +90,21 @@ def test_nnictl_lists_shows_exports_and_stops_an_experiment_the_manager_runs(
 
     assert str(first["id"]) in nnictl_top(home)
 
-    # nnictl waits until the pid is gone: the manager is this test's child, so reap it as a shell would
-    exited = concurrent.futures.ThreadPoolExecutor(1).submit(manager.wait, 60)
-    nnictl(home, "stop", experiment_id)  # SIGTERM to the manager: with --nnictl-registry it stops its experiments
-    assert exited.result() == 0
-    entry = json.loads(registry.read_text())[experiment_id]
-    assert entry["status"] == "STOPPED" and isinstance(entry["endTime"], int)
+    pid = json.loads(registry.read_text())[experiment_id]["pid"]
+    assert pid != manager.pid and psutil.pid_exists(pid)  # the experiment's own process
+    nnictl(home, "stop", experiment_id)  # SIGTERM to that process; nnictl waits until it is gone
+    assert not psutil.pid_exists(pid)
+    experiment = f"{url}/api/v1/experiments/{experiment_id}"
+    wait_until(lambda: httpx.get(experiment).json()["status"] == "STOPPED", 30, what="the experiment, STOPPED")
+
+    def stopped() -> bool:
+        entry = json.loads(registry.read_text())[experiment_id]
+        return bool(entry["status"] == "STOPPED" and isinstance(entry["endTime"], int))
+
+    wait_until(stopped, 30, what="the entry, STOPPED with its end time")
     statuses = {str(t["status"]) for t in trials_from_redis(processes, experiment_id)}
     assert statuses <= {"SUCCEEDED", "SYS_CANCELED"} and "SYS_CANCELED" in statuses
+    assert manager.poll() is None  # it stopped that experiment alone: the manager serves on
 
 
 @needs_nnictl

@@ -34,7 +34,7 @@ from core import code_archive, keys
 from core.event_store import check_experiment_id, is_stream_id, stream_position
 from manager.algorithms import AlgorithmError, optimize_mode_of, resolve
 from manager.config import experiment_spec
-from manager.experiments import delete_experiment, resolve_experiment
+from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.replay import describe
 from manager.tuners import SearchSpaceError, validate_search_space
@@ -353,7 +353,7 @@ def resume_experiment(experiment_id: Experiment, host: Host) -> dict[str, str]:
 
 @router.delete("/experiments/{experiment_id}")
 def remove_experiment(experiment_id: Experiment, host: Host) -> dict[str, int]:
-    return {"deletedKeys": delete_experiment(host.client, experiment_id)}
+    return {"deletedKeys": host.delete(experiment_id)}
 
 
 def _caught_up(host: ManagerHost, experiment_id: str) -> None:
@@ -436,9 +436,8 @@ def update_trial(experiment_id: Experiment, trial_id: str, form: JobApplicationF
 
 @router.post("/experiments/{experiment_id}/trials/{trial_id}/cancel", response_model=TrialJobDetail)
 def cancel_trial(experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest) -> TrialJobDetail:
-    service = host.service(experiment_id)
-    service.cancel_trial_job(trial_id, is_early_stopped=request.early_stopped)
-    return service.get_trial_job(trial_id)
+    host.cancel_trial(experiment_id, trial_id, early_stopped=request.early_stopped)
+    return host.service(experiment_id).get_trial_job(trial_id)
 
 
 @router.get("/experiments/{experiment_id}/trials/{trial_id}/metrics", response_model=MetricList)

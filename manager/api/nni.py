@@ -5,14 +5,14 @@ The router is mounted twice: at `/api/v1/nni` for the default experiment, and at
 The answers that list everything (`/trial-jobs`, `/metric-data*`, `/export-data`) are rendered once per
 projection position for a small experiment (what the UI polls), and streamed a chunk of trials at a time
 for a large one, so 100,000 trials are never in memory at once (manager/api/listings.py). Errors are
-`{"error": ...}`: 404 for what does not exist, else 500 (NNI's code for a refused write, which its UI and
-nnictl expect).
+`{"error": ...}`: 404 for what does not exist, 400 for a malformed request, 409 for a write the experiment's
+state refuses (NNI's UI shows the `error`; nnictl and NNI's client take any answer but 200 as a failure).
+A write answers once every read shows it (ManagerHost's commands).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -72,8 +72,8 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body, separators=(",", ":"), ensure_ascii=False), status, media_type=JSON_TYPE)
 
 
-def _error(message: str, status: int = 500) -> Response:
-    """NNI's error answer: 404 for what does not exist, else 500 (also for a refused write)."""
+def _error(message: str, status: int) -> Response:
+    """NNI's error answer, `{"error": ...}`."""
     return _json({"error": message}, status)
 
 
@@ -133,7 +133,7 @@ def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_re
         _view(service),
         _submitted(service),
         port=server[1] if server is not None else 0,
-        pid=os.getpid(),
+        pid=host.process_id(experiment_id),
         prefix_url=f"{prefix}/nni/{experiment_id}" if prefix else f"nni/{experiment_id}",
         now_ms=_now_ms(),
     )
@@ -194,14 +194,36 @@ def update_experiment(
     """NNI's Overview edits: the body is the whole profile, `update_type` says which param changed."""
     params = profile.get("params")
     if not isinstance(params, dict):
-        return _error("the body must be the experiment profile, with `params`")
+        return _error("the body must be the experiment profile, with `params`", 400)
     try:
         changes = _changes(update_type, params)
         check_changes(host, experiment_id, changes)  # a search space is checked as a config's is
-        host.update(experiment_id, changes)
-    except (ValidationError, ValueError, ExperimentNotRunning, RunnerError) as refused:
-        return _error(str(refused))
+    except ValidationError as invalid:
+        return _error(f"{_PARAMS[update_type]}: {invalid.errors()[0]['msg']}", 400)
+    except ValueError as invalid:
+        return _error(str(invalid), 400)
+    try:
+        host.update(experiment_id, changes)  # a DONE experiment goes on under them, as NNI's does
+    except (ExperimentNotRunning, RunnerError) as refused:
+        return _error(str(refused), 409)
     return _empty()
+
+
+@router.delete("/experiment")
+def stop_experiment(experiment_id: NniExperiment, host: Host) -> Response:
+    """NNI's `Experiment.stop()`: this experiment stops (trials SYS_CANCELED), and the process standing for it
+    (the `pid` of `/experiments-info` and nnictl's registry, which the client then waits for) ends once it
+    is STOPPED; one that has ended is closed. Never the manager, nor its other experiments."""
+    host.end(experiment_id)
+    return _empty()
+
+
+_PARAMS = {
+    "TRIAL_CONCURRENCY": "trialConcurrency",
+    "MAX_TRIAL_NUM": "maxTrialNumber",
+    "MAX_EXEC_DURATION": "maxExperimentDuration",
+    "SEARCH_SPACE": "searchSpace",
+}  # the profile's param each update_type changes
 
 
 def _changes(update_type: str, params: dict[str, Any]) -> ExperimentChanges:
@@ -292,7 +314,7 @@ def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str
     try:
         sequence_id = host.add_customized_trial(experiment_id, parameters)
     except (ExperimentNotRunning, RunnerError) as refused:
-        return _error(str(refused))
+        return _error(str(refused), 409)
     return _json(nni_rest.SequenceId(sequenceId=sequence_id).wire())
 
 
@@ -300,7 +322,7 @@ def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str
 def cancel_trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Response:
     """The UI's kill and `nnictl trial kill`: the trial ends USER_CANCELED (one that has ended stays as it is)."""
     try:
-        host.service(experiment_id).cancel_trial_job(trial_job_id)
+        host.cancel_trial(experiment_id, trial_job_id)
     except TrialNotFound as missing:
         return _error(str(missing), 404)
     return _empty()
