@@ -222,6 +222,29 @@ def test_a_lost_attempt_on_a_host_cut_off_at_its_release_is_killed_once_the_host
     assert not client.exists(keys.doomed_attempts(f"remote:{ssh_hosts[0].user.name}@{cut.address}:{cut.port}"))
 
 
+def test_a_trial_canceled_while_its_host_is_cut_off_is_killed_once_the_host_is_back(
+    remote, remote_workers: RemoteWorkers, ssh_hosts: list[SshHost], tmp_path: Path
+) -> None:
+    host = ssh_hosts[0]
+    if host.veth is None:
+        pytest.skip("partitions need the network-namespace hosts")
+    pid_file = tmp_path / "trial.pid"
+    service = remote(hosts=[host], command=f"echo $$ > {pid_file}; while :; do sleep 0.05; done")
+    remote_workers.start(env={"TRIALSTREAM_SSH_TIMEOUT_S": "2"})
+    trial_id = service.submit_trial_job(form(0)).id
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, what="the trial to start")
+    pid = int(pid_file.read_text())
+    _cut(host)
+    try:
+        wait_for_status(service, trial_id, "UNKNOWN", timeout=60)
+        service.cancel_trial_job(trial_id)
+        assert wait_for_status(service, trial_id, "USER_CANCELED").status is TrialJobStatus.USER_CANCELED
+        assert not process_gone(pid)  # the host could not be reached: it runs on there
+    finally:
+        _heal(host)
+    wait_until(lambda: process_gone(pid), 30, what="the canceled trial to be killed once its host is back")
+
+
 def _monitors(host: SshHost) -> list[int]:
     """The host's monitor processes (python: every host here has it) sleeping between two rounds: so they
     have written their first snapshot, and from then on write only when a file they watch changes."""

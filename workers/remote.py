@@ -282,8 +282,7 @@ class RemotePlatform:
                 host.run(_KILL_ATTEMPTS, directory)
             except SshError as error:
                 log.warning("%s; attempt %s is killed once the host is reached again", error, directory)
-                self.client.sadd(self._doomed_key(host), directory)
-                self._sweep_when_back(host)
+                self._doom(host, directory)
         GpuLedger(self.client, "", NoGpuSource()).release_everywhere(attempt_member(trial))
 
     def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
@@ -411,6 +410,11 @@ class RemotePlatform:
     @staticmethod
     def _doomed_key(host: RemoteHost) -> str:
         return keys.doomed_attempts(f"remote:{host.label}")
+
+    def _doom(self, host: RemoteHost, directory: str) -> None:
+        """The attempt in `directory` must not run on, but its host cannot be reached now: kill it when it can."""
+        self.client.sadd(self._doomed_key(host), directory)
+        self._sweep_when_back(host)
 
     def _kill_doomed(self, host: RemoteHost) -> None:
         """Kill the lost attempts listed for the host, now that it answers (raises SshError if it does not)."""
@@ -607,12 +611,13 @@ class _RemoteAttempt:
 
     def _while_down(self, down_s: float) -> TrialOutcome | Lost | Abandoned | None:
         """The host cannot be reached: UNKNOWN after a moment, lost after unreachableTimeout. A stop
-        ends the attempt at once (what runs there is killed by the clean-up once the host is back)."""
+        ends the attempt at once (what runs there is killed as soon as a worker reaches the host again)."""
         reason = f"{self.host.label} unreachable: {self.host.down_reason}"
         stop = self.control.stop_request()
         if stop is not None and stop.lease_lost:
             return Abandoned(stop.reason)
         if stop is not None:
+            self.platform._doom(self.host, self.directory)
             return TrialOutcome(stop.status, message=f"{stop.reason} (while {reason})")
         if down_s >= self.config.unreachable_timeout:
             return Lost(f"host {reason} for {down_s:.0f}s (unreachableTimeout {self.config.unreachable_timeout:g}s)")
