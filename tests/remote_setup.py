@@ -6,17 +6,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.gated_trial import GATED_TRIAL
 from tests.sshd import SshHost, SshUser, write_known_hosts
 
 if TYPE_CHECKING:
-    from tests.conftest import Processes
+    from manager.training_service import TrainingService
+    from tests.conftest import Processes, ServiceFactory
 
 
 @pytest.fixture
@@ -59,3 +62,23 @@ def remote_workers(processes: Processes, ssh_hosts: list[SshHost], tmp_path: Pat
     os.chmod(known_hosts, 0o644)
     yield RemoteWorkers(processes, known_hosts)
     processes.stop()  # before the hosts go: a worker following trials there would see them vanish
+
+
+@pytest.fixture
+def remote(
+    make_service: ServiceFactory, code_dir: Path, ssh_hosts: list[SshHost], ssh_user: SshUser
+) -> Callable[..., TrainingService]:
+    """(service factory, hosts): experiments whose trials run TRIAL on the hosts given (both by default)."""
+    (code_dir / "trial.py").write_text(GATED_TRIAL)
+
+    def make(
+        hosts: list[SshHost] | None = None,
+        command: str = f"{sys.executable} trial.py",
+        gpu_number: int | None = None,
+        max_retries: int = 0,
+        **section: Any,
+    ) -> TrainingService:
+        platform_config = remote_section(hosts or ssh_hosts, ssh_user, **section)
+        return make_service(command, platform_config=platform_config, gpu_number=gpu_number, max_retries=max_retries)
+
+    return make

@@ -499,6 +499,14 @@ class SshHost:
             raise AssertionError(f"{command!r} on {self.hostname} exited with {result.returncode}: {result.stderr}")
         return result
 
+    def mount_tmpfs(self, path: str, options: str) -> None:
+        """A small filesystem of this host's own (tmpfs, `options` such as `size=64k` or `nr_inodes=2`) at
+        `path` under the user's home, owned by the user: a disk that fills up. It lasts until the host stops."""
+        self.run(f'mkdir -p "$HOME/{path}"')
+        enter = ["nsenter", f"--target={self.listener_pid}", "--mount", "--"]
+        owner = f"uid={self.user.uid},gid={self.user.gid},mode=0755"
+        _sh(*enter, "mount", "-t", "tmpfs", "-o", f"{options},{owner}", "tmpfs", f"{self.user.home}/{path}")
+
     def destroy(self) -> None:
         """Teardown: stop, delete the namespace (and with it the veth pair), remove the host's files."""
         try:
@@ -550,6 +558,78 @@ class MuteHost:
         self.listener.close()
         for connection in self.accepted:
             connection.close()
+
+
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1 to `upstream` (an sshd host) that drops every connection through it once it
+    has forwarded a given number of bytes from the host since `cut_after` armed it: a connection lost at a
+    point of the transfer, not of the clock. Connections made after the cut are forwarded as usual."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self._upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._budget: int | None = None  # bytes from the host still to forward before the cut; None: unarmed
+        self.cut = threading.Event()
+        threading.Thread(target=self._accept, name="cutting-proxy", daemon=True).start()
+
+    def cut_after(self, downstream_bytes: int) -> None:
+        with self._lock:
+            self._budget = downstream_bytes
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=DEADLINE_S)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._pairs.append((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, downstream: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if downstream and self._spend(len(data)):
+                    return
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def _spend(self, size: int) -> bool:
+        """Counts `size` bytes from the host; True (and every connection dropped) once the budget is spent."""
+        with self._lock:
+            if self._budget is None:
+                return False
+            self._budget -= size
+            if self._budget > 0:
+                return False
+            self._budget = None
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+        self.cut.set()
+        return True
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
 
 
 def _announce(request: pytest.FixtureRequest, line: str) -> None:

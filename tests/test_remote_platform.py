@@ -25,9 +25,8 @@ from manager.training_service import TrainingService
 from schemas.events import TrialEnded, TrialReattached, TrialStarted, TrialUnreachable
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
-from tests.conftest import ServiceFactory, form, wait_for_status, wait_until
-from tests.gated_trial import GATED_TRIAL
-from tests.remote_setup import RemoteWorkers, remote_section
+from tests.conftest import form, wait_for_status, wait_until
+from tests.remote_setup import RemoteWorkers
 from tests.sshd import SshHost, SshUser
 
 
@@ -35,24 +34,6 @@ from tests.sshd import SshHost, SshUser
 def tmp_path(shared_tmp_path: Path) -> Path:
     """Trials on the hosts (another user) read and write the markers these tests create."""
     return shared_tmp_path
-
-
-@pytest.fixture
-def remote(make_service: ServiceFactory, code_dir: Path, ssh_hosts: list[SshHost], ssh_user: SshUser):
-    """(service factory, hosts): experiments whose trials run TRIAL on the hosts given (both by default)."""
-    (code_dir / "trial.py").write_text(GATED_TRIAL)
-
-    def make(
-        hosts: list[SshHost] | None = None,
-        command: str = f"{sys.executable} trial.py",
-        gpu_number: int | None = None,
-        max_retries: int = 0,
-        **section: Any,
-    ) -> TrainingService:
-        platform_config = remote_section(hosts or ssh_hosts, ssh_user, **section)
-        return make_service(command, platform_config=platform_config, gpu_number=gpu_number, max_retries=max_retries)
-
-    return make
 
 
 def periodical(service: TrainingService, trial_id: str) -> list[int]:
@@ -365,7 +346,8 @@ def test_the_trial_runs_detached_with_its_files_on_the_host(
     assert trial.status is TrialJobStatus.FAILED and trial.exit_code == 4
     directory = attempt_dir(ssh_hosts[0], service, trial_id)
     assert (directory / "exit").read_text().strip() == "4"
-    assert int((directory / "pid").read_text()) > 1
+    pid, start = (directory / "pid").read_text().split()  # its pid, and its start time: a reused pid is told apart
+    assert int(pid) > 1 and int(start) > 0
     assert b"NNISDK_MEb" in (directory / "stdout").read_bytes()
     assert json.loads((directory / "parameter.cfg").read_text())["parameters"]["code"] == 4
     host = ssh_hosts[0]
@@ -442,7 +424,8 @@ def test_the_shell_monitor_sees_what_the_python_monitor_sees(tmp_path: Path) -> 
         (watch / key).symlink_to(attempt)
 
     def first_snapshot(monitor: str) -> dict[str, Any]:
-        process = subprocess.Popen(["sh", "-c", script(monitor, str(watch))], stdout=subprocess.PIPE, text=True)
+        command = ["sh", "-c", script(monitor, str(watch))]
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert process.stdout is not None
             return next(RemoteHost._snapshots(line.rstrip("\n") for line in process.stdout))

@@ -33,7 +33,6 @@ from core.platform import (
     Lost,
     OutputStream,
     OutputUnavailable,
-    ParsedMetric,
     TrialAssignment,
     TrialControl,
     TrialOutcome,
@@ -44,15 +43,14 @@ from schemas.events import TrialLaunchSpec
 from schemas.openpai import OpenpaiConfig
 from schemas.trial import TrialJobStatus
 from workers.code_package import CodeDirectoryError, check_size, pack
-from workers.metrics import parse_records
-from workers.trial_contract import MetricBatch, StdoutMetricPump, failure_message, read_tail, write_parameters
+from workers.output_reader import READ_LIMIT, OutputReader
+from workers.trial_contract import failure_message, read_tail, write_parameters
 
 log = logging.getLogger(__name__)
 
 API = "/rest-server/api/v2"
 REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 POLL_S = 1.0  # OpenPAI has no watch: a job's state is asked this often (NNI asks every 3 s)
-READ_LIMIT = 1 << 20  # of an output file per read
 EXIT_FILE_WAIT_S = 10.0  # an ended job's exit code file may reach the local mount a moment later (NFS caching)
 UNSEEN_S = 30.0  # a submitted job the server still does not know after this long was deleted
 CODE_DIR = "nni-code"  # NNI's name for the experiment's code on the storage
@@ -383,12 +381,7 @@ class _Attempt:
         self.seen = False
         self.unknown = False
         self.created_at = time.monotonic()
-        offsets = control.offsets() if control is not None else {}
-        self.stdout_offset = offsets.get("stdout", 0)
-        self.metrics_offset = offsets.get("metrics", 0)
-        self.metrics_rest = b""
-        self.batch = MetricBatch(control) if control is not None else None
-        self.pump = StdoutMetricPump(self.batch) if self.batch is not None else None
+        self.output = OutputReader(control, self._read, STDOUT) if control is not None else None
 
     def stop(self) -> None:
         try:
@@ -463,49 +456,14 @@ class _Attempt:
         return int(code) if isinstance(code, int) else None
 
     def pull(self, final: bool) -> None:
-        """Read what the trial wrote since the committed offsets; commit its metrics with the new offsets.
-        Only whole stdout lines are taken (a re-attached follower starts on a line), all of them at the end."""
-        control, pump, batch = self.control, self.pump, self.batch
-        assert control is not None and pump is not None and batch is not None
-        moved = False
-        while True:
-            chunk = _read(self.directory / STDOUT, self.stdout_offset)
-            cut = chunk.rfind(b"\n") + 1
-            whole = chunk if final or (cut == 0 and len(chunk) == READ_LIMIT) else chunk[:cut]
-            if not whole:
-                break
-            pump.feed(whole)
-            self.stdout_offset += len(whole)
-            moved = True
-            if len(chunk) < READ_LIMIT:
-                break
-        if final:
-            pump.close()
-        found: list[ParsedMetric] = []
-        while True:
-            chunk = _read(self.directory / ".nni" / "metrics", self.metrics_offset + len(self.metrics_rest))
-            buffer = self.metrics_rest + chunk
-            if not buffer:
-                break
-            last = final and len(chunk) < READ_LIMIT
-            position, metrics, problems = parse_records(buffer, last)
-            found += metrics
-            for problem in problems:
-                control.rejected(problem)
-            self.metrics_offset += position
-            self.metrics_rest = buffer[position:]
-            moved = moved or position > 0
-            if len(chunk) < READ_LIMIT:
-                break
-        metrics = batch.take() + found
-        if moved or metrics:
-            control.metrics(metrics, offsets={"stdout": self.stdout_offset, "metrics": self.metrics_offset})
+        """Read what the trial wrote since the committed offsets (see workers.output_reader)."""
+        assert self.output is not None
+        self.output.pull(final)
 
-
-def _read(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read(READ_LIMIT)
-    except FileNotFoundError:
-        return b""
+    def _read(self, name: str, offset: int, limit: int) -> bytes:
+        try:
+            with (self.directory / name).open("rb") as file:
+                file.seek(offset)
+                return file.read(limit)
+        except FileNotFoundError:
+            return b""

@@ -19,11 +19,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
 import redis
 
+from core import keys
 from core.leases import AttemptRef
 from core.platform import (
     Abandoned,
@@ -31,7 +33,6 @@ from core.platform import (
     Lost,
     OutputStream,
     OutputUnavailable,
-    ParsedMetric,
     TrialAssignment,
     TrialControl,
     TrialOutcome,
@@ -49,12 +50,10 @@ from workers.gpu import (
     NoGpuSource,
     cuda_visible_devices,
 )
-from workers.metrics import parse_records
-from workers.remote_host import RemoteHost, probe, script
+from workers.output_reader import READ_LIMIT, OutputReader
+from workers.remote_host import PROCESS_FUNCTIONS, RemoteHost, probe, script
 from workers.ssh import SshError, SshPool
 from workers.trial_contract import (
-    MetricBatch,
-    StdoutMetricPump,
     TrialPaths,
     failure_message,
     nni_environment,
@@ -66,19 +65,23 @@ log = logging.getLogger(__name__)
 FOLLOW_IDLE_S = 5.0  # a safety net: the monitor, a stop, a lost lease or a lost host wake a follower at once
 DOWN_CHECK_S = 0.5  # while the host is down: how often UNKNOWN and unreachableTimeout are checked
 UNKNOWN_AFTER_S = 2.0  # a connection down this long makes the trial UNKNOWN (a quick reconnect does not)
-READ_LIMIT = 1 << 20
 STDERR_TAIL = 2000
+SWEEP_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)  # between tries to reach a host where lost attempts are left to kill
 
 # $1 attempt dir, $2 staged code, $3 watch dir, $4 key, $5 command, $6 pythonPath (all relative paths are
 # from the user's home), then NAME=VALUE for the trial's environment; parameter.cfg comes on stdin (a
 # command line holds at most 128 KiB). The trial runs in a session of its own (it survives the SSH
-# session), its stdout and stderr in files; its exit code is written last, atomically. Prints "pid dir".
-# Idempotent: an attempt already launched there (its pid file written) is only reported again.
-_LAUNCH = r"""
+# session), its stdout and stderr in files; its exit code is written last, atomically. Its pid file holds its
+# pid and start time (a pid reused by another process is told apart). Prints "pid dir". Idempotent: an attempt
+# already launched there (its pid file written) is only reported again. A step failing after the trial started
+# (a full disk) kills it and removes its pid file: nothing of an attempt whose launch failed runs on.
+_LAUNCH = (
+    PROCESS_FUNCTIONS
+    + r"""
 set -e
 d="$HOME/$1"; code="$HOME/$2"; watch="$HOME/$3"; key="$4"; command="$5"; python_path="$6"
 shift 6
-if [ -e "$d/pid" ]; then read -r p 2>/dev/null < "$d/pid" || :; echo "$p $d"; exit 0; fi
+if [ -e "$d/pid" ]; then recorded "$d" || :; echo "$p $d"; exit 0; fi
 rm -rf "$d"
 mkdir -p "$d/.nni" "$d/code" "$watch"
 cp -R "$code/." "$d/code/"
@@ -89,15 +92,24 @@ export PATH NNI_SYS_DIR="$d" NNI_OUTPUT_DIR="$d" NNI_CODE_DIR="$d/code"
 cd "$d/code"
 env "$@" setsid sh -c 'sh -c "$2" > "$1/stdout" 2> "$1/stderr" < /dev/null
 echo $? > "$1/exit.partial"; mv "$1/exit.partial" "$1/exit"' trial "$d" "$command" < /dev/null > /dev/null 2>&1 &
-echo $! > "$d/pid.partial"; mv "$d/pid.partial" "$d/pid"
+p=$!
+trap 'kill -s KILL -- "-$p" "$p" 2>/dev/null; rm -f "$d/pid" "$d/pid.partial"' EXIT
+started "$p" || :
+echo "$p $s" > "$d/pid.partial"; mv "$d/pid.partial" "$d/pid"
 ln -sfn "$d" "$watch/$key"
-echo "$! $d"
+trap - EXIT
+echo "$p $d"
 """
+)
 
-# $1 the trial's process group, $2 tenths of a second to wait after SIGTERM before SIGKILL. Whether a
-# process of the group is left is read through /proc with builtins (zombies do not count).
-_KILL = r"""
-g="$1"; grace="$2"
+# $1 attempt dir, $2 tenths of a second to wait after SIGTERM before SIGKILL, for the trial's process group
+# (unless its pid is another process's by now). Whether a process of the group is left is read through /proc
+# with builtins (zombies do not count).
+_KILL = (
+    PROCESS_FUNCTIONS
+    + r"""
+group "$1" || exit 0
+g="$p"; grace="$2"
 alive() {
   for f in /proc/[0-9]*/stat; do
     l=; read -r l 2>/dev/null < "$f" || continue
@@ -112,35 +124,56 @@ while alive && [ "$i" -lt "$grace" ]; do sleep 0.1; i=$((i + 1)); done
 kill -s KILL -- "-$g" 2>/dev/null
 exit 0
 """
+)
 
-# $1 attempt dir: "running", "exited", or why nothing of the attempt runs there.
-_STATE = r"""
+# $@ attempt dirs (of lost attempts): what still runs of each is killed.
+_KILL_ATTEMPTS = (
+    PROCESS_FUNCTIONS
+    + r"""
+for d; do group "$d" && kill -s KILL -- "-$p" 2>/dev/null; done
+exit 0
+"""
+)
+
+# $1 attempt dir: its absolute path, then "running", "exited", or why nothing of the attempt runs there.
+_STATE = (
+    PROCESS_FUNCTIONS
+    + r"""
 d="$1"
+echo "$HOME/$d"
 [ -e "$d/exit" ] && { echo exited; exit 0; }
-p=; read -r p 2>/dev/null < "$d/pid" || [ -n "$p" ] || { echo "never started"; exit 0; }
-s=; read -r s 2>/dev/null < "/proc/$p/stat"
-case "$s" in ""|*") Z "*|*") X "*) ;; *) echo running; exit 0;; esac
+recorded "$d" || { echo "never started"; exit 0; }
+runs "$d" && { echo running; exit 0; }
 [ -e "$d/exit" ] && { echo exited; exit 0; }
 b=; read -r b 2>/dev/null < /proc/sys/kernel/random/boot_id
 o=; read -r o 2>/dev/null < "$d/boot_id"
 if [ -n "$o" ] && [ "$b" != "$o" ]; then echo rebooted; else echo vanished; fi
 """
+)
 
 # $1 root, $2 experiment, $3 "keep" or not: what still runs of the experiment is killed (attempts that
-# ended are left alone: their pid may be another process's by now), then its files go.
-_CLEAN_UP = r"""
+# ended are left alone), then its files go.
+_CLEAN_UP = (
+    PROCESS_FUNCTIONS
+    + r"""
 root="$1"; experiment="$2"; keep="$3"
 for d in "$root/experiments/$experiment"/*/attempt-*; do
-  [ -e "$d/pid" ] && [ ! -e "$d/exit" ] && read -r g 2>/dev/null < "$d/pid" && kill -s KILL -- "-$g" 2>/dev/null
+  [ -e "$d/exit" ] || ! group "$d" || kill -s KILL -- "-$p" 2>/dev/null
 done
 rm -f "$root"/watch/*/"$experiment".*
 [ "$keep" = keep ] || rm -rf "$root/experiments/$experiment"
 exit 0
 """
+)
 
 
-class LaunchFailed(Exception):
-    """The host answered but could not start the trial (no space, a broken code directory): it fails."""
+class NotStarted(Exception):
+    """Nothing of the trial runs on the host: staging its code or its launch failed there. `answered`: the
+    host answered and cannot take it (a full disk); else it could not be reached."""
+
+    def __init__(self, reason: str, answered: bool) -> None:
+        super().__init__(reason)
+        self.answered = answered
 
 
 class RemotePlatform:
@@ -158,6 +191,9 @@ class RemotePlatform:
         self._hosts_lock = threading.Lock()
         self._packages: dict[str, CodePackage] = {}
         self._cache = Path(tempfile.mkdtemp(prefix="trialstream-code-"))
+        self._sweeping: set[str] = set()  # hosts this worker tries to reach to kill lost attempts left there
+        self._sweeping_lock = threading.Lock()
+        self._closed = threading.Event()
 
     @classmethod
     def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
@@ -182,18 +218,21 @@ class RemotePlatform:
     def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
         assert isinstance(config, RemoteConfig)
-        placed = self._place(trial, config)
-        if not isinstance(placed, RemoteHost):
-            return placed
-        follower = _RemoteAttempt(self, placed, trial, control, config)
-        try:
-            follower.launch(self._packages[trial.experiment_id])
-        except SshError as error:  # it may have started there: the next delivery goes to the same host
-            return Deferred(f"could not launch on {placed.label}: {error}")
-        except LaunchFailed as error:
-            self._ledger(placed).release(attempt_member(trial))
-            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
-        return self._followed(placed, follower, started=True)
+        not_started: dict[str, NotStarted] = {}  # host label -> why the trial could not start there
+        while True:
+            placed = self._place(trial, config, not_started)
+            if not isinstance(placed, RemoteHost):
+                return placed
+            follower = _RemoteAttempt(self, placed, trial, control, config)
+            try:
+                follower.launch(self._packages[trial.experiment_id])
+            except NotStarted as error:  # its place there is freed, and another machine tried
+                self._ledger(placed).release(attempt_member(trial))
+                not_started[placed.label] = error
+                continue
+            except SshError as error:  # it may have started there: the next delivery goes to the same host
+                return Deferred(f"could not launch on {placed.label}: {error}")
+            return self._followed(placed, follower)
 
     def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
@@ -202,6 +241,7 @@ class RemotePlatform:
         if host is None:
             return None  # never placed, or its end was already recorded
         follower = _RemoteAttempt(self, host, trial, control, config)
+        follower.gpus = self._held_gpus(host, trial)
         try:
             state = follower.state()
         except SshError as error:
@@ -212,17 +252,14 @@ class RemotePlatform:
             self._ledger(host).release(attempt_member(trial))
             return None
         follower.unknown = True  # its view may say UNKNOWN (its last worker lost the host): RUNNING once reached
-        return self._followed(host, follower, started=False)
+        return self._followed(host, follower)
 
-    def _followed(self, host: RemoteHost, follower: _RemoteAttempt, started: bool) -> TrialOutcome | Lost | Abandoned:
+    def _followed(self, host: RemoteHost, follower: _RemoteAttempt) -> TrialOutcome | Lost | Abandoned:
         """Follow the attempt to its end, then free its place on the host. A lost attempt keeps it (its
         release, queued with the loss, kills what may still run there); so does an abandoned one (the
         worker that took it over follows it). Any other failure kills the trial: nobody would follow it."""
         outcome: TrialOutcome | Lost | Abandoned | None = None
         try:
-            if started:
-                url = host.url(follower.absolute)
-                follower.control.started(follower.absolute, url=url, gpu_indices=follower.gpus or None)
             outcome = follower.follow()
             return outcome
         except Exception:
@@ -234,15 +271,18 @@ class RemotePlatform:
                 self._ledger(host).release(attempt_member(follower.trial))
 
     def release(self, trial: TrialAssignment) -> None:
-        """Kill what is left of a lost attempt on its host (if it can be reached now) and free its place.
-        What a host unreachable now still runs is killed by the experiment's clean-up."""
+        """Kill what is left of a lost attempt on its host and free its place. A host that cannot be reached
+        now has the attempt put on its list of attempts to kill, which the next worker to reach it kills."""
         config = trial.platform_config
         assert isinstance(config, RemoteConfig)
         host = self._host_holding(trial, config)
         if host is not None:
             directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
-            with contextlib.suppress(SshError):
-                host.run('read -r g 2>/dev/null < "$1/pid" && kill -s KILL -- "-$g" 2>/dev/null; exit 0', directory)
+            try:
+                host.run(_KILL_ATTEMPTS, directory)
+            except SshError as error:
+                log.warning("%s; attempt %s is killed once the host is reached again", error, directory)
+                self._doom(host, directory)
         GpuLedger(self.client, "", NoGpuSource()).release_everywhere(attempt_member(trial))
 
     def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
@@ -274,6 +314,7 @@ class RemotePlatform:
                 log.warning("clean-up of experiment %s: %s", experiment_id, error)
 
     def close(self) -> None:
+        self._closed.set()
         self.pool.close()
         for package in self._packages.values():
             package.path.unlink(missing_ok=True)
@@ -296,23 +337,30 @@ class RemotePlatform:
     def _ledger(self, host: RemoteHost) -> GpuLedger:
         return GpuLedger(self.client, f"remote:{host.label}", host)
 
-    def _place(self, trial: TrialAssignment, config: RemoteConfig) -> RemoteHost | Deferred | TrialOutcome:
-        """The machine with the fewest of our trials among those that can take this one now, its GPUs
-        reserved in the machine's ledger; else wait (Deferred) or, if no machine ever could, fail."""
+    def _place(
+        self, trial: TrialAssignment, config: RemoteConfig, not_started: Mapping[str, NotStarted]
+    ) -> RemoteHost | Deferred | TrialOutcome:
+        """The machine with the fewest of our trials among those that can take this one now (and where it
+        has not failed to start in this delivery), its GPUs reserved in the machine's ledger; else wait
+        (Deferred) or, if no machine can (ever, or now that it failed to start on the others), fail."""
         member = attempt_member(trial)
         earlier = self._host_holding(trial, config, search_hosts=False)
         if earlier is not None:  # an earlier delivery placed it there, and may have launched it
             return earlier
         hosts = [self._host(machine) for machine in config.machine_list]
         load = {host.label: self.client.hlen(self._ledger(host).holders_key) for host in hosts}
+        cannot = [str(error) for error in not_started.values() if error.answered]
         impossible: list[str] = []
-        unreachable: list[str] = []
+        unreachable = [str(error) for error in not_started.values() if not error.answered]
         busy = 0
         for host in sorted(hosts, key=lambda host: (host.down_since is not None, load[host.label])):
+            if host.label in not_started:
+                continue
             policy = _policy(trial, host.machine)
             ledger = self._ledger(host)
             try:
                 host.connection.connect()  # at once when connected; a host that went away is skipped
+                self._kill_doomed(host)
                 gpus = ledger.reserve(member, policy)
             except GpuRequestImpossible as error:
                 impossible.append(f"{host.label}: {error}")
@@ -326,8 +374,11 @@ class RemotePlatform:
             if not gpus:
                 self.client.hset(ledger.holders_key, member, "[]")  # counted in the machine's load
             return host
-        if len(impossible) == len(hosts):
-            return TrialOutcome(TrialJobStatus.FAILED, message="no machine can ever run it: " + "; ".join(impossible))
+        if len(impossible) + len(cannot) == len(hosts):
+            ever = "" if cannot else " ever"
+            return TrialOutcome(
+                TrialJobStatus.FAILED, message=f"no machine can{ever} run it: " + "; ".join(cannot + impossible)
+            )
         if busy:
             count = trial.launch.gpu_number or 0
             return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''} on any machine")
@@ -353,6 +404,50 @@ class RemotePlatform:
                 if host.run('test -e "$1/pid"', directory).exit_code == 0:
                     return host
         return None
+
+    # lost attempts on hosts that could not be reached when they were released
+
+    @staticmethod
+    def _doomed_key(host: RemoteHost) -> str:
+        return keys.doomed_attempts(f"remote:{host.label}")
+
+    def _doom(self, host: RemoteHost, directory: str) -> None:
+        """The attempt in `directory` must not run on, but its host cannot be reached now: kill it when it can."""
+        self.client.sadd(self._doomed_key(host), directory)
+        self._sweep_when_back(host)
+
+    def _kill_doomed(self, host: RemoteHost) -> None:
+        """Kill the lost attempts listed for the host, now that it answers (raises SshError if it does not)."""
+        key = self._doomed_key(host)
+        directories = sorted(str(directory) for directory in self.client.smembers(key))  # a decoding client
+        if directories:
+            host.run(_KILL_ATTEMPTS, *directories)
+            self.client.srem(key, *directories)
+            log.info("%s: killed what was left of %d lost attempt(s) there", host.label, len(directories))
+
+    def _sweep_when_back(self, host: RemoteHost) -> None:
+        """Keep trying to reach the host (backing off) until its list of attempts to kill is empty, so that a
+        lost attempt does not run on beside its retry once the host is back; one such thread per host."""
+        with self._sweeping_lock:
+            if host.label in self._sweeping:
+                return
+            self._sweeping.add(host.label)
+        threading.Thread(target=self._sweep, args=(host,), name=f"sweep-{host.label}", daemon=True).start()
+
+    def _sweep(self, host: RemoteHost) -> None:
+        failures = 0
+        while not self._closed.wait(SWEEP_BACKOFF_S[min(failures, len(SWEEP_BACKOFF_S) - 1)]):
+            try:
+                self._kill_doomed(host)
+                with self._sweeping_lock:
+                    if not self.client.scard(self._doomed_key(host)):
+                        self._sweeping.discard(host.label)
+                        return
+            except (SshError, redis.RedisError) as error:
+                log.debug("%s: still cannot kill the lost attempts there: %s", host.label, error)
+                failures += 1
+        with self._sweeping_lock:
+            self._sweeping.discard(host.label)
 
 
 def _policy(trial: TrialAssignment, machine: RemoteMachine) -> GpuPolicy:
@@ -386,20 +481,21 @@ class _RemoteAttempt:
         self.config = config
         self.key = f"{trial.experiment_id}.{trial.trial_id}.{trial.attempt}"
         self.directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
-        offsets = control.offsets()
-        self.stdout_offset = offsets.get("stdout", 0)
-        self.metrics_offset = offsets.get("metrics", 0)
-        self.metrics_rest = b""
-        self.batch = MetricBatch(control)
-        self.pump = StdoutMetricPump(self.batch)
-        self.absolute = self.directory  # made absolute by the launch (its host's $HOME)
+        self.output = OutputReader(control, self._read, "stdout")
+        self.absolute = self.directory  # made absolute by the launch or a state check (its host's $HOME)
         self.gpus: list[int] = []  # held on the host, known once launched
-        self.pid: int | None = None
         self.unknown = False
         self.linked = False  # in this worker's watch directory, so its monitor reports it
+        self.start_recorded = False
 
     def launch(self, package: CodePackage) -> None:
-        code_dir = self.host.stage(package)
+        """Stage the code and start the trial. NotStarted: nothing of it runs there. SshError: the connection
+        dropped while the launch ran, which may have started the trial."""
+        try:
+            code_dir = self.host.stage(package)
+        except (SshError, OSError) as error:  # "error": the host answered (a full disk), not a timeout or a drop
+            answered = self.host.connection.connected and getattr(error, "kind", "error") == "error"
+            raise NotStarted(str(error) if answered else f"{error} (while staging the code)", answered) from error
         trial = self.trial
         self.gpus = gpus = self.platform._held_gpus(self.host, trial)
         policy = _policy(trial, self.host.machine)
@@ -420,20 +516,35 @@ class _RemoteAttempt:
             ),
             stdin=trial.form.hyper_parameters.value.encode(),
         )
-        if result.exit_code != 0:
+        if result.exit_code == -1:  # killed by a signal: it may have started the trial (the next launch tells)
+            raise SshError(f"{self.host.label}: the launch was killed before it finished", "error")
+        if result.exit_code != 0:  # it failed, and killed what it had started
             problem = result.stderr.decode(errors="replace").strip()
-            raise LaunchFailed(f"{self.host.label}: the trial could not be started: {problem}")
-        pid, _, absolute = result.stdout.decode().strip().partition(" ")
-        self.pid, self.absolute, self.linked = int(pid), absolute, True
+            raise NotStarted(f"{self.host.label}: the trial could not be started: {problem}", answered=True)
+        self.absolute = result.stdout.decode().strip().partition(" ")[2]
+        self.linked = True
 
     def _link(self) -> None:
         """Follow an attempt launched by another worker: link it into this worker's watch directory
         (again once the host is back, if it was down when the attempt was taken up)."""
-        self.host.run('mkdir -p "$2" && ln -sfn "$HOME/$1" "$2/$3"', self.directory, self.host.watch_dir, self.key)
+        link = 'mkdir -p "$2" && ln -sfn "$HOME/$1" "$2/$3" && echo "$HOME/$1"'
+        linked = self.host.run(link, self.directory, self.host.watch_dir, self.key)
+        if linked.exit_code != 0:
+            raise OSError(f"cannot follow the trial: {linked.stderr.decode(errors='replace').strip()}")
+        self.absolute = linked.stdout.decode().strip()
         self.linked = True
 
+    def _record_start(self) -> None:
+        """TrialStarted, once per attempt whoever follows it (the key `started:<trial>:<attempt>` keeps one):
+        a worker that re-attaches records it too, in case its predecessor died before it could."""
+        url = self.host.url(self.absolute)
+        self.control.started(self.absolute, url=url, gpu_indices=self.gpus or None)
+        self.start_recorded = True
+
     def state(self) -> str:
-        return self.host.run(_STATE, self.directory).stdout.decode().strip()
+        absolute, _, state = self.host.run(_STATE, self.directory).stdout.decode().strip().partition("\n")
+        self.absolute = absolute
+        return state
 
     def follow(self) -> TrialOutcome | Lost | Abandoned:
         self.host.follow(self.key, self.control.wake)
@@ -457,6 +568,8 @@ class _RemoteAttempt:
             try:
                 if not self.linked:
                     self._link()
+                if not self.start_recorded:
+                    self._record_start()
                 if self.unknown:
                     control.unreachable(None)
                     self.unknown = False
@@ -464,7 +577,7 @@ class _RemoteAttempt:
                 if stop is not None and stop.lease_lost:  # another worker follows it now: leave it running
                     return Abandoned(stop.reason)
                 files = self.host.files(self.key)
-                self._pull(files.stdout, files.metrics, final=False)
+                self.output.pull(False, files.stdout, files.metrics)
                 for form in control.new_forms():
                     name = parameter_file_name(form.hyper_parameters.index)
                     self.host.connection.write(f"{self.directory}/{name}", form.hyper_parameters.value.encode())
@@ -476,7 +589,7 @@ class _RemoteAttempt:
                         return vanished
                 if stop is not None:
                     self.kill()
-                    self._pull(None, None, final=True)
+                    self.output.pull(True)
                     return TrialOutcome(stop.status, message=stop.reason)
             except SshError as error:
                 if not self.host.connection.connected:
@@ -498,12 +611,13 @@ class _RemoteAttempt:
 
     def _while_down(self, down_s: float) -> TrialOutcome | Lost | Abandoned | None:
         """The host cannot be reached: UNKNOWN after a moment, lost after unreachableTimeout. A stop
-        ends the attempt at once (what runs there is killed by the clean-up once the host is back)."""
+        ends the attempt at once (what runs there is killed as soon as a worker reaches the host again)."""
         reason = f"{self.host.label} unreachable: {self.host.down_reason}"
         stop = self.control.stop_request()
         if stop is not None and stop.lease_lost:
             return Abandoned(stop.reason)
         if stop is not None:
+            self.platform._doom(self.host, self.directory)
             return TrialOutcome(stop.status, message=f"{stop.reason} (while {reason})")
         if down_s >= self.config.unreachable_timeout:
             return Lost(f"host {reason} for {down_s:.0f}s (unreachableTimeout {self.config.unreachable_timeout:g}s)")
@@ -513,7 +627,7 @@ class _RemoteAttempt:
         return None
 
     def _exited(self) -> TrialOutcome:
-        self._pull(None, None, final=True)
+        self.output.pull(True)
         code = int(self.host.connection.read(f"{self.directory}/exit", 0).strip() or b"-1")
         if code == 0:
             return TrialOutcome(TrialJobStatus.SUCCEEDED, exit_code=0)
@@ -526,7 +640,7 @@ class _RemoteAttempt:
         state = self.state()
         if state == "running":
             return None
-        self._pull(None, None, final=True)
+        self.output.pull(True)
         if state == "exited":
             return self._exited()
         if state == "rebooted":
@@ -537,60 +651,11 @@ class _RemoteAttempt:
 
     def kill(self) -> None:
         """SIGTERM to the trial's process group, SIGKILL after the grace period."""
-        pid = self.pid
-        if pid is None:
-            pid = int(self.host.connection.read(f"{self.directory}/pid", 0).strip())
         tenths = str(int(self.platform.settings.kill_grace_s * 10))
-        self.host.run(_KILL, str(pid), tenths, timeout_s=self.platform.settings.kill_grace_s + 30)
+        self.host.run(_KILL, self.directory, tenths, timeout_s=self.platform.settings.kill_grace_s + 30)
 
-    def _pull(self, stdout_size: int | None, metrics_size: int | None, final: bool) -> None:
-        """Read what the trial wrote since the committed offsets; commit the metrics with the new offsets.
-        Sizes are the monitor's (None: read to the end, whatever it is)."""
-        moved = False
-        while stdout_size is None or self.stdout_offset < stdout_size:
-            chunk = self._read("stdout", self.stdout_offset)
-            if not chunk:
-                break
-            cut = chunk.rfind(b"\n") + 1
-            whole = chunk if final or (cut == 0 and len(chunk) == READ_LIMIT) else chunk[:cut]  # whole lines
-            if not whole:
-                break
-            self.pump.feed(whole)
-            self.stdout_offset += len(whole)
-            moved = True
-            if len(chunk) < READ_LIMIT:
-                break
-        if final:
-            self.pump.close()
-        file_metrics: list[ParsedMetric] = []
-        while metrics_size is None or self.metrics_offset + len(self.metrics_rest) < metrics_size:
-            chunk = self._read(".nni/metrics", self.metrics_offset + len(self.metrics_rest))
-            if not chunk:
-                break
-            buffer = self.metrics_rest + chunk
-            position, found, problems = parse_records(buffer, final and len(chunk) < READ_LIMIT)
-            file_metrics += found
-            for problem in problems:
-                self.control.rejected(problem)
-            self.metrics_offset += position
-            self.metrics_rest = buffer[position:]
-            moved = True
-            if len(chunk) < READ_LIMIT:
-                break
-        if final and self.metrics_rest:  # a record the trial never finished: rejected, not dropped
-            position, found, problems = parse_records(self.metrics_rest, True)
-            file_metrics += found
-            for problem in problems:
-                self.control.rejected(problem)
-            self.metrics_offset += position
-            self.metrics_rest = b""
-        metrics = self.batch.found + file_metrics
-        self.batch.found = []
-        if moved or metrics:
-            self.control.metrics(metrics, offsets={"stdout": self.stdout_offset, "metrics": self.metrics_offset})
-
-    def _read(self, name: str, offset: int) -> bytes:
+    def _read(self, name: str, offset: int, limit: int) -> bytes:
         try:
-            return self.host.connection.read(f"{self.directory}/{name}", offset, READ_LIMIT)
+            return self.host.connection.read(f"{self.directory}/{name}", offset, limit)
         except FileNotFoundError:
             return b""

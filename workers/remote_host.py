@@ -32,27 +32,57 @@ LIVENESS_ROUNDS = 10  # monitor rounds between checks that each followed trial's
 RECONNECT_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 REQUIRED_TOOLS = ("setsid", "stat", "tar")
 
+# Shell functions for the scripts that ask whether an attempt's process still runs, or kill it. An attempt's
+# pid file holds "PID START": its pid and the process's start time (clock ticks after boot, field 22 of
+# /proc/PID/stat), so a pid the kernel has given to another process since is not taken for the trial.
+PROCESS_FUNCTIONS = r"""
+started() {  # PID: whether it lives (not a zombie); its start time in $s
+  s=; l=; read -r l 2>/dev/null < "/proc/$1/stat" || return 1
+  set -- ${l##*) }
+  case "$1" in Z|X) return 1;; esac
+  s=${20}
+}
+recorded() {  # DIR: the attempt's pid and start time, from its pid file, in $p and $t
+  p=; t=; read -r p t 2>/dev/null < "$1/pid" || [ -n "$p" ]
+}
+runs() {  # DIR: whether the attempt's process still runs
+  recorded "$1" && started "$p" && { [ -z "$t" ] || [ "$s" = "$t" ]; }
+}
+group() {  # DIR: its process group ($p) may be killed: its leader is ours, or gone (a group id is not reused meanwhile)
+  recorded "$1" && { ! started "$p" || [ -z "$t" ] || [ "$s" = "$t" ]; }
+}
+"""
+
 # $1: the worker's watch directory, holding one symlink per followed attempt (its key -> its directory).
 # Prints the sizes of each attempt's stdout and metrics file and whether its exit file exists, then "."
 # (one snapshot), whenever any of it changed; and "dead KEY" for an attempt whose process is gone
 # without an exit file. In the host's python where there is one (no process per round: ~0.3 % of a
 # core), else in the shell (three processes per round: ~8 % of a core, which trials on the host lose).
+# It ends when its stdin does: the worker holds it open, so the monitor ends with the worker's channel
+# (the worker gone, the connection dropped) even while nothing changes that it would write.
 _PYTHON_TEMPLATE = r"""
-import os, sys, time
+import os, sys, threading, time
+
+def orphaned():
+    sys.stdin.buffer.read()
+    os._exit(0)
+
+threading.Thread(target=orphaned, daemon=True).start()
 os.makedirs(sys.argv[1], exist_ok=True)
 os.chdir(sys.argv[1])
 last, dead, rounds = None, [], 0
 
 def gone(key):
     try:
-        pid = open(key + "/pid").read().strip()
+        pid, _, start = open(key + "/pid").read().strip().partition(" ")
     except OSError:
         return False
     try:
-        state = open("/proc/%s/stat" % pid).read().rpartition(")")[2].split()[:1]
+        fields = open("/proc/%s/stat" % pid).read().rpartition(")")[2].split()
     except OSError:
-        state = []
-    return state in ([], ["Z"], ["X"]) and not os.path.exists(key + "/exit")
+        fields = []
+    runs = fields[:1] not in ([], ["Z"], ["X"]) and (not start or fields[19:20] == [start])
+    return not runs and not os.path.exists(key + "/exit")
 
 while True:
     keys = sorted(os.listdir("."))
@@ -73,18 +103,20 @@ while True:
         last = lines
     time.sleep(PERIOD)
 """
-_SHELL_TEMPLATE = r"""
+_SHELL_TEMPLATE = (
+    PROCESS_FUNCTIONS
+    + r"""
+exec 3<&0
+{ cat <&3 > /dev/null 2>&1; kill $$ 2>/dev/null; } &
+exec 3<&-
 W="$1"; mkdir -p "$W" && cd "$W" || exit 1
 last=; dead=; n=0
 while :; do
   if [ "$n" -le 0 ]; then
     dead=; n=ROUNDS
     for k in *; do
-      [ -e "$k/exit" ] && continue
-      p=; read -r p 2>/dev/null < "$k/pid" || [ -n "$p" ] || continue
-      s=; read -r s 2>/dev/null < "/proc/$p/stat"
-      case "$s" in ""|*") Z "*|*") X "*) [ -e "$k/exit" ] || dead="$dead
-dead $k";; esac
+      [ -e "$k/exit" ] || ! recorded "$k" || runs "$k" || [ -e "$k/exit" ] || dead="$dead
+dead $k"
     done
   fi
   n=$((n - 1))
@@ -93,6 +125,7 @@ dead $k";; esac
   sleep PERIOD
 done
 """
+)
 
 
 def _filled(template: str) -> str:
@@ -240,21 +273,42 @@ class RemoteHost:
 
     def stage(self, package: CodePackage) -> str:
         """The directory on the host holding `package`'s files, uploaded (SFTP) and unpacked the first
-        time any worker needs it there: named by content hash, so changed code is never served stale."""
-        code_dir = f"{self.root}/code/{package.sha256}"
+        time any worker needs it there: named by content hash, so changed code is never served stale.
+        Raises SshError; its kind is "error" when the host answered but cannot hold the code (a full disk)."""
+        code_root = f"{self.root}/code"
+        code_dir = f"{code_root}/{package.sha256}"
         with self._upload_lock:
             if package.sha256 in self._uploaded:
                 return code_dir
             if self.run('test -d "$1"', code_dir).exit_code != 0:
-                self.run('mkdir -p "$1"', f"{self.root}/code")
+                self.run('mkdir -p "$1"', code_root)
                 archive = f"{code_dir}.{self._watcher}.tgz"
-                self.connection.put(package.path, archive)
+                try:
+                    self.connection.put(package.path, archive)
+                except (SshError, OSError) as error:
+                    if not self.connection.connected:
+                        raise
+                    # the host answered: its SFTP server refused the file (no space, no permission)
+                    why = str(error).removeprefix(f"{self.label}: ")
+                    size = package.path.stat().st_size
+                    raise SshError(
+                        f"{self.label}: cannot upload the code ({size} bytes) into ~/{code_root}: "
+                        f"{why}{self._free_space(code_root)}",
+                        "error",
+                    ) from error
                 unpacked = self.run(_UNPACK, archive, code_dir)
                 if unpacked.exit_code != 0:
                     problem = unpacked.stderr.decode(errors="replace").strip()
                     raise SshError(f"{self.label}: cannot unpack the code: {problem}", "error")
             self._uploaded.add(package.sha256)
         return code_dir
+
+    def _free_space(self, directory: str) -> str:
+        """ "; N KiB free there" as the host's `df` tells it (SFTP says only "Failure" when its disk is full)."""
+        result = self.run('df -Pk "$1" 2>/dev/null', directory)
+        fields = result.stdout.decode(errors="replace").splitlines()[-1:]
+        free = fields[0].split()[3:4] if fields else []
+        return f"; {free[0]} KiB free there" if result.exit_code == 0 and free and free[0].isdigit() else ""
 
     # following attempts
 

@@ -568,14 +568,15 @@ class SshConnection:
     def lines(self, script: str) -> Generator[str, None, None]:
         """Runs ``sh -c script`` on a channel of its own and yields its stdout line by line as it arrives.
 
-        Returns once the command exits. Closing the generator closes the channel: the command then sees EOF on
-        stdin and SIGPIPE on its next write. stderr is read and dropped, so it cannot stall the command.
+        Returns once the command exits. Its stdin stays open as long as the stream does: closing the generator
+        closes the channel, and a dropped connection closes it on the host, so the command then sees EOF on
+        stdin (a command that reads it to its end learns that nobody reads its output any more) and SIGPIPE on
+        its next write. stderr is read and dropped, so it cannot stall the command.
         """
         channel, link = self._open_channel(time.monotonic() + self.target.timeout_s)
         try:
             try:
                 channel.exec_command(_command(script))
-                _send_eof(channel)
             except Exception as error:
                 raise self._failure(error, link) from error
             _thread(_drain, channel.recv_stderr)
