@@ -35,6 +35,12 @@ from tests.waiting import wait_until
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of an `xdist_group` run one after another on one pytest worker (`--dist loadgroup`): they go
+    first, so that no group starts late and runs on alone after every other test has ended."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 @pytest.fixture
 def redis_url(redis_proc: Any, redisdb: redis.Redis) -> str:
     """A real, empty redis-server (pytest-redis starts it once and flushes it after each test)."""

@@ -75,6 +75,9 @@ class Manager:
         return str(running[0])
 
 
+pytestmark = pytest.mark.xdist_group("nni-client")  # one manager for the module, on one pytest worker
+
+
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Manager]:
     root = tmp_path_factory.mktemp("nni-client")

@@ -34,7 +34,10 @@ from tests.stack import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(900, func_only=True)  # the images' build (a session fixture) has its own
+pytestmark = [
+    pytest.mark.timeout(900, func_only=True),  # the images' build (a session fixture) has its own
+    pytest.mark.xdist_group("docker"),  # one pytest worker builds the images once and runs every stack
+]
 
 EXPERIMENTS = "/home/trialstream/trialstream-experiments"  # the experiment-data volume, in every container
 TRIAL = '''\
