@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -212,7 +212,10 @@ class EventStore:
         return "" if pipeline is not None else str(result[0])
 
     def append_all(
-        self, events: list[Event], idempotency_keys: list[str | None] | None = None, pipeline: Pipeline | None = None
+        self,
+        events: Sequence[Event],
+        idempotency_keys: list[str | None] | None = None,
+        pipeline: Pipeline | None = None,
     ) -> list[str]:
         """Append several events in one round trip, in order (in batches of 1000, each one atomic).
         With `pipeline`, they are queued there and the ids come with its results."""
@@ -247,7 +250,7 @@ class EventStore:
         script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK]
         return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
 
-    def _arguments(self, events: list[Event], idempotency_keys: list[str | None]) -> list[str]:
+    def _arguments(self, events: Sequence[Event], idempotency_keys: list[str | None]) -> list[str]:
         arguments = []
         for event, key in zip(events, idempotency_keys, strict=True):
             if event.experiment_id != self.experiment_id:

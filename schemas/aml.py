@@ -17,13 +17,13 @@ class AmlConfig(PlatformConfig):
     resource_group: str = Field(min_length=1)
     workspace_name: str = Field(min_length=1)
     compute_target: str = Field(min_length=1)
-    docker_image: str = Field("msranni/nni:latest", min_length=1)
-    max_trial_number_per_gpu: int = Field(1, ge=1)  # accepted as NNI has it; the compute target places jobs
+    docker_image: str = Field(default="msranni/nni:latest", min_length=1)
+    max_trial_number_per_gpu: int = Field(default=1, ge=1)  # accepted as NNI has it; the compute target places jobs
     # trialstream: which azure-identity credential signs in. `default` is DefaultAzureCredential (environment,
     # workload identity, managed identity, Azure CLI, ... in its order); the others pick one of its links.
     credential: Literal["default", "environment", "managedIdentity", "azureCli"] = "default"
     # trialstream: the Azure cloud (AzureCloud, AzureChinaCloud, AzureUSGovernment); else the SDK's own choice
     # ($AZUREML_CURRENT_CLOUD, or the cloud whose metadata $ARM_CLOUD_METADATA_URL serves, else AzureCloud)
-    cloud: str | None = Field(None, min_length=1)
-    experiment_name: str | None = Field(None, min_length=1, max_length=255)  # trialstream: the jobs' experiment
+    cloud: str | None = Field(default=None, min_length=1)
+    experiment_name: str | None = Field(default=None, min_length=1, max_length=255)  # trialstream: the jobs' experiment
     poll_interval: Duration = 2.0  # trialstream: how often a trial's job and its std_log are read

@@ -97,7 +97,7 @@ class PlatformConfig(NniConfigModel):
 class LocalConfig(PlatformConfig):
     platform: Literal["local"] = "local"
     use_active_gpu: bool | None = None
-    max_trial_number_per_gpu: int = Field(1, ge=1)
+    max_trial_number_per_gpu: int = Field(default=1, ge=1)
     gpu_indices: IndexList | None = None
 
     def problems_with(self, experiment: ExperimentConfig) -> dict[str, str]:
@@ -114,13 +114,13 @@ class RemoteMachine(NniConfigModel):
     serialize as '**********' (events, views, answers) and reach the workers outside the log."""
 
     host: str = Field(min_length=1)
-    port: int = Field(22, ge=1, le=65535)
+    port: int = Field(default=22, ge=1, le=65535)
     user: str = Field(min_length=1)
     password: SecretStr | None = None
     ssh_key_file: str | None = None
     ssh_passphrase: SecretStr | None = None
     use_active_gpu: bool | None = None
-    max_trial_number_per_gpu: int = Field(1, ge=1)
+    max_trial_number_per_gpu: int = Field(default=1, ge=1)
     gpu_indices: IndexList | None = None
     python_path: str | None = None
     check_host_key: bool = True  # trialstream: false trusts whatever key the host shows (not recommended)
@@ -169,11 +169,11 @@ class ExperimentConfig(NniConfigModel):
     trial_command: str = Field(min_length=1)
     trial_code_directory: str = "."
     trial_concurrency: int = Field(ge=1)
-    trial_gpu_number: int | None = Field(None, ge=0)
+    trial_gpu_number: int | None = Field(default=None, ge=0)
     max_experiment_duration: Duration | None = None
-    max_trial_number: int | None = Field(None, ge=1)
+    max_trial_number: int | None = Field(default=None, ge=1)
     max_trial_duration: Duration | None = None
-    max_trial_retries: int = Field(0, ge=0)  # trialstream: new attempts of a trial whose worker was lost
+    max_trial_retries: int = Field(default=0, ge=0)  # trialstream: new attempts of a trial whose worker was lost
     tuner: AlgorithmConfig | None = None
     assessor: AlgorithmConfig | None = None
     advisor: AlgorithmConfig | None = None  # NNI's older key for Hyperband and BOHB; same as `tuner`

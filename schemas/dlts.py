@@ -35,11 +35,11 @@ class DltsAccess:
 class DltsConfig(PlatformConfig):
     platform: Literal["dlts"] = "dlts"
     dashboard: str = Field(min_length=1)
-    cluster: str = Field(".default", min_length=1)  # DLWorkspace's name for its first cluster
-    team: str | None = Field(None, min_length=1)
-    email: str | None = Field(None, min_length=1)
+    cluster: str = Field(default=".default", min_length=1)  # DLWorkspace's name for its first cluster
+    team: str | None = Field(default=None, min_length=1)
+    email: str | None = Field(default=None, min_length=1)
     password: SecretStr | None = None  # the hex token shown on the dashboard; sent as NNI sent it, in the query
-    image: str = Field("msranni/nni:latest", min_length=1)  # NNI's trial.image: the job's docker image
+    image: str = Field(default="msranni/nni:latest", min_length=1)  # NNI's trial.image: the job's docker image
     poll_interval: Duration = 3.0  # trialstream: how often a job's status and log are read (NNI: every 3 s)
 
     @field_validator("dashboard")

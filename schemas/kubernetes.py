@@ -56,7 +56,7 @@ def _storage(value: Any) -> Any:
 class KubernetesConfig(PlatformConfig):
     """What both Kubernetes platforms share: where the cluster is, and what to do about pods it cannot place."""
 
-    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     kubeconfig: str | None = None  # trialstream: else $KUBECONFIG, ~/.kube/config, or the in-cluster account
     context: str | None = None  # trialstream: a context of that kubeconfig other than its current one
     storage: Annotated[NfsStorage | None, BeforeValidator(_storage)] = None
@@ -69,12 +69,12 @@ class KubernetesConfig(PlatformConfig):
 class KubeflowRole(NniConfigModel):
     """One replica type of a TFJob / PyTorchJob (`worker`, `ps`, `master`)."""
 
-    replicas: int = Field(1, ge=1)
-    command: str | None = Field(None, min_length=1)  # trialstream: defaults to the experiment's trialCommand
-    gpu_number: int = Field(0, ge=0)
-    cpu_number: float = Field(1, gt=0)
+    replicas: int = Field(default=1, ge=1)
+    command: str | None = Field(default=None, min_length=1)  # trialstream: defaults to the experiment's trialCommand
+    gpu_number: int = Field(default=0, ge=0)
+    cpu_number: float = Field(default=1, gt=0)
     memory_size: MemoryMib = 1024
-    docker_image: str = Field("msranni/nni:latest", min_length=1)
+    docker_image: str = Field(default="msranni/nni:latest", min_length=1)
     code_directory: str | None = None  # accepted as NNI has it; the code is the experiment's trialCodeDirectory
 
 
@@ -108,17 +108,17 @@ class KubeflowConfig(KubernetesConfig):
 
 
 class CompletionPolicy(NniConfigModel):
-    min_failed_task_count: int = Field(1, ge=-1)
-    min_succeed_task_count: int = Field(-1, ge=-1)  # NNI's spelling; FrameworkController's minSucceededTaskCount
+    min_failed_task_count: int = Field(default=1, ge=-1)
+    min_succeed_task_count: int = Field(default=-1, ge=-1)  # FrameworkController: minSucceededTaskCount
 
 
 class TaskRole(NniConfigModel):
     name: str = Field(min_length=1, max_length=20, pattern=r"^[a-z0-9]+$")
-    docker_image: str = Field("msranni/nni:latest", min_length=1)
-    task_number: int = Field(1, ge=1)
-    command: str | None = Field(None, min_length=1)  # trialstream: defaults to the experiment's trialCommand
-    gpu_number: int = Field(0, ge=0)
-    cpu_number: float = Field(1, gt=0)
+    docker_image: str = Field(default="msranni/nni:latest", min_length=1)
+    task_number: int = Field(default=1, ge=1)
+    command: str | None = Field(default=None, min_length=1)  # trialstream: defaults to the experiment's trialCommand
+    gpu_number: int = Field(default=0, ge=0)
+    cpu_number: float = Field(default=1, gt=0)
     memory_size: MemoryMib = 1024
     framework_attempt_completion_policy: CompletionPolicy = Field(
         default_factory=lambda: CompletionPolicy.model_validate({})

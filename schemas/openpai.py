@@ -25,10 +25,10 @@ class OpenpaiConfig(PlatformConfig):
     token: SecretStr
     trial_cpu_number: int = Field(ge=1)
     trial_memory_size: MemoryMib
-    trial_gpu_number: int | None = Field(None, ge=0)  # NNI: required here or at the experiment's top level
+    trial_gpu_number: int | None = Field(default=None, ge=0)  # NNI: required here or at the experiment's top level
     storage_config_name: str = Field(min_length=1)
-    docker_image: str = Field("msranni/nni:latest", min_length=1)
-    virtual_cluster: str | None = Field(None, min_length=1)  # OpenPAI's own default: 'default'
+    docker_image: str = Field(default="msranni/nni:latest", min_length=1)
+    virtual_cluster: str | None = Field(default=None, min_length=1)  # OpenPAI's own default: 'default'
     local_storage_mount_point: str = Field(min_length=1)
     container_storage_mount_point: str = Field(min_length=1, pattern=r"^/")
     reuse_mode: bool | None = None  # accepted as NNI has it; every trial is its own job here

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -208,6 +208,12 @@ def metric(experiment_id: str, trial_id: str, sequence: int, kind: str = "PERIOD
         sequence=sequence,
         data=f'"{sequence / 10}"',
     )
+
+
+def stream_entries(client: redis.Redis, stream: str) -> list[tuple[str, dict[str, str]]]:
+    """XRANGE of the whole stream through a decoding client, typed as it answers (redis-py's types allow a
+    None reply, ids and fields, and bytes, whatever the client)."""
+    return cast(list[tuple[str, dict[str, str]]], client.xrange(stream))
 
 
 START_DEADLINE_S = 10.0

@@ -171,6 +171,7 @@ def test_release_and_clean_up_cancel_the_jobs_a_lost_worker_left_running(
     import signal
 
     from core.assignments import load_assignment
+    from core.registry import platform_class
     from workers.aml import AmlPlatform
 
     service = aml()
@@ -184,7 +185,7 @@ def test_release_and_clean_up_cancel_the_jobs_a_lost_worker_left_running(
     names = {job["properties"]["tags"]["nni.trial"]: name for name, job in list(aml_workspace.jobs.items())}
     platform = AmlPlatform(Settings(), client)
     try:
-        platform.release(load_assignment(client, AmlPlatform, service.experiment_id, held[0], 1))
+        platform.release(load_assignment(client, platform_class("aml"), service.experiment_id, held[0], 1))
         wait_until(lambda: aml_workspace.job(names[held[0]])["properties"]["status"] == "Canceled", 30)
         assert aml_workspace.job(names[held[1]])["properties"]["status"] == "Running"
         platform.clean_up(service.experiment_id, AmlConfig.model_validate(aml_workspace.section()))

@@ -8,7 +8,7 @@ import io
 import os
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -27,7 +27,7 @@ def uploads(processes: Processes, tmp_path: Path) -> Iterator[tuple[httpx.Client
         yield http, experiments / "code"
 
 
-def tar_gz(members: list[tuple[tarfile.TarInfo, io.RawIOBase | io.BufferedIOBase | None]]) -> bytes:
+def tar_gz(members: Sequence[tuple[tarfile.TarInfo, io.RawIOBase | io.BufferedIOBase | None]]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w|gz", format=tarfile.PAX_FORMAT) as archive:
         for info, content in members:

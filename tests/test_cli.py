@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -148,7 +149,7 @@ def test_cancel_from_the_command_line(tmp_path: Path, processes: Processes) -> N
         client = connect(processes.redis_url)
         from tests.conftest import wait_until
 
-        experiment_id = wait_until(lambda: client.zrange("ts:experiments", 0, -1), 20)[0]
+        experiment_id = wait_until(lambda: cast(list[str], client.zrange("ts:experiments", 0, -1)), 20)[0]
         service = TrainingService(client, connect(processes.redis_url, decode=False), experiment_id)
         trial_id = wait_until(lambda: service.list_trial_jobs(), 20)[0].id
         wait_for_status(service, trial_id, "RUNNING")

@@ -111,6 +111,7 @@ def test_full_nni_v2_config_loads(tmp_path: Path) -> None:
     assert config.max_experiment_duration == 3600
     assert config.max_trial_number == 20
     assert config.max_trial_duration == 1800
+    assert config.tuner is not None
     assert config.tuner.name == "Random"
     assert config.tuner.class_args == {"optimize_mode": "minimize", "seed": 7}
     assert config.experiment_working_directory == "~/nni-experiments"
@@ -169,6 +170,7 @@ def test_keys_in_any_case_and_underscore_spelling_load_the_same(tmp_path: Path) 
     assert actual.platform == expected.platform
     assert actual.search_space == expected.search_space
     assert actual.config.trial_concurrency == 3
+    assert isinstance(actual.platform, LocalConfig)
     assert actual.platform.use_active_gpu is False
     assert actual.platform.max_trial_number_per_gpu == 2
 
@@ -176,6 +178,7 @@ def test_keys_in_any_case_and_underscore_spelling_load_the_same(tmp_path: Path) 
 def test_tuner_name_and_section_keys_are_case_insensitive(tmp_path: Path) -> None:
     spec = load(tmp_path, minimal(tuner={"NAME": "gridsearch", "class_args": {"optimize_mode": "minimize"}}))
 
+    assert spec.config.tuner is not None
     assert spec.config.tuner.class_args == {"optimize_mode": "minimize"}
 
 
@@ -487,6 +490,7 @@ def test_trial_gpu_number_with_use_active_gpu_loads(tmp_path: Path, use_active_g
         tmp_path, minimal(trialGpuNumber=1, trainingService={"platform": "local", "useActiveGpu": use_active_gpu})
     )
 
+    assert isinstance(spec.platform, LocalConfig)
     assert spec.platform.use_active_gpu is use_active_gpu
 
 

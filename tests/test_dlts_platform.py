@@ -68,10 +68,11 @@ def test_the_config_takes_nni_s_dlts_keys_and_says_what_is_wrong() -> None:
     assert config.dashboard == "http://dlts.example.com/" and config.cluster == "eastus"
     assert "00ff" not in repr(config) and "00ff" not in config.model_dump_json()
     assert DltsConfig.model_validate({"platform": "dlts", "dashboard": "http://d/"}).cluster == ".default"
-    for given, named in [
+    wrong: list[tuple[dict[str, Any], str]] = [
         ({"dashboard": "dlts.example.com"}, "dashboard"),
         ({"dashboard": "http://d/", "gpuNum": 1}, "gpuNum"),
-    ]:
+    ]
+    for given, named in wrong:
         with pytest.raises(ValidationError, match=named):
             DltsConfig.model_validate({"platform": "dlts", **given})
 

@@ -8,6 +8,7 @@ import json
 import math
 import threading
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -40,7 +41,8 @@ def test_a_stop_logged_while_no_runner_acts_on_it_is_carried_out_by_the_next_run
 ) -> None:
     experiment_id = api.create(experiment_config(api.code, trials=6, concurrency=2))
     api.wait_running(experiment_id, 2)
-    manager = next(process for process in processes.running if "manager" in process.args)  # not manager.cli
+    # the `manager` argument, not manager.cli (Processes.start gives Popen a list)
+    manager = next(process for process in processes.running if "manager" in cast(list[str], process.args))
     pid = api.http.get("/nni/experiment-metadata").json()["pid"]  # the newest experiment: this one
     manager.kill()  # the runner dies with it: nothing will act on what is appended now
     manager.wait()

@@ -78,7 +78,11 @@ def test_a_projector_killed_mid_stream_resumes_without_double_counting(
         for kill in range(KILLS):
             # Killed while busy: metrics still arriving, the log ahead of the views, a batch likely in flight.
             target = applied(client, views) + PROGRESS_BEFORE_KILL
-            wait_until(lambda target=target: applied(client, views) >= target, 20, what=f"kill {kill}: progress")
+
+            def progressed(target: int = target) -> bool:
+                return applied(client, views) >= target
+
+            wait_until(progressed, 20, what=f"kill {kill}: progress")
             assert not producer.stop.is_set() and producer.is_alive()
             projector.kill()
             projector.wait()

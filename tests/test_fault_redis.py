@@ -29,7 +29,7 @@ from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingServ
 from manager.views import ViewStore
 from schemas.events import ClusterMetadataSet, TrialMetricReported
 from schemas.trial import TrialConfig, TrialJobStatus
-from tests.conftest import REPO, Processes, RedisServer, form, free_port, wait_for_status, wait_until
+from tests.conftest import REPO, Processes, RedisServer, form, free_port, stream_entries, wait_for_status, wait_until
 
 
 def local_experiment(client: redis.Redis, rq_connection: redis.Redis, root: Path, command: str) -> TrainingService:
@@ -173,7 +173,7 @@ def no_retry_client(url: str) -> redis.Redis:
 def test_every_acknowledged_append_survives_a_kill_with_appendfsync_always(own_redis: RedisServer) -> None:
     acknowledged = append_until_killed(own_redis, no_retry_client(own_redis.url), kill_after=2000)
     own_redis.start()
-    stored = {str(entry_id) for entry_id, _ in connect(own_redis.url).xrange(keys.events("durable"))}
+    stored = {str(entry_id) for entry_id, _ in stream_entries(connect(own_redis.url), keys.events("durable"))}
     missing = [entry_id for entry_id in acknowledged if entry_id not in stored]
     assert missing == [], f"{len(missing)} of {len(acknowledged)} acknowledged appends lost"
     assert len(stored) - len(acknowledged) in (0, 1)  # at most the append in flight when it died

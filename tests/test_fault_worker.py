@@ -7,8 +7,10 @@ worker reaps expired leases. Bounds are deadlines on conditions, not sleeps.
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -47,13 +49,14 @@ nni.report_final_result(42.0)
 
 def running_trial(
     service, processes: Processes, code_dir: Path, lease_flag: bool = False
-) -> tuple[str, list[int], object]:
+) -> tuple[str, list[int], subprocess.Popen[bytes]]:
     """A trial running its first attempt on a worker of its own; returns the trial, its pids, the worker."""
     victim = processes.worker(args=("--lease", str(LEASE_S))) if lease_flag else processes.worker(env=FAST_LEASE)
     trial_id = service.submit_trial_job(form(0)).id
     running = wait_for_status(service, trial_id, "RUNNING")
+    assert running.worker is not None
     pid_file = Path(running.working_directory) / "pids"
-    pids = [int(pid) for pid in wait_until(lambda: pid_file.exists() and pid_file.read_text(), 15).split()]
+    pids = [int(pid) for pid in wait_until(lambda: pid_file.read_text() if pid_file.exists() else None, 15).split()]
     assert running.worker == f"{running.worker.split(':')[0]}:{victim.pid}"
     return trial_id, pids, victim
 
@@ -70,7 +73,7 @@ def test_a_killed_worker_s_trial_fails_within_the_lease_and_leaves_no_orphans(
     trial_id, pids, victim = running_trial(service, processes, code_dir, lease_flag=True)
     processes.worker(env=FAST_LEASE)  # the survivor that notices
 
-    victim.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+    victim.send_signal(signal.SIGKILL)
     trial = wait_for_status(service, trial_id, "FAILED", "SUCCEEDED", timeout=DETECTION_BOUND_S)
 
     assert trial.status is TrialJobStatus.FAILED
@@ -88,7 +91,7 @@ def test_a_killed_worker_s_trial_is_retried_as_a_new_attempt(
     trial_id, pids, victim = running_trial(service, processes, code_dir)
     processes.worker(env=FAST_LEASE)
 
-    victim.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+    victim.send_signal(signal.SIGKILL)
     trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=DETECTION_BOUND_S + 10)
 
     assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 2
@@ -109,18 +112,18 @@ def test_a_stalled_worker_loses_its_attempt_and_stops_it_when_it_wakes(
     trial_id, pids, frozen = running_trial(service, processes, code_dir)
     processes.worker(env=FAST_LEASE)
 
-    frozen.send_signal(signal.SIGSTOP)  # type: ignore[attr-defined]
+    frozen.send_signal(signal.SIGSTOP)
     try:
         lost = wait_for_status(service, trial_id, "FAILED", timeout=DETECTION_BOUND_S)
     finally:
-        frozen.send_signal(signal.SIGCONT)  # type: ignore[attr-defined]
+        frozen.send_signal(signal.SIGCONT)
 
     # Awake again, the worker finds its lease gone and stops the trial; its late end changes nothing.
     wait_until(lambda: not any(pid_alive(pid) for pid in pids), 15, what="the woken worker to stop its trial")
     assert service.get_trial_job(trial_id) == lost
     history = events_of(service, trial_id)
     assert [type(e) for e in history if isinstance(e, TrialAttemptLost | TrialEnded)] == [TrialAttemptLost]
-    assert frozen.poll() is None  # type: ignore[attr-defined]  (it lost a trial, not its life)
+    assert frozen.poll() is None  # it lost a trial, not its life
 
 
 def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
@@ -136,7 +139,7 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     assert reap_lost_attempts(client, rq_connection, "reaper", LEASE_S) == []  # alive: nothing to reap
 
     client.zadd(keys.LEASES, {held.ref.member: 0})  # as if it expired long ago
-    verdicts: list[list[TrialAttemptLost]] = []
+    verdicts: list[list[TrialAttemptLost | TrialRequeued]] = []
     threads = [
         threading.Thread(
             target=lambda name: verdicts.append(reap_lost_attempts(client, rq_connection, name, LEASE_S)),
@@ -153,7 +156,9 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     assert not held.renew()  # the holder learns its attempt is gone
     assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
     assert service.get_trial_job(trial_id).attempt == 2
-    jobs = [job_id.decode() for job_id in rq_connection.lrange(f"rq:queue:{queue_name('local')}", 0, -1)]
+    jobs = [
+        job_id.decode() for job_id in cast(list[bytes], rq_connection.lrange(f"rq:queue:{queue_name('local')}", 0, -1))
+    ]
     assert any(job.startswith(f"{service.experiment_id}-{trial_id}-2-run-") for job in jobs)
     assert client.zcard(keys.LEASES) == 0
 

@@ -12,16 +12,18 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
+from redis.typing import EncodableT, FieldT
 
 from core import keys
 from core.connections import connect
 from core.event_store import EventStore, StoredEvent
 from manager.replay import SCRATCH_PREFIX, diff_views, event_types, replayed, snapshot_views
 from manager.views import ViewStore
-from tests.conftest import REPO, Processes, ServiceFactory, wait_until
+from tests.conftest import REPO, Processes, ServiceFactory, stream_entries, wait_until
 from tests.test_replay import Mixed, run_mixed_experiment
 
 V1_LOG = REPO / "tests" / "data" / "log-v1.jsonl"
@@ -80,8 +82,8 @@ def test_events_lists_every_entry_with_filters_and_survives_unreadable_ones(
 ) -> None:
     exp = mixed.experiment_id
     future = {"type": "TrialTeleported", "trial": mixed.trials[1], "json": '{"type":"TrialTeleported","v":9}'}
-    unreadable_id = client.xadd(keys.events(exp), future)
-    stream = client.xrange(keys.events(exp))
+    unreadable_id = cast(str, client.xadd(keys.events(exp), cast(dict[FieldT, EncodableT], future)))
+    stream = stream_entries(client, keys.events(exp))
 
     listed = json_lines(ok(trialstream("events", exp, "--json", env=env)))
     assert [line["id"] for line in listed] == [entry_id for entry_id, _ in stream]
@@ -137,7 +139,12 @@ def test_events_follow_streams_new_events_until_sigterm(
         text=True,
     )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout or []], daemon=True).start()
+
+    def forward() -> None:
+        for line in follower.stdout or []:
+            lines.put(line)
+
+    threading.Thread(target=forward, daemon=True).start()
     seen: list[dict] = []
 
     def received(count: int) -> bool:
@@ -155,7 +162,7 @@ def test_events_follow_streams_new_events_until_sigterm(
     finally:
         follower.kill()
     assert [line["id"] for line in seen] == [
-        entry_id for entry_id, _ in service.store.client.xrange(service.store.stream)
+        entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)
     ]
 
 
@@ -213,14 +220,14 @@ def test_export_then_import_into_another_redis_gives_the_same_views(
     other_url, other = other_db
     imported = trialstream("import", str(log_file), env={"TRIALSTREAM_REDIS_URL": other_url})
     assert ok(imported).strip() == f"imported experiment {exp}: {len(lines) - 2} entries"
-    *copied, marker = other.xrange(keys.events(exp))
-    assert copied == client.xrange(keys.events(exp)) and marker[1]["type"] == "ExperimentImported"
+    *copied_entries, marker = stream_entries(other, keys.events(exp))
+    assert copied_entries == client.xrange(keys.events(exp)) and marker[1]["type"] == "ExperimentImported"
     assert other.hgetall(keys.idempotency(exp)) == client.hgetall(keys.idempotency(exp))
     assert other.zscore(keys.EXPERIMENTS, exp) == client.zscore(keys.EXPERIMENTS, exp)
     assert diff_views(client, exp, other_client=other, labels=("original", "imported")) == [
         "experiment[view].imported: original false vs imported true",  # every trial's view the same
         f"position[applied]: original {len(lines) - 2} vs imported {len(lines) - 1}",
-        f'position[position]: original "{copied[-1][0]}" vs imported "{marker[0]}"',
+        f'position[position]: original "{copied_entries[-1][0]}" vs imported "{marker[0]}"',
     ]
     with replayed(other, exp) as replay:  # and a fresh fold of the imported log says the same
         assert diff_views(other, exp, keys.LOG_PREFIX, replay.namespace) == []
@@ -261,7 +268,9 @@ def test_trials_show_history(mixed: Mixed, client: redis.Redis, env: dict[str, s
     shown = json.loads(ok(trialstream("trials", "show", trial_id, "-e", exp, "--history", "--json", env=env)))
     assert shown["status"] == "SUCCEEDED" and [m["type"] for m in shown["metrics"]] == ["PERIODICAL", "FINAL"]
     history = shown["history"]
-    expected = [entry_id for entry_id, fields in client.xrange(keys.events(exp)) if fields["trial"] == trial_id]
+    expected = [
+        entry_id for entry_id, fields in stream_entries(client, keys.events(exp)) if fields["trial"] == trial_id
+    ]
     assert [line["id"] for line in history] == expected
     types = [line["event"]["type"] for line in history]
     assert types[0] == "TrialSubmitted" and types[-1] == "TrialEnded" and "TrialMetricReported" in types

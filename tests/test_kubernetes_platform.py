@@ -104,7 +104,7 @@ def test_the_configs_take_nni_s_keys_and_say_what_is_wrong() -> None:
         }
     )  # fmt: skip
     assert framework.task_roles[0].framework_attempt_completion_policy.min_succeed_task_count == 1
-    wrong = [
+    wrong: list[tuple[dict[str, Any], str]] = [
         ({"operator": "mxnet-operator", "worker": {}}, "operator"),
         ({"operator": "pytorch-operator", "master": {}, "ps": {}}, "ps"),
         ({"operator": "tf-operator"}, "worker"),

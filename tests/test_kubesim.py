@@ -10,11 +10,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from urllib3 import HTTPResponse
 
 from tests.kubesim import Capacity, SimulatedCluster
 from tests.waiting import wait_until
@@ -79,7 +80,39 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def get_job(custom: client.CustomObjectsApi, plural: str, name: str) -> dict[str, Any]:
-    return custom.get_namespaced_custom_object(*TF, "default", plural, name)
+    job = custom.get_namespaced_custom_object(*TF, "default", plural, name)
+    assert isinstance(job, dict)
+    return job
+
+
+def as_configmap(manifest: dict[str, Any]) -> client.V1ConfigMap:
+    """A plain-dict ConfigMap: the client sends it as it is, though its types name only the model class."""
+    return cast(client.V1ConfigMap, manifest)
+
+
+def error_status(error: ApiException) -> Any:
+    """The Status object an API error carries as its body."""
+    assert error.body is not None
+    return json.loads(error.body)
+
+
+def metadata(obj: client.V1Pod | client.V1ConfigMap) -> client.V1ObjectMeta:
+    """What every object read back from the cluster has (the client's models type each field optional)."""
+    assert obj.metadata is not None
+    return obj.metadata
+
+
+def phase(pod: client.V1Pod) -> str | None:
+    assert pod.status is not None
+    return pod.status.phase
+
+
+def terminated(pod: client.V1Pod) -> client.V1ContainerStateTerminated:
+    """How the pod's first container ended."""
+    assert pod.status is not None and pod.status.container_statuses
+    state = pod.status.container_statuses[0].state
+    assert state is not None and state.terminated is not None
+    return state.terminated
 
 
 def test_discovery_lists_installed_crds_and_forgets_removed_ones(
@@ -102,7 +135,7 @@ def test_discovery_lists_installed_crds_and_forgets_removed_ones(
     with pytest.raises(ApiException) as err:
         client.CustomObjectsApi(api).list_namespaced_custom_object(*FC, "default", "frameworks")
     assert err.value.status == 404
-    assert json.loads(err.value.body)["reason"] == "NotFound"
+    assert error_status(err.value)["reason"] == "NotFound"
 
 
 def test_errors_arrive_as_status_objects(cluster: SimulatedCluster, tmp_path: Path) -> None:
@@ -120,42 +153,45 @@ def test_errors_arrive_as_status_objects(cluster: SimulatedCluster, tmp_path: Pa
 
     with pytest.raises(ApiException) as err:
         custom.list_namespaced_custom_object(*TF, "elsewhere", "tfjobs")
-    status = json.loads(err.value.body)
+    status = error_status(err.value)
     assert err.value.status == 403 and status["reason"] == "Forbidden"
     assert status["message"] == (
         'tfjobs.kubeflow.org is forbidden: User "system:serviceaccount:default:trialstream" cannot list resource '
         '"tfjobs" in API group "kubeflow.org" in the namespace "elsewhere"'
     )
     review = client.AuthorizationV1Api(good).create_self_subject_access_review(
-        {
-            "spec": {
-                "resourceAttributes": {
-                    "namespace": "elsewhere",
-                    "verb": "create",
-                    "group": "kubeflow.org",
-                    "resource": "tfjobs",
+        cast(  # a plain dict, sent as it is, though the client's types name only the model class
+            client.V1SelfSubjectAccessReview,
+            {
+                "spec": {
+                    "resourceAttributes": {
+                        "namespace": "elsewhere",
+                        "verb": "create",
+                        "group": "kubeflow.org",
+                        "resource": "tfjobs",
+                    }
                 }
-            }
-        }
+            },
+        )
     )
-    assert review.status.allowed is False
+    assert review.status is not None and review.status.allowed is False
 
     with pytest.raises(ApiException) as err:
         custom.get_namespaced_custom_object(*TF, "default", "tfjobs", "missing")
     assert err.value.status == 404
-    assert json.loads(err.value.body)["message"] == 'tfjobs.kubeflow.org "missing" not found'
+    assert error_status(err.value)["message"] == 'tfjobs.kubeflow.org "missing" not found'
 
     job = tfjob("dup", python("pass"))
     custom.create_namespaced_custom_object(*TF, "default", "tfjobs", job)
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*TF, "default", "tfjobs", job)
-    assert (err.value.status, json.loads(err.value.body)["reason"]) == (409, "AlreadyExists")
+    assert (err.value.status, error_status(err.value)["reason"]) == (409, "AlreadyExists")
 
     broken = tfjob("broken", python("pass"))
     broken["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "two"
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*TF, "default", "tfjobs", broken)
-    status = json.loads(err.value.body)
+    status = error_status(err.value)
     assert err.value.status == 422 and status["reason"] == "Invalid"
     assert [c["field"] for c in status["details"]["causes"]] == ["spec.tfReplicaSpecs.Worker.replicas"]
 
@@ -163,7 +199,7 @@ def test_errors_arrive_as_status_objects(cluster: SimulatedCluster, tmp_path: Pa
     with pytest.raises(ApiException) as err:
         admin.create_namespaced_custom_object(*TF, "nowhere", "tfjobs", tfjob("x", python("pass")))
     assert err.value.status == 404
-    assert json.loads(err.value.body)["message"] == 'namespaces "nowhere" not found'
+    assert error_status(err.value)["message"] == 'namespaces "nowhere" not found'
 
 
 def test_strict_field_validation_names_unknown_fields(custom: client.CustomObjectsApi) -> None:
@@ -174,9 +210,10 @@ def test_strict_field_validation_names_unknown_fields(custom: client.CustomObjec
     assert err.value.status == 400
     assert (
         'unknown field "spec.tfReplicaSpecs.Worker.template.spec.containers[0].bogus"'
-        in json.loads(err.value.body)["message"]
+        in error_status(err.value)["message"]
     )
     created, _, headers = custom.create_namespaced_custom_object_with_http_info(*TF, "default", "tfjobs", job)
+    assert isinstance(created, dict)
     assert "bogus" not in created["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert headers["Warning"] == (
         '299 - "unknown field \\"spec.tfReplicaSpecs.Worker.template.spec.containers[0].bogus\\""'
@@ -194,11 +231,12 @@ def test_tfjob_runs_its_pod_to_success(
     assert running == [] or running[0]["status"] == "False"
     assert job["status"]["replicaStatuses"]["Worker"]["succeeded"] == 1
     pod = core.read_namespaced_pod("ok-worker-0", "default")
+    assert pod.metadata is not None and pod.metadata.labels is not None and pod.metadata.owner_references
     assert pod.metadata.labels["training.kubeflow.org/job-name"] == "ok"
     assert pod.metadata.labels["training.kubeflow.org/replica-type"] == "worker"
     assert pod.metadata.owner_references[0].controller is True
-    assert pod.status.phase == "Succeeded"
-    assert pod.status.container_statuses[0].state.terminated.exit_code == 0
+    assert phase(pod) == "Succeeded"
+    assert terminated(pod).exit_code == 0
     assert core.read_namespaced_pod_log("ok-worker-0", "default") == "hi\n"
 
 
@@ -211,8 +249,8 @@ def test_failing_tfjob_reports_exit_code_and_termination_message(
     )
     failed = wait_until(lambda: condition(get_job(custom, "tfjobs", "bad"), "Failed"), 20, what="TFJob failure")
     assert failed["message"] == "TFJob default/bad has failed because 1 Worker replica(s) failed."
-    terminated = core.read_namespaced_pod("bad-worker-0", "default").status.container_statuses[0].state.terminated
-    assert (terminated.exit_code, terminated.reason, terminated.message) == (3, "Error", "boom\n")
+    ended = terminated(core.read_namespaced_pod("bad-worker-0", "default"))
+    assert (ended.exit_code, ended.reason, ended.message) == (3, "Error", "boom\n")
 
 
 def pytorchjob(name: str, code: str) -> dict[str, Any]:
@@ -237,9 +275,10 @@ def test_pytorchjob_master_decides_success(custom: client.CustomObjectsApi, core
     done = wait_until(lambda: condition(get_job(custom, "pytorchjobs", "pt"), "Succeeded"), 20, what="success")
     assert done["message"] == "PyTorchJob pt is successfully completed."
     assert core.read_namespaced_pod_log("pt-master-0", "default") == "0 2 pt-master-0\n"
-    wait_until(lambda: core.read_namespaced_pod("pt-worker-0", "default").status.phase == "Succeeded", 20)
+    wait_until(lambda: phase(core.read_namespaced_pod("pt-worker-0", "default")) == "Succeeded", 20)
     assert core.read_namespaced_pod_log("pt-worker-0", "default") == "1 2 pt-master-0\n"
     master = core.read_namespaced_pod("pt-master-0", "default")
+    assert master.metadata is not None and master.metadata.labels is not None
     assert master.metadata.labels["training.kubeflow.org/job-role"] == "master"
 
 
@@ -272,7 +311,9 @@ def framework(name: str, code: str, *, execution: str = "Start") -> dict[str, An
 
 
 def fc_status(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
-    return custom.get_namespaced_custom_object(*FC, "default", "frameworks", name).get("status") or {}
+    framework = custom.get_namespaced_custom_object(*FC, "default", "frameworks", name)
+    assert isinstance(framework, dict)
+    return framework.get("status") or {}
 
 
 def test_framework_success_failure_and_stop(cluster: SimulatedCluster, custom: client.CustomObjectsApi) -> None:
@@ -287,7 +328,11 @@ def test_framework_success_failure_and_stop(cluster: SimulatedCluster, custom: c
     custom.patch_namespaced_custom_object(*FC, "default", "frameworks", "long", {"spec": {"executionType": "Stop"}})
 
     for name in ("good", "bad", "long"):
-        wait_until(lambda n=name: fc_status(custom, n).get("state") == "Completed", 20, what=f"{name} Completed")
+
+        def completed(n: str = name) -> bool:
+            return fc_status(custom, n).get("state") == "Completed"
+
+        wait_until(completed, 20, what=f"{name} Completed")
     good = fc_status(custom, "good")["attemptStatus"]["completionStatus"]
     assert (good["code"], good["phrase"], good["type"]["name"]) == (0, "Succeeded", "Succeeded")
     bad = fc_status(custom, "bad")["attemptStatus"]["completionStatus"]
@@ -310,7 +355,9 @@ def test_watch_resumes_after_broken_connections_without_losing_events(
     seen: list[str] = []
     errors: list[BaseException] = []
     stop = threading.Event()
-    start_rv = core.list_namespaced_config_map("default").metadata.resource_version
+    listed = core.list_namespaced_config_map("default")
+    assert listed.metadata is not None
+    start_rv = listed.metadata.resource_version
 
     def consume() -> None:
         w = watch.Watch()
@@ -333,22 +380,28 @@ def test_watch_resumes_after_broken_connections_without_losing_events(
     consumer.start()
     names = [f"cm-{i}" for i in range(12)]
     for i, name in enumerate(names):
-        core.create_namespaced_config_map("default", {"metadata": {"name": name}, "data": {"i": str(i)}})
+        core.create_namespaced_config_map("default", as_configmap({"metadata": {"name": name}, "data": {"i": str(i)}}))
         if i % 4 == 3:
-            wait_until(lambda n=i: len(seen) >= n + 1, 10, what="events before the cut")
+
+            def seen_all(n: int = i) -> bool:
+                return len(seen) >= n + 1
+
+            wait_until(seen_all, 10, what="events before the cut")
             assert cluster.break_watches() >= 1
     wait_until(lambda: len(seen) >= len(names), 10, what="every ADDED event")
     wait_until(lambda: cluster.requests["watch configmaps"] >= 4, 10, what="the watch reopened after each cut")
     stop.set()
-    core.create_namespaced_config_map("default", {"metadata": {"name": "wake"}})
+    core.create_namespaced_config_map("default", as_configmap({"metadata": {"name": "wake"}}))
     consumer.join(5)
     assert not errors
     assert seen[: len(names)] == names
 
 
 def test_compacted_history_answers_410_gone(cluster: SimulatedCluster, core: client.CoreV1Api) -> None:
-    old_rv = core.list_namespaced_config_map("default").metadata.resource_version
-    core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
+    listed = core.list_namespaced_config_map("default")
+    assert listed.metadata is not None
+    old_rv = listed.metadata.resource_version
+    core.create_namespaced_config_map("default", as_configmap({"metadata": {"name": "a"}}))
     cluster.compact()
     with pytest.raises(ApiException) as err:
         for _ in watch.Watch().stream(
@@ -373,7 +426,8 @@ def test_bookmarks_arrive(custom: client.CustomObjectsApi) -> None:
 
 
 def pod_fs(cluster: SimulatedCluster, core: client.CoreV1Api, name: str) -> Path:
-    uid = core.read_namespaced_pod(name, "default").metadata.uid
+    uid = metadata(core.read_namespaced_pod(name, "default")).uid
+    assert uid is not None
     return cluster.root / "pods" / "default" / uid / "fs"
 
 
@@ -383,7 +437,7 @@ def wait_running(core: client.CoreV1Api, name: str) -> client.V1Pod:
             pod = core.read_namespaced_pod(name, "default")
         except ApiException:
             return None
-        return pod if pod.status.phase == "Running" else None
+        return pod if phase(pod) == "Running" else None
 
     return wait_until(probe, 20, what=f"pod {name} Running")
 
@@ -415,8 +469,9 @@ def test_pod_log_follow_with_timestamps_and_since_time(
 ) -> None:
     custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("logs", python(GATED)))
     wait_running(core, "logs-worker-0")
-    resp = core.read_namespaced_pod_log(
-        "logs-worker-0", "default", follow=True, timestamps=True, _preload_content=False
+    resp = cast(  # the client's types say str, as if _preload_content were True
+        HTTPResponse,
+        core.read_namespaced_pod_log("logs-worker-0", "default", follow=True, timestamps=True, _preload_content=False),
     )
     lines: list[str] = []
 
@@ -468,6 +523,7 @@ def test_background_deletion_terminates_and_removes_pods(
     wait_until(lambda: core.read_namespaced_pod_log("del-worker-0", "default") == "ready\n", 10, what="ready")
     pid = int((fs / "pid").read_text())
     listed = core.list_namespaced_pod("default", label_selector="training.kubeflow.org/job-name=del")
+    assert listed.metadata is not None
     custom.delete_namespaced_custom_object(*TF, "default", "tfjobs", "del")
     events: list[tuple[str, client.V1Pod]] = []
     w = watch.Watch()
@@ -482,8 +538,8 @@ def test_background_deletion_terminates_and_removes_pods(
         if ev["type"] == "DELETED":
             w.stop()
     assert events[-1][0] == "DELETED"
-    terminating = [pod for type_, pod in events if type_ == "MODIFIED" and pod.metadata.deletion_timestamp]
-    assert terminating and terminating[0].metadata.deletion_grace_period_seconds == 30
+    terminating = [pod for type_, pod in events if type_ == "MODIFIED" and metadata(pod).deletion_timestamp]
+    assert terminating and metadata(terminating[0]).deletion_grace_period_seconds == 30
     assert (fs / "got-term").read_text() == "yes"
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -497,13 +553,13 @@ def test_orphan_deletion_keeps_pods(custom: client.CustomObjectsApi, core: clien
     wait_running(core, "orph-worker-0")
     custom.delete_namespaced_custom_object(*TF, "default", "tfjobs", "orph", propagation_policy="Orphan")
     wait_until(
-        lambda: not core.read_namespaced_pod("orph-worker-0", "default").metadata.owner_references,
+        lambda: not metadata(core.read_namespaced_pod("orph-worker-0", "default")).owner_references,
         10,
         what="the owner reference to go",
     )
     with pytest.raises(ApiException):
         get_job(custom, "tfjobs", "orph")
-    assert core.read_namespaced_pod("orph-worker-0", "default").status.phase == "Running"
+    assert phase(core.read_namespaced_pod("orph-worker-0", "default")) == "Running"
 
 
 def test_unschedulable_gpu_pod_runs_once_capacity_grows(
@@ -517,12 +573,15 @@ def test_unschedulable_gpu_pod_runs_once_capacity_grows(
             pod = core.read_namespaced_pod("gpu-worker-0", "default")
         except ApiException:
             return None
+        assert pod.status is not None
         return next((c for c in pod.status.conditions or [] if c.type == "PodScheduled" and c.status == "False"), None)
 
     cond = wait_until(unschedulable, 10, what="PodScheduled=False")
     assert cond.reason == "Unschedulable"
-    assert cond.message.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
-    assert core.read_namespaced_pod("gpu-worker-0", "default").status.phase == "Pending"
+    assert cond.message is not None and cond.message.startswith(
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    )
+    assert phase(core.read_namespaced_pod("gpu-worker-0", "default")) == "Pending"
     with pytest.raises(ApiException) as err:
         core.read_namespaced_pod_log("gpu-worker-0", "default")
     assert err.value.status == 400
@@ -538,6 +597,7 @@ def test_eviction_fails_the_pod_and_the_job(
     wait_running(core, "ev-worker-0")
     cluster.evict("default", "ev-worker-0", message="The node was low on resource: memory.")
     pod = core.read_namespaced_pod("ev-worker-0", "default")
+    assert pod.status is not None
     assert (pod.status.phase, pod.status.reason) == ("Failed", "Evicted")
     assert pod.status.message == "The node was low on resource: memory."
     failed = wait_until(lambda: condition(get_job(custom, "tfjobs", "ev"), "Failed"), 10, what="the job to fail")
@@ -546,10 +606,10 @@ def test_eviction_fails_the_pod_and_the_job(
 
 def test_configmaps_label_selectors_and_size_limit(core: client.CoreV1Api) -> None:
     for name, labels in (("a", {"trial": "1", "kind": "x"}), ("b", {"trial": "2"}), ("c", {})):
-        core.create_namespaced_config_map("default", {"metadata": {"name": name, "labels": labels}})
+        core.create_namespaced_config_map("default", as_configmap({"metadata": {"name": name, "labels": labels}}))
 
-    def names(selector: str) -> list[str]:
-        return [c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=selector).items]
+    def names(selector: str) -> list[str | None]:
+        return [metadata(c).name for c in core.list_namespaced_config_map("default", label_selector=selector).items]
 
     assert names("trial=1") == ["a"]
     assert names("trial!=1") == ["b", "c"]
@@ -559,8 +619,10 @@ def test_configmaps_label_selectors_and_size_limit(core: client.CoreV1Api) -> No
     core.delete_collection_namespaced_config_map("default", label_selector="trial")
     assert names("") == ["c"]
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_config_map("default", {"metadata": {"name": "big"}, "data": {"x": "y" * (1 << 20 + 1)}})
-    status = json.loads(err.value.body)
+        core.create_namespaced_config_map(
+            "default", as_configmap({"metadata": {"name": "big"}, "data": {"x": "y" * (1 << 20 + 1)}})
+        )
+    status = error_status(err.value)
     assert err.value.status == 422
     assert status["message"] == 'ConfigMap "big" is invalid: []: Too long: must have at most 1048576 bytes'
 
@@ -586,7 +648,8 @@ def test_kubelet_runs_the_command_with_only_the_pod_environment_and_volumes(
 ) -> None:
     monkeypatch.setenv("LEAK_ME", "secret")
     core.create_namespaced_config_map(
-        "default", {"metadata": {"name": "conf"}, "data": {"key": "value"}, "binaryData": {"blob": "AAEC"}}
+        "default",
+        as_configmap({"metadata": {"name": "conf"}, "data": {"key": "value"}, "binaryData": {"blob": "AAEC"}}),
     )
     job = tfjob(
         "files",
@@ -631,7 +694,7 @@ def test_admission_rejections_look_like_the_real_ones(custom: client.CustomObjec
     no_tensorflow["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "main"
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*TF, "default", "tfjobs", no_tensorflow)
-    status = json.loads(err.value.body)
+    status = error_status(err.value)
     assert (err.value.status, status["reason"]) == (403, "Forbidden")
     assert status["message"] == (
         'admission webhook "validator.tfjob.training-operator.kubeflow.org" denied the request: '
@@ -641,7 +704,7 @@ def test_admission_rejections_look_like_the_real_ones(custom: client.CustomObjec
     bad_policy = tfjob("badpolicy", python("pass"), restart="Sometimes")
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*TF, "default", "tfjobs", bad_policy)
-    cause = json.loads(err.value.body)["details"]["causes"][0]
+    cause = error_status(err.value)["details"]["causes"][0]
     assert (err.value.status, cause["reason"], cause["field"]) == (
         422,
         "FieldValueNotSupported",
@@ -651,30 +714,30 @@ def test_admission_rejections_look_like_the_real_ones(custom: client.CustomObjec
     bad_label["metadata"]["labels"] = {"trial": "not valid!"}
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*TF, "default", "tfjobs", bad_label)
-    assert json.loads(err.value.body)["details"]["causes"][0]["field"] == "metadata.labels"
+    assert error_status(err.value)["details"]["causes"][0]["field"] == "metadata.labels"
     hyphen = framework("has-hyphen", "pass")
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*FC, "default", "frameworks", hyphen)
     assert err.value.status == 422
-    assert "metadata.name in body should match '^[a-z0-9]{1,63}$'" in json.loads(err.value.body)["message"]
+    assert "metadata.name in body should match '^[a-z0-9]{1,63}$'" in error_status(err.value)["message"]
     typo = framework("typo", "pass")
     typo["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]["comand"] = ["x"]
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(*FC, "default", "frameworks", typo, field_validation="Strict")
-    assert (
-        'unknown field "spec.taskRoles[0].task.pod.spec.containers[0].comand"' in json.loads(err.value.body)["message"]
-    )
+    assert 'unknown field "spec.taskRoles[0].task.pod.spec.containers[0].comand"' in error_status(err.value)["message"]
 
 
 def test_merge_patch_and_status_subresource(custom: client.CustomObjectsApi) -> None:
     created = custom.create_namespaced_custom_object(
         *FC, "default", "frameworks", framework("patched", "pass", execution="Create")
     )
+    assert isinstance(created, dict)
     assert created["metadata"]["generation"] == 1
     wait_until(lambda: fc_status(custom, "patched").get("state") == "AttemptCreationPending", 10)
     patched = custom.patch_namespaced_custom_object(
         *FC, "default", "frameworks", "patched", {"metadata": {"labels": {"x": "y"}}}
     )
+    assert isinstance(patched, dict)
     assert patched["metadata"]["labels"] == {"x": "y"}
     custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("sub", python("pass")))
 
@@ -683,7 +746,9 @@ def test_merge_patch_and_status_subresource(custom: client.CustomObjectsApi) -> 
         job["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
         job["spec"]["runPolicy"] = {"cleanPodPolicy": "All"}
         try:
-            return custom.replace_namespaced_custom_object(*TF, "default", "tfjobs", "sub", job)
+            replaced = custom.replace_namespaced_custom_object(*TF, "default", "tfjobs", "sub", job)
+            assert isinstance(replaced, dict)
+            return replaced
         except ApiException as e:
             assert e.status == 409  # the operator wrote status in between: optimistic concurrency, as for real
             return None
@@ -715,6 +780,7 @@ def test_foreground_deletion_waits_for_dependents(custom: client.CustomObjectsAp
     deleting = custom.delete_namespaced_custom_object(
         *TF, "default", "tfjobs", "fg", body=client.V1DeleteOptions(propagation_policy="Foreground")
     )
+    assert isinstance(deleting, dict)
     assert deleting["metadata"]["deletionTimestamp"]
     assert "foregroundDeletion" in deleting["metadata"]["finalizers"]
 
@@ -734,7 +800,9 @@ def test_break_log_streams_cuts_a_follow(
 ) -> None:
     custom.create_namespaced_custom_object(*TF, "default", "tfjobs", tfjob("cut", python(GATED)))
     wait_running(core, "cut-worker-0")
-    resp = core.read_namespaced_pod_log("cut-worker-0", "default", follow=True, _preload_content=False)
+    resp = cast(
+        HTTPResponse, core.read_namespaced_pod_log("cut-worker-0", "default", follow=True, _preload_content=False)
+    )
     outcome: list[BaseException | str] = []
 
     def read() -> None:

@@ -115,7 +115,7 @@ def test_cancel_kills_the_whole_process_group(make_service, processes: Processes
     trial_id = service.submit_trial_job(form(0)).id
     running = wait_for_status(service, trial_id, "RUNNING")
     pid_file = Path(running.working_directory) / "pids"
-    pids = [int(pid) for pid in wait_until(lambda: pid_file.exists() and pid_file.read_text(), 10).split()]
+    pids = [int(pid) for pid in wait_until(lambda: pid_file.read_text() if pid_file.exists() else None, 10).split()]
     service.cancel_trial_job(trial_id, is_early_stopped=early)
     trial = wait_for_status(service, trial_id, expected, timeout=15)
     assert trial.is_early_stopped is early
@@ -138,7 +138,7 @@ def test_a_trial_ignoring_sigterm_is_killed_after_the_grace_period(make_service,
     trial_id = service.submit_trial_job(form(0)).id
     running = wait_for_status(service, trial_id, "RUNNING")
     ready = Path(running.working_directory) / "ready"
-    pid = int(wait_until(lambda: ready.exists() and ready.read_text(), 10))
+    pid = int(wait_until(lambda: ready.read_text() if ready.exists() else None, 10))
     service.cancel_trial_job(trial_id)
     trial = wait_for_status(service, trial_id, "USER_CANCELED", timeout=10)
     assert trial.exit_code == -9  # SIGKILL, after SIGTERM was ignored
@@ -246,7 +246,7 @@ def test_a_metric_line_that_cannot_be_encoded_is_rejected_and_a_chatty_trial_goe
 
 
 def read_pid(path: Path) -> int:
-    return int(wait_until(lambda: path.exists() and path.read_text().strip(), 15, what=f"{path.name}"))
+    return int(wait_until(lambda: path.read_text().strip() if path.exists() else None, 15, what=f"{path.name}"))
 
 
 ESCAPING_TRIAL = 'setsid sleep 60 & echo $! > "$NNI_SYS_DIR/escaped"; echo hi; '

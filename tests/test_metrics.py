@@ -328,7 +328,7 @@ def test_final_read_still_returns_complete_records(trial: Trial) -> None:
         (payload(value=None), "metric value must be a number"),
         (payload(type_="BOGUS"), "metric record has type 'BOGUS'"),
         (payload(sequence="1"), "non-integer sequence"),  # type: ignore[arg-type]
-        (payload(sequence=True), "non-integer sequence"),  # type: ignore[arg-type]
+        (payload(sequence=True), "non-integer sequence"),
     ],
     ids=[
         "not-json",

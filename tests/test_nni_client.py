@@ -246,7 +246,7 @@ def test_a_write_is_read_at_once_while_the_projector_is_busy(manager: Manager) -
         return int(manager.client.hget(busy_keys.position, "applied") or 0)
 
     wait_until(lambda: busy_applied() > 0, 30, what="the projector to take the long log up")
-    reads = []
+    reads: list[tuple[int, Any]] = []
     while busy_applied() < BUSY_EVENTS:  # every write and read of this loop but the last: the projector is busy
         concurrency = 2 + len(reads) % 2
         experiment.update_trial_concurrency(concurrency)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from manager.algorithms import BUILTINS, AlgorithmError, resolve
+from manager.algorithms import BUILTINS, AlgorithmError, Role, resolve
 from manager.cli.trials import by_metric
 from manager.config import load_experiment_config
 from manager.runner import ExperimentResult, ExperimentRunner, Progress
@@ -250,7 +250,7 @@ def test_a_tuner_with_a_missing_extra_is_refused(builtin: Any, monkeypatch: pyte
             monkeypatch.delitem(sys.modules, module)
     for module in hidden:
         monkeypatch.setitem(sys.modules, module, None)
-    role = "assessor" if builtin.kind == "assessor" else "tuner"
+    role: Role = "assessor" if builtin.kind == "assessor" else "tuner"
     with pytest.raises(AlgorithmError) as refused:
         resolve(AlgorithmConfig(name=builtin.name), role)
     assert str(refused.value).endswith(f"which is not installed: {builtin.pip}")

@@ -253,7 +253,8 @@ def test_concurrent_writers_ours_and_nni_lose_no_entry(home: Path) -> None:
     processes = [context.Process(target=add_ours, args=(str(home), f"p{n}", count, start)) for n in range(4)]
     processes.append(context.Process(target=add_nni, args=(str(home), "nni", count, start)))  # one: NNI races itself
     threads = [threading.Thread(target=add_ours, args=(str(home), f"t{n}", count, start)) for n in range(3)]
-    for worker in [*processes, *threads]:
+    starting: list[multiprocessing.process.BaseProcess | threading.Thread] = [*processes, *threads]
+    for worker in starting:
         worker.start()
     start.set()
     for thread in threads:

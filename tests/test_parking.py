@@ -6,20 +6,23 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from typing import TypeVar
 
 from rq.registry import FinishedJobRegistry
 
 from core.dispatch import attempt_job_prefix, recheck_delay_s, trial_queue
 from core.event_store import StoredEvent
-from schemas.events import TrialDeferred, TrialRequeued, TrialStarted
+from manager.training_service import TrainingService
+from schemas.events import TrialDeferred, TrialEvent, TrialRequeued, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.test_gpu_scheduling import GPU_TRIAL, gpu_file, release
 
 RECHECKS = 3
+EventT = TypeVar("EventT", bound=TrialEvent)
 
 
-def events_of(service, trial_id: str, kind: type) -> list:
+def events_of(service: TrainingService, trial_id: str, kind: type[EventT]) -> list[EventT]:
     return [
         entry.event
         for entry in service.store.read()

@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -71,14 +71,16 @@ def test_unreadable_entries_are_recorded_and_skipped_by_a_running_projector(
     stream = keys.events(exp)
     raw = redis.Redis.from_url(redis_url)  # bytes in, bytes out
     future = json.loads(encode_event(started(exp, trial_id))["json"]) | {"v": 99}
-    bad = {
+    bad: dict[str, Any] = {  # entry ids, as the decoding client answers (redis-py types them bytes | str)
         "corrupt JSON": client.xadd(stream, {"type": "TrialStarted", "trial": trial_id, "json": '{"type": "Tri'}),
         "no json field": client.xadd(stream, {"type": "TrialStarted", "trial": trial_id}),
         "unknown type": client.xadd(
             stream, {"type": "TrialTeleported", "json": json.dumps({"type": "TrialTeleported", "v": 1})}
         ),
         "future version": client.xadd(stream, {"type": "TrialStarted", "trial": trial_id, "json": json.dumps(future)}),
-        "not UTF-8": raw.xadd(stream, {"type": "TrialStarted", "trial": trial_id, "json": b'{"\xff\xfe"}'}).decode(),
+        "not UTF-8": cast(
+            bytes, raw.xadd(stream, {"type": "TrialStarted", "trial": trial_id, "json": b'{"\xff\xfe"}'})
+        ).decode(),
         "nested too deep": client.xadd(stream, {"type": "TrialStarted", "json": "[" * 100_000 + "]" * 100_000}),
     }
     service.store.append(started(exp, trial_id))  # the events after the poison are applied

@@ -19,7 +19,7 @@ from manager.projector import Projector
 from manager.views import ViewStore
 from schemas.events import ExperimentResumed, TrialAttemptLost, TrialEnded, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
-from tests.conftest import ServiceFactory, form, metric, wait_until
+from tests.conftest import ServiceFactory, form, metric, stream_entries, wait_until
 
 
 def write_history(make_service: ServiceFactory) -> tuple[str, str]:
@@ -124,7 +124,8 @@ def test_two_projectors_at_once_never_apply_an_event_twice(client: redis.Redis, 
     for racer in racers:
         racer.join()
     views = ViewStore(client, service.experiment_id)
-    assert int(client.hget(views.keys.position, "applied")) == service.store.length()
+    applied = client.hget(views.keys.position, "applied")
+    assert applied is not None and int(applied) == service.store.length()
     assert [m.sequence for m in views.metrics(trial_id)] == list(range(300))
 
 
@@ -206,7 +207,7 @@ def test_with_the_projector_down_repeated_reads_fetch_only_what_is_new(client: r
     service = make_service()
     exp, trial_id = service.experiment_id, service.submit_trial_job(form(0)).id
     service.store.append_all([metric(exp, trial_id, n) for n in range(2000)])  # no projector: all of it is tail
-    tail_bytes = sum(len(fields["json"]) for _, fields in client.xrange(keys.events(exp)))
+    tail_bytes = sum(len(fields["json"]) for _, fields in stream_entries(client, keys.events(exp)))
     assert service.list_trial_jobs()[0].status is TrialJobStatus.WAITING
 
     before = bytes_sent(client)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -75,7 +76,10 @@ def test_a_connection_dropped_after_the_first_chunk_of_the_metrics_file_loses_no
             known_hosts.write(f"[127.0.0.1]:{proxy.port} {host.host_key}\n")
         (code_dir / "records.py").write_text(RECORDS_TRIAL.replace("COUNT", str(RECORDS)))
         write, end = tmp_path / "write", tmp_path / "end"
-        section = {"platform": "remote", "machineList": [{**machine(host, ssh_user), "host": "127.0.0.1"}]}
+        section: dict[str, Any] = {
+            "platform": "remote",
+            "machineList": [{**machine(host, ssh_user), "host": "127.0.0.1"}],
+        }
         section["machineList"][0]["port"] = proxy.port
         command = f"{sys.executable} records.py {write} {end}"
         service = make_service(command, platform_config=section)

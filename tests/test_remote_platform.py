@@ -93,8 +93,8 @@ def test_a_restarted_worker_resumes_reading_from_the_committed_offsets(
     trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60)
     assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
     assert periodical(service, trial_id) == [0, 1, 2]
-    reported = [e for e in service.store.read() if getattr(e.event, "trial_id", None) == trial_id]  # type: ignore[union-attr]
-    sequences = [e.event.sequence for e in reported if type(e.event).__name__ == "TrialMetricReported"]  # type: ignore[union-attr]
+    reported = [e for e in service.store.read() if getattr(e.event, "trial_id", None) == trial_id]
+    sequences = [e.event.sequence for e in reported if type(e.event).__name__ == "TrialMetricReported"]
     assert sorted(sequences) == [0, 0, 1, 2]  # each PERIODICAL once (and the FINAL): nothing read twice
     assert not client.exists(keys.read_offsets(service.experiment_id, trial_id, 1))  # gone with the attempt
 
@@ -276,8 +276,8 @@ def test_several_workers_serve_the_queue_and_no_trial_runs_twice(
     for trial_id in trial_ids:
         assert wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=90).status is TrialJobStatus.SUCCEEDED
     started = [e for e in service.store.read() if isinstance(getattr(e, "event", None), TrialStarted)]
-    assert sorted(e.event.trial_id for e in started) == sorted(trial_ids)  # type: ignore[union-attr]
-    assert len({e.event.source for e in started}) == 2  # type: ignore[union-attr]
+    assert sorted(e.event.trial_id for e in started) == sorted(trial_ids)
+    assert len({e.event.source for e in started}) == 2
     assert {host_of(ssh_hosts, service, t).address for t in trial_ids} == {h.address for h in ssh_hosts}
 
 

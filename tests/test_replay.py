@@ -7,9 +7,11 @@ import textwrap
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
+from redis.typing import EncodableT, FieldT
 from rq import Queue
 
 from core import keys
@@ -33,7 +35,7 @@ from manager.replay import (
 from manager.training_service import TrainingService
 from manager.views import ViewStore
 from schemas.trial import TrialJobStatus
-from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
+from tests.conftest import Processes, ServiceFactory, form, stream_entries, wait_for_status, wait_until
 
 MIXED_TRIAL = """
 import sys, time, trialstream_sdk as nni
@@ -202,8 +204,8 @@ def test_diff_views_compares_two_redis_databases(
     Projector(client).catch_up(service.experiment_id)
     other = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/1", decode_responses=True)
     other.flushdb()
-    for entry_id, fields in client.xrange(keys.events(service.experiment_id)):
-        other.xadd(keys.events(service.experiment_id), fields, id=entry_id)
+    for entry_id, fields in stream_entries(client, keys.events(service.experiment_id)):
+        other.xadd(keys.events(service.experiment_id), cast(dict[FieldT, EncodableT], fields), id=entry_id)
     Projector(other).catch_up(service.experiment_id)
     assert diff_views(client, service.experiment_id, other_client=other) == []
 

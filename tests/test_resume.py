@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -62,7 +63,9 @@ def test_resume_continues_a_crashed_runner_without_rerunning_or_overspending(
     processes.worker()
 
     runner = trialstream(redis_url, "run", str(tmp_path / "config.yml"), "--json")
-    experiment_id = str(wait_until(lambda: client.zrange(keys.EXPERIMENTS, 0, -1), 20, what="the experiment")[0])
+    experiment_id = str(
+        wait_until(lambda: cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1)), 20, what="the experiment")[0]
+    )
     views = ViewStore(client, experiment_id)
 
     def mid_run() -> bool:

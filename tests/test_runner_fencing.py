@@ -7,6 +7,7 @@ import signal
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -52,7 +53,9 @@ def test_a_runner_that_lost_its_claim_stops_without_submitting(
     first = trialstream(redis_url, "run", str(tmp_path / "config.yml"), "--json")
     resumed = None
     try:
-        experiment_id = str(wait_until(lambda: client.zrange(keys.EXPERIMENTS, 0, -1), 30, what="the experiment")[0])
+        experiment_id = str(
+            wait_until(lambda: cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1)), 30, what="the experiment")[0]
+        )
         claim = keys.runner(experiment_id)
         views = ViewStore(client, experiment_id)
         wait_until(lambda: any(t.status == "RUNNING" for t in views.trials()), 30, what="a trial running")

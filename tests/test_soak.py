@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -88,7 +89,9 @@ def test_soak_with_random_worker_kills(tmp_path: Path, processes: Processes, red
     def kill_as_trials_end() -> None:
         """Tail the log; each time another KILL_EVERY trials have ended, SIGKILL a random worker."""
         nonlocal kills
-        experiments = wait_until(lambda: client.zrange(keys.EXPERIMENTS, 0, -1), 30, what="the experiment")
+        experiments = wait_until(
+            lambda: cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1)), 30, what="the experiment"
+        )
         store = EventStore(client, str(experiments[0]))
         ended: set[str] = set()
         position = "0-0"
@@ -130,7 +133,7 @@ def test_soak_with_random_worker_kills(tmp_path: Path, processes: Processes, red
         for e in entries
         if isinstance(e, StoredEvent) and isinstance(e.event, TrialMetricReported)
     )
-    lost = [e for e in entries if isinstance(e, StoredEvent) and isinstance(e.event, TrialAttemptLost)]
+    lost = [e.event for e in entries if isinstance(e, StoredEvent) and isinstance(e.event, TrialAttemptLost)]
 
     assert len(trials) == TRIALS
     assert all(trial.status.is_terminal for trial in trials)
@@ -150,5 +153,5 @@ def test_soak_with_random_worker_kills(tmp_path: Path, processes: Processes, red
     print(
         f"\nsoak in {elapsed:.0f}s: {len(trials)} trials ({len(succeeded)} succeeded), {len(entries)} events, "
         f"{sum(logged.values())} metrics, {kills} workers killed, {len(lost)} attempts lost and "
-        f"{sum(1 for e in lost if e.event.status == 'WAITING')} retried"
+        f"{sum(1 for e in lost if e.status == 'WAITING')} retried"
     )

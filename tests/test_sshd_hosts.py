@@ -9,11 +9,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.sshd import BOOT_ID, MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
 from tests.waiting import wait_until
+
+if TYPE_CHECKING:
+    from paramiko import SSHClient
 
 paramiko = pytest.importorskip("paramiko")
 
@@ -26,21 +30,21 @@ def known_hosts(tmp_path: Path, ssh_hosts: list[SshHost]) -> Path:
 
 
 @pytest.fixture
-def clients() -> Iterator[list[paramiko.SSHClient]]:
-    opened: list[paramiko.SSHClient] = []
+def clients() -> Iterator[list[SSHClient]]:
+    opened: list[SSHClient] = []
     yield opened
     for client in opened:
         client.close()
 
 
 def connect(
-    clients: list[paramiko.SSHClient],
+    clients: list[SSHClient],
     host: SshHost,
     user: SshUser,
     known_hosts: Path | None,
     password: str | None = None,
     **options: float,
-) -> paramiko.SSHClient:
+) -> SSHClient:
     """A client that trusts only `known_hosts` (RejectPolicy), with the key pair unless a password is given."""
     client = paramiko.SSHClient()
     clients.append(client)
@@ -57,13 +61,13 @@ def connect(
         timeout=CONNECT_TIMEOUT_S,
         banner_timeout=CONNECT_TIMEOUT_S,
         auth_timeout=CONNECT_TIMEOUT_S,
-        **credentials,  # type: ignore[arg-type]
-        **options,  # type: ignore[arg-type]
+        **credentials,
+        **options,
     )
     return client
 
 
-def execute(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
+def execute(client: SSHClient, command: str) -> tuple[int, str]:
     _, stdout, _ = client.exec_command(command, timeout=CONNECT_TIMEOUT_S)
     output = stdout.read().decode()
     return stdout.channel.recv_exit_status(), output
@@ -223,6 +227,7 @@ def test_destroy_leaves_nothing_behind(ssh_environment: SshEnvironment, ssh_user
     if host.netns is not None:
         namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         assert host.netns not in namespaces
+        assert host.veth is not None  # named with the namespace
         assert subprocess.run(["ip", "link", "show", host.veth], capture_output=True).returncode != 0
 
 

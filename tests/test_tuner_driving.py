@@ -9,12 +9,13 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 
 from core import keys
+from core.event_store import StoredEvent
 from manager.algorithms import resolve
 from manager.config import load_experiment_config
 from manager.dispatcher import NewTrial, TunerDispatcher, build_dispatcher
@@ -23,7 +24,7 @@ from manager.training_service import TrainingService
 from manager.views import ViewStore
 from schemas.config import AlgorithmConfig
 from schemas.events import TrialCancelRequested
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, stream_entries, wait_until
 from tests.test_resume import trialstream
 
 RECORDER = '''
@@ -164,9 +165,9 @@ def test_a_custom_assessor_early_stops_a_trial_and_the_log_says_which_and_after_
     assert [str(trial.status) for trial in result.trials] == ["EARLY_STOPPED"] * 2
     assert all(trial.is_early_stopped for trial in result.trials)
     reasons = [
-        entry.event.reason
+        entry.event.reason or ""  # "" for no reason at all, which fails the comparison below
         for entry in runner.service.store.read()
-        if isinstance(getattr(entry, "event", None), TrialCancelRequested)
+        if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialCancelRequested)
     ]
     assert sorted(reasons) == [
         f"early-stopped by the threshold.Threshold assessor after intermediate result #1 ({x})" for x in (0.8, 0.9)
@@ -240,11 +241,11 @@ def run_cli(redis_url: str, *args: str) -> tuple[str, str]:
 
 def kill_runner_after(redis_url: str, client: redis.Redis, config: Path, succeeded: int) -> str:
     """Run the config with the CLI, and SIGKILL the runner once `succeeded` trials have succeeded."""
-    known = set(client.zrange(keys.EXPERIMENTS, 0, -1))
+    known = set(cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1)))
     runner = trialstream(redis_url, "run", str(config))
 
     def new_experiment() -> set[str]:
-        return set(client.zrange(keys.EXPERIMENTS, 0, -1)) - known
+        return set(cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1))) - known
 
     experiment_id = str(wait_until(new_experiment, 20, what="the experiment").pop())
     views = ViewStore(client, experiment_id)
@@ -318,7 +319,7 @@ def test_a_tuner_whose_constructor_fails_ends_its_experiment_with_the_traceback(
     with pytest.raises(RunnerError, match=r"^picky.Picky could not be built: width 9 is too wide$"):
         ExperimentRunner.create(load_experiment_config(config), client, rq_connection)
 
-    (experiment_id,) = client.zrange(keys.EXPERIMENTS, 0, -1)
+    (experiment_id,) = cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1))
     experiment = TrainingService(client, rq_connection, experiment_id).experiment_view()
     assert experiment.status == "ERROR"
     assert experiment.message is not None and "ValueError: width 9 is too wide" in experiment.message
@@ -389,7 +390,7 @@ def test_a_log_from_before_requests_were_logged_resumes_through_import_data(
     config = write_experiment(tmp_path, sleep=0.5, tuner=recorder_config(tmp_path), maxTrialNumber=6)
     experiment_id = kill_runner_after(redis_url, client, config, succeeded=2)
     stream = keys.events(experiment_id)
-    requests = [entry_id for entry_id, fields in client.xrange(stream) if fields["type"] == "TrialsRequested"]
+    requests = [entry_id for entry_id, fields in stream_entries(client, stream) if fields["type"] == "TrialsRequested"]
     assert requests
     client.xdel(stream, *requests)
     first_run = len(calls(tmp_path))

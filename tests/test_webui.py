@@ -258,7 +258,12 @@ def test_the_web_ui_under_a_url_prefix_behind_a_token(
     wait.until(_shows("a bearer token is required"))
     refused_page = f"{base}/oview - Failed to load resource: the server responded with a status of 401"
     logged: list[str] = []  # that 401 in the console is expected: only what follows the login is checked
-    wait.until(lambda _: logged.extend(browser.console_errors(base)) or any(refused_page in m for m in logged))
+
+    def refused_page_logged(_: object) -> bool:
+        logged.extend(browser.console_errors(base))
+        return any(refused_page in m for m in logged)
+
+    wait.until(refused_page_logged)
 
     # /login sets the cookie and leads to the Overview under the prefix
     driver.get(f"{base}/login?token={token}")
