@@ -35,9 +35,26 @@ from tests.waiting import wait_until
 REPO = Path(__file__).resolve().parent.parent
 
 
+FAST_TIER = frozenset(
+    {
+        *("test_projection", "test_schemas", "test_config", "test_upcasters", "test_settings"),  # no I/O
+        *("test_event_store", "test_projector", "test_rebuild", "test_listings", "test_transfer"),  # the log
+        *("test_training_service", "test_attempt_state", "test_tuners", "test_code_package", "test_compose"),
+        *("test_metrics", "test_output_reader", "test_pod_keeper", "test_gpu", "test_gpu_nvml"),
+        *("test_local_platform", "test_conformance_local", "test_nnictl_registry"),  # real local trials
+    }
+)
+"""The modules of `-m "not slow"`, the tier to run while developing (under 3 minutes): the pure fold, schemas,
+config, the event store and projector, and the local platform. Every other module starts heavy parts (sshd
+hosts, simulated clusters, a browser, Docker, managers and whole experiments) and is marked `slow`."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests of an `xdist_group` run one after another on one pytest worker (`--dist loadgroup`): they go
-    first, so that no group starts late and runs on alone after every other test has ended."""
+    """Mark the slow tier; and since the tests of an `xdist_group` run one after another on one pytest worker
+    (`--dist loadgroup`), put them first, so that no group starts late and runs on alone at the end."""
+    for item in items:
+        if item.path.stem not in FAST_TIER:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
