@@ -10,13 +10,14 @@ experiment's data lives and how an ended run's data is served again.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
-import secrets
 import shutil
 import signal
-import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -60,16 +61,9 @@ class EmbeddedRedis:
         os.chmod(self.data_dir, 0o700)
         args = [binary, "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync]
         args += ["--save", "", "--logfile", "redis.log", "--daemonize", "no"]
-        sock = self.data_dir / "redis.sock"
-        if len(str(sock)) <= _MAX_SOCKET_PATH:
-            args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
-            self.url = f"unix://{sock}"
-        else:  # a long path: loopback only, and never without a password
-            password = secrets.token_urlsafe(24)
-            port = _free_port()
-            args += ["--port", str(port), "--bind", "127.0.0.1"]
-            self.url = f"redis://:{password}@127.0.0.1:{port}/0"
-            args += ["--requirepass", password]
+        sock = socket_path(self.data_dir, create=True)
+        args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+        self.url = f"unix://{sock}"
         self.process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -226,14 +220,42 @@ def embedded_experiments(root: Path) -> list[Path]:
 
 def live_url(directory: Path) -> str | None:
     """The URL of the experiment's Redis if a run is serving it now, else None."""
-    socket_path = directory / DATA_DIR / "redis.sock"
-    if not socket_path.exists():
+    path = socket_path(directory / DATA_DIR)
+    if not path.exists():
         return None
-    url = f"unix://{socket_path}"
+    url = f"unix://{path}"
     with suppress(RedisUnavailable):
         connect(url)
         return url
     return None
+
+
+def socket_path(data_dir: Path, create: bool = False) -> Path:
+    """Where the redis-server of `data_dir` listens: beside its data; or, where that path is too long for a
+    unix socket (sun_path: 108 bytes), in a private directory of this user's under /tmp, named by the data
+    directory, so that a run and every command reading it find the same one. (Never a TCP port: a second
+    command would not find it, and would start a second server on the same files.) `create`: make that
+    private directory if it is missing."""
+    beside = data_dir / "redis.sock"
+    if len(str(beside)) <= _MAX_SOCKET_PATH:
+        return beside
+    name = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24] + ".sock"
+    return _private_dir(create) / name
+
+
+def _private_dir(create: bool) -> Path:
+    """/tmp/trialstream-<uid>, 0700 and this user's (/tmp is everyone's: one another user made is refused)."""
+    directory = Path(tempfile.gettempdir()) / f"trialstream-{os.getuid()}"
+    if create:
+        with suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+    try:
+        status = directory.lstat()
+    except FileNotFoundError:
+        return directory
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid() or stat.S_IMODE(status.st_mode) != 0o700:
+        raise StackError(f"{directory} is not a private directory of this user's (0700): remove it, or move it away")
+    return directory
 
 
 @contextmanager
@@ -269,9 +291,3 @@ def _die_with_parent(signum: int) -> Callable[[], None] | None:
             os.kill(os.getpid(), signum)
 
     return set_death_signal
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

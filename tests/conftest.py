@@ -39,6 +39,7 @@ FAST_TIER = frozenset(
     {
         *("test_projection", "test_schemas", "test_config", "test_upcasters", "test_settings"),  # no I/O
         *("test_event_store", "test_projector", "test_rebuild", "test_listings", "test_transfer"),  # the log
+        "test_embedded_redis",
         *("test_training_service", "test_attempt_state", "test_tuners", "test_code_package", "test_compose"),
         *("test_metrics", "test_output_reader", "test_pod_keeper", "test_gpu", "test_gpu_nvml"),
         *("test_local_platform", "test_conformance_local", "test_nnictl_registry"),  # real local trials

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from core.connections import connect
+from manager.stack import embedded_experiments, live_url
 from manager.training_service import TrainingService
 from tests.conftest import REPO, wait_until
 from tests.test_cli import write_config
@@ -42,12 +43,12 @@ def trialstream(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def running_trials(experiments: Path) -> list[str] | None:
     """The ids of the running trials of the one experiment under `experiments`, read from its live Redis."""
-    sockets = list(experiments.glob("*/redis/redis.sock"))
-    if not sockets:
+    directories = embedded_experiments(experiments)
+    url = live_url(directories[0]) if directories else None
+    if url is None:
         return None
     try:
-        client = connect(f"unix://{sockets[0]}")
-        trials = TrainingService(client, connect(f"unix://{sockets[0]}", decode=False), sockets[0].parent.parent.name)
+        trials = TrainingService(connect(url), connect(url, decode=False), directories[0].name)
         running = [trial.id for trial in trials.list_trial_jobs() if trial.status == "RUNNING"]
     except Exception:  # the stack is still starting
         return None

@@ -15,6 +15,7 @@ import redis
 
 from core import keys
 from core.event_store import EventStore, StoredEvent
+from manager.stack import embedded_experiments, live_url
 from manager.views import ViewStore
 from schemas.events import ExperimentResumed, TrialStarted
 from tests.conftest import REPO, Processes, wait_until
@@ -113,9 +114,10 @@ def test_resume_after_an_embedded_run_was_killed(tmp_path: Path) -> None:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     runner = cli("run", str(tmp_path / "config.yml"), "--json")
-    socket_path = wait_until(lambda: next(root.glob("*/redis/redis.sock"), None), 30, what="the embedded Redis")
-    client = redis.Redis(unix_socket_path=str(socket_path), decode_responses=True)
-    experiment_id = socket_path.parent.parent.name
+    directory = wait_until(lambda: next(iter(embedded_experiments(root)), None), 30, what="the experiment")
+    url = wait_until(lambda: live_url(directory), 30, what="the embedded Redis")
+    client = redis.Redis.from_url(url, decode_responses=True)
+    experiment_id = directory.name
     views = ViewStore(client, experiment_id)
     wait_until(lambda: sum(t.status == "SUCCEEDED" for t in views.trials()) >= 2, 60, what="two trials done")
     runner.send_signal(signal.SIGKILL)
