@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
 PREFIX = "TRIALSTREAM_"
 REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
+MANAGER_TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"  # the setting `manager_token`, named where a message tells the user
 _MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 
 
@@ -44,6 +45,10 @@ def _platform_targets(value: object) -> object:
             raise ValueError(f"{item!r}: write each platform as name=module:Class")
         targets[name.strip()] = target.strip()
     return targets
+
+
+class SettingError(ValueError):
+    """A setting that is not valid; the message names its variable (TRIALSTREAM_...)."""
 
 
 class Settings(BaseModel):
@@ -82,7 +87,12 @@ class Settings(BaseModel):
             if raw:
                 values[name] = raw
         values.update({name: value for name, value in overrides.items() if value is not None})
-        return cls.model_validate(values)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as invalid:
+            first = invalid.errors()[0]
+            name = PREFIX + "_".join(str(part) for part in first["loc"][:1]).upper()
+            raise SettingError(f"{name}: {first['msg']}") from None
 
     def as_environment(self) -> dict[str, str]:
         """The variables that give a child process these settings (the processes of the embedded stack)."""

@@ -16,13 +16,12 @@ import httpx
 
 from core.event_store import LogEntry, StoredEvent, UnreadableEvent
 from core.platform import OutputStream
-from core.settings import PREFIX
+from core.settings import MANAGER_TOKEN_ENV as TOKEN_ENV
 from schemas.api import ExperimentState
 from schemas.config import ConfigError
 from schemas.events import EVENT_ADAPTER
 from schemas.trial import MetricRecord, TrialJobDetail
 
-TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
 PAGE = 1000
 _TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 

@@ -3,52 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import NoReturn
 
-import redis
-from pydantic import ValidationError
-
-from core.connections import RedisUnavailable
-from core.event_store import InvalidExperimentId
-from core.registry import UnknownPlatform
-from core.settings import PREFIX, REDIS_URL_ENV, Settings
-from manager.api_client import TOKEN_ENV, ManagerError
-from manager.cli import experiments, interrupts, log, manager, render, run, services, trials
-from manager.experiments import ExperimentNotFound, ExperimentRunning
-from manager.replay import InvalidPosition, UnknownEventType
-from manager.runner import RunnerError
-from manager.stack import StackError
-from manager.training_service import TrialNotFound
-from manager.transfer import ExperimentExists, InvalidLogFile
-from schemas.config import ConfigError
+from core.settings import MANAGER_TOKEN_ENV, PREFIX, REDIS_URL_ENV, SettingError, Settings
+from manager.cli import interrupts
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-_KNOWN_ERRORS = (
-    ConfigError,
-    RedisUnavailable,
-    TrialNotFound,
-    ExperimentNotFound,
-    ExperimentRunning,
-    UnknownPlatform,
-    RunnerError,
-    StackError,
-    InvalidPosition,
-    UnknownEventType,
-    InvalidLogFile,
-    InvalidExperimentId,
-    ExperimentExists,
-    redis.RedisError,
-    ManagerError,
-)
-_AREAS = (run, trials, log, experiments, services, manager)
+AREAS = {  # command -> the module (of this package) that registers and runs it
+    "run": "run",
+    "resume": "run",
+    "trials": "trials",
+    "events": "log",
+    "replay": "log",
+    "export": "log",
+    "import": "log",
+    "experiments": "experiments",
+    "worker": "services",
+    "projector": "services",
+    "manager": "manager",
+}
+"""Only the area of the command given is imported: a command loads what it uses, no more (`trialstream worker`,
+which hands over to the worker runtime, loads next to nothing)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    assembled = parser()
-    args, passed_on = assembled.parse_known_args(argv)  # `worker` hands its options to the worker runtime
+    arguments = sys.argv[1:] if argv is None else argv
+    assembled = parser(_command(arguments))
+    args, passed_on = assembled.parse_known_args(arguments)  # `worker` hands its options to the worker runtime
     if args.command != "worker" and passed_on:
         assembled.error(f"unrecognized arguments: {' '.join(passed_on)}")
     args.passed_on = passed_on
@@ -56,42 +41,94 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args)
         return int(args.handler(args, settings) or 0)
-    except _KNOWN_ERRORS as error:
-        _fail(str(error), EXIT_USAGE if isinstance(error, ConfigError) else EXIT_ERROR)
     except KeyboardInterrupt as stop:
         status = stop.exit_status if isinstance(stop, interrupts.Interrupted) else 130
         _fail(str(stop) or "interrupted", status)
     except BrokenPipeError:  # `trialstream events ... | head`: the reader has all it wants
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as error:
+        if not isinstance(error, _reported_errors()):
+            raise
+        from schemas.config import ConfigError
+
+        _fail(str(error), EXIT_USAGE if isinstance(error, ConfigError) else EXIT_ERROR)
 
 
-def parser() -> argparse.ArgumentParser:
-    """The whole command line, assembled from its areas."""
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line, with `command`'s area; with every area when it is None (`--help`, or no command)."""
     assembled = argparse.ArgumentParser(prog="trialstream", description=__doc__)
+    _global_options(assembled)
+    commands = assembled.add_subparsers(dest="command", required=True)
+    areas = [AREAS[command]] if command in AREAS else sorted(set(AREAS.values()), key=list(AREAS.values()).index)
+    for area in areas:
+        importlib.import_module(f"{__name__}.{area}").register(commands)
+    return assembled
+
+
+def _global_options(assembled: argparse.ArgumentParser) -> None:
     assembled.add_argument("--redis", help=f"Redis URL (default: ${REDIS_URL_ENV}, else a private redis-server)")
     assembled.add_argument(
         "--manager",
         metavar="URL",
         help=f"work through this `trialstream manager` (default: ${PREFIX}MANAGER_URL) instead of Redis: "
-        f"run, resume, trials, events and experiments; its token is read from ${TOKEN_ENV}",
+        f"run, resume, trials, events and experiments; its token is read from ${MANAGER_TOKEN_ENV}",
     )
-    commands = assembled.add_subparsers(dest="command", required=True)
-    for area in _AREAS:
-        area.register(commands)
-    return assembled
+
+
+def _command(arguments: list[str]) -> str | None:
+    """The command named in `arguments`, read past the global options; None if there is none."""
+    first = argparse.ArgumentParser(add_help=False)
+    _global_options(first)
+    first.add_argument("command", nargs="?")
+    known, _ = first.parse_known_args(arguments)
+    return known.command if known.command in AREAS else None
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """What the command line says in one line (the user's to fix) rather than as a traceback. Imported here,
+    when something failed, rather than at start: most of these modules belong to one command alone."""
+    import redis
+
+    from core.connections import RedisUnavailable
+    from core.event_store import InvalidExperimentId
+    from core.registry import UnknownPlatform
+    from manager.api_client import ManagerError
+    from manager.experiments import ExperimentNotFound, ExperimentRunning
+    from manager.replay import InvalidPosition, UnknownEventType
+    from manager.runner import RunnerError
+    from manager.stack import StackError
+    from manager.training_service import TrialNotFound
+    from manager.transfer import ExperimentExists, InvalidLogFile
+    from schemas.config import ConfigError
+
+    return (
+        SettingError,
+        ConfigError,
+        RedisUnavailable,
+        TrialNotFound,
+        ExperimentNotFound,
+        ExperimentRunning,
+        UnknownPlatform,
+        RunnerError,
+        StackError,
+        InvalidPosition,
+        UnknownEventType,
+        InvalidLogFile,
+        InvalidExperimentId,
+        ExperimentExists,
+        redis.RedisError,
+        ManagerError,
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     """Read once, here, and handed down: no other module reads trialstream's variables."""
-    try:
-        return Settings.from_environment(redis_url=args.redis, manager_url=args.manager)
-    except ValidationError as invalid:
-        first = invalid.errors()[0]
-        name = PREFIX + "_".join(str(part) for part in first["loc"][:1]).upper()
-        raise RunnerError(f"{name}: {first['msg']}") from None
+    return Settings.from_environment(redis_url=args.redis, manager_url=args.manager)
 
 
 def _fail(message: str, code: int) -> NoReturn:
+    from manager.cli import render
+
     render.print_error(message)
     sys.exit(code)

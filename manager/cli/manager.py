@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 from core.connections import connect, redact_url
 from core.logs import configure_logging
-from core.settings import PREFIX, Settings
+from core.settings import MANAGER_TOKEN_ENV as TOKEN_ENV
+from core.settings import Settings
 from manager.cli.access import required_url
 from manager.runner import RunnerError
 
 if TYPE_CHECKING:
     from manager.host import OnExit
 
-TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
 SWITCH_INTERVAL_S = 0.001
 """How long a thread holds the GIL while another waits for it (Python's default: 5 ms). The manager's work
 is latency-bound: a runner reacting to a trial's end takes the GIL back after each Redis reply, and under

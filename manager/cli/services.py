@@ -9,11 +9,7 @@ import signal
 import sys
 import threading
 
-from core.connections import connect, redact_url
 from core.settings import Settings
-from manager.cli import render
-from manager.cli.access import required_url
-from manager.projector import Projector
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -34,6 +30,11 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _projector(args: argparse.Namespace, settings: Settings) -> int:
+    from core.connections import connect, redact_url  # here: `trialstream worker` loads none of it
+    from manager.cli import render
+    from manager.cli.access import required_url
+    from manager.projector import Projector
+
     url = required_url(settings)
     client = connect(url)
     stop = threading.Event()
