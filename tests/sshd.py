@@ -413,7 +413,8 @@ class SshHost:
 
         def answers() -> bool:
             if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"sshd on {self.hostname} exited: {self.log_path.read_text()[-1500:]}")
+                log = self.log_path.read_text()[-1500:]
+                raise AssertionError(f"sshd on {self.hostname} exited with {self.process.returncode}: {log}")
             return self.pid_path.exists() and _banner(self.address, self.port)
 
         wait_until(answers, DEADLINE_S, what=f"sshd on {self.hostname} ({self.address}:{self.port})")

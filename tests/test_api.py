@@ -173,8 +173,9 @@ def test_stop_cancels_running_trials_resume_runs_to_the_budget_and_delete_waits_
     assert refused.status_code == 409, refused.text
 
     assert api.http.post(f"/experiments/{experiment_id}/stop").status_code == 202
-    state = api.wait_status(experiment_id, "STOPPED")
-    assert not state["hosted"]
+    api.wait_status(experiment_id, "STOPPED")
+    # the runner records STOPPED, then lets go of the experiment
+    wait_until(lambda: not api.experiment(experiment_id)["hosted"], what="the manager to let go of the experiment")
     trials = api.trials(experiment_id)
     assert {trial["id"]: trial["status"] for trial in trials} == {trial["id"]: "SYS_CANCELED" for trial in first}
     assert api.http.post(f"/experiments/{experiment_id}/stop").status_code == 409  # not running any more
@@ -183,7 +184,7 @@ def test_stop_cancels_running_trials_resume_runs_to_the_budget_and_delete_waits_
 
     assert api.http.post(f"/experiments/{experiment_id}/resume").status_code == 202
     api.release_all()
-    state = api.wait_status(experiment_id, "DONE")
+    api.wait_status(experiment_id, "DONE")
     trials = api.trials(experiment_id)
     assert [trial["sequenceId"] for trial in trials] == [0, 1, 2, 3]  # the budget counts the canceled two
     assert [trial["status"] for trial in trials] == ["SYS_CANCELED"] * 2 + ["SUCCEEDED"] * 2
