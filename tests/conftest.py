@@ -314,3 +314,20 @@ def own_processes(own_redis: RedisServer, tmp_path: Path) -> Iterator[Processes]
     running = Processes(own_redis.url, log_dir)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    """Processes that a module's tests share (a manager, a worker), on a redis-server of the module's own: the
+    per-test Redis is flushed after every test. Each test isolates by the experiments it creates. Mark such a
+    module `xdist_group` so that one pytest worker starts them once."""
+    root = tmp_path_factory.mktemp("module")
+    server = RedisServer(root / "redis")
+    server.start()
+    (root / "logs").mkdir()
+    running = Processes(server.url, root / "logs")
+    try:
+        yield running
+    finally:
+        running.stop()
+        server.stop()

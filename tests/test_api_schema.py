@@ -15,7 +15,6 @@ stopping at a 404. Left out, and why:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,12 +28,12 @@ from tests.test_api import experiment_config, write_trial
 from tests.waiting import wait_until
 
 
-@pytest.fixture
-def manager(processes: Processes, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """A manager, and the id of a finished experiment of two trials it ran."""
-    processes.worker()
-    url = processes.manager()
-    code = write_trial(tmp_path / "code")
+@pytest.fixture(scope="module")
+def manager(module_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A manager the module shares, and the id of a finished experiment of two trials it ran."""
+    module_processes.worker()
+    url = module_processes.manager()
+    code = write_trial(tmp_path_factory.mktemp("api-schema") / "code")
     (code / "gates" / "all").touch()
     created = httpx.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=2)})
     assert created.status_code == 201, created.text
@@ -43,7 +42,7 @@ def manager(processes: Processes, tmp_path: Path) -> Iterator[tuple[str, str]]:
         lambda: httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE"
     )
     yield url, experiment_id
-    assert "Traceback" not in processes.logs(), processes.logs()[-4000:]
+    assert "Traceback" not in module_processes.logs(), module_processes.logs()[-4000:]
 
 
 @pytest.fixture
@@ -58,6 +57,7 @@ FUZZING = settings(  # repeatable, bounded, and patient with a real server
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
 )
 NNI_PATHS = r"(^/api/v1/nni/|^/nni/)"
+pytestmark = pytest.mark.xdist_group("api-schema")  # one shared manager, started once
 schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=r"/events/stream$")
 native = schema.exclude(path_regex=NNI_PATHS)
 # NNI's REST API keeps NNI's wire quirks (`/version` is the bare text 3.0.0 typed as JSON, an unknown trial
@@ -128,11 +128,13 @@ def test_requests_that_were_server_errors_are_the_client_s_mistake(
 
 
 def test_a_lone_surrogate_in_a_new_experiment_is_refused_before_anything_is_written(manager: tuple[str, str]) -> None:
-    url, experiment_id = manager
+    url, _ = manager
+    ids = lambda: [state["id"] for state in httpx.get(f"{url}/api/v1/experiments").json()]  # noqa: E731
+    before = ids()
     answer = httpx.post(
         f"{url}/api/v1/experiments",
         content='{"config": {"trialCommand": "\\ud800"}}',
         headers={"content-type": "application/json"},
     )
     assert answer.status_code == 422, answer.text
-    assert [state["id"] for state in httpx.get(f"{url}/api/v1/experiments").json()] == [experiment_id]
+    assert ids() == before

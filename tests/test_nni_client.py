@@ -9,7 +9,6 @@ import csv
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from core.connections import connect
 from core.event_store import EventStore
 from core.keys import ViewKeys
 from schemas.events import ClusterMetadataSet
-from tests.conftest import Processes, RedisServer
+from tests.conftest import Processes
 from tests.test_api import write_trial
 from tests.test_api_smoke import experiment_config
 from tests.test_nnictl import nnictl
@@ -79,21 +78,13 @@ pytestmark = pytest.mark.xdist_group("nni-client")  # one manager for the module
 
 
 @pytest.fixture(scope="module")
-def manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Manager]:
+def manager(module_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> Manager:
     root = tmp_path_factory.mktemp("nni-client")
-    server = RedisServer(root / "redis")
-    server.start()
-    (root / "logs").mkdir()
-    processes = Processes(server.url, root / "logs")
     home = root / "home"
     home.mkdir()
-    try:
-        processes.worker(args=("--concurrency", "6"))
-        url = processes.manager("--nnictl-registry", env={"HOME": str(home)})
-        yield Manager(url, home, root, processes.running[-1], connect(server.url))
-    finally:
-        processes.stop()
-        server.stop()
+    module_processes.worker(args=("--concurrency", "6"))
+    url = module_processes.manager("--nnictl-registry", env={"HOME": str(home)})
+    return Manager(url, home, root, module_processes.running[-1], connect(module_processes.redis_url))
 
 
 def test_the_client_and_nnictl_read_an_experiment(manager: Manager) -> None:
