@@ -247,7 +247,7 @@ def kill_runner_after(redis_url: str, client: redis.Redis, config: Path, succeed
     def new_experiment() -> set[str]:
         return set(cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1))) - known
 
-    experiment_id = str(wait_until(new_experiment, 20, what="the experiment").pop())
+    experiment_id = str(wait_until(new_experiment, 60, what="the run to create its experiment").pop())
     views = ViewStore(client, experiment_id)
     wait_until(lambda: sum(str(t.status) == "SUCCEEDED" for t in views.trials()) >= succeeded, 60, what="trials")
     runner.send_signal(signal.SIGKILL)
