@@ -27,6 +27,7 @@ from manager.experiments import create_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
 from schemas.events import TrialMetricReported
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
+from tests import web
 from tests.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (simulated Kubernetes cluster fixtures)
 from tests.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
 from tests.sshd import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
@@ -123,7 +124,7 @@ class Processes:
             if process.poll() is not None:
                 raise AssertionError(f"the manager exited ({process.returncode}):\n{self.logs()}")
             try:
-                return httpx.get(f"{url}/{prefix}api/v1/health", timeout=2).status_code == 200
+                return web.get(f"{url}/{prefix}api/v1/health", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
 

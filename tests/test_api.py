@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import web
 from tests.conftest import Processes
 from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until
@@ -393,7 +394,7 @@ class SseReader:
                 raise
 
     def _follow(self, url: str, headers: dict[str, str], params: dict[str, str]) -> None:
-        with httpx.stream("GET", url, headers=headers, params=params, timeout=httpx.Timeout(30, read=None)) as answer:
+        with web.stream("GET", url, headers=headers, params=params, timeout=httpx.Timeout(30, read=None)) as answer:
             assert answer.status_code == 200
             fields: dict[str, str] = {}
             for line in answer.iter_lines():

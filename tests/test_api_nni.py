@@ -26,6 +26,7 @@ from schemas.trial import (
     TrialJobDetail,
     TrialJobStatus,
 )
+from tests import web
 from tests.conftest import Processes, ServiceFactory, form, free_port, metric
 from tests.test_api_smoke import experiment_config
 from tests.waiting import wait_until
@@ -176,7 +177,7 @@ def _experiment(url: str, code: Path, trials: int, concurrency: int, released: b
     (code / "trial.py").write_text(TRIAL.format(out=code / "files"))
     if released:
         (code / "release").touch()
-    created = httpx.post(
+    created = web.post(
         f"{url}/api/v1/experiments",
         json={"config": experiment_config(code, trials, concurrency, experimentName="nni-api")},
     )
@@ -185,7 +186,7 @@ def _experiment(url: str, code: Path, trials: int, concurrency: int, released: b
 
 
 def _nni(url: str, path: str, **params: Any) -> Any:
-    answer = httpx.get(f"{url}/api/v1/nni{path}", params=params, timeout=30)
+    answer = web.get(f"{url}/api/v1/nni{path}", params=params, timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"] == "application/json"
     return answer.json()
@@ -210,18 +211,18 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert metadata["prefixUrl"] == f"nni/{experiment_id}" and metadata["port"] == int(url.rsplit(":", 1)[1])
     assert metadata["status"] == "DONE" and metadata["tag"] == [] and isinstance(metadata["pid"], int)
     assert _nni(url, "/experiments-info") == [metadata]
-    assert httpx.get(f"{url}/api/v1/nni/version").text == "3.0.0"
-    assert httpx.get(f"{url}/api/v1/nni/version").headers["content-type"] == "application/json"
+    assert web.get(f"{url}/api/v1/nni/version").text == "3.0.0"
+    assert web.get(f"{url}/api/v1/nni/version").headers["content-type"] == "application/json"
     assert _nni(url, "/tensorboard-tasks") == []
-    started = httpx.post(f"{url}/api/v1/nni/tensorboard", json={"trials": "abc"})
+    started = web.post(f"{url}/api/v1/nni/tensorboard", json={"trials": "abc"})
     assert started.status_code == 400 and "TensorBoard is not run by trialstream" in started.json()["error"]
     for method in ("GET", "PUT", "DELETE"):
-        task = httpx.request(method, f"{url}/api/v1/nni/tensorboard/t1")
+        task = web.request(method, f"{url}/api/v1/nni/tensorboard/t1")
         assert task.status_code == 404 and "not found" in task.json()["error"]
-    assert httpx.delete(f"{url}/api/v1/nni/tensorboard-tasks").status_code == 200
-    malformed = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "EVERYTHING"}, json=profile)
+    assert web.delete(f"{url}/api/v1/nni/tensorboard-tasks").status_code == 200
+    malformed = web.put(f"{url}/api/v1/nni/experiment", params={"update_type": "EVERYTHING"}, json=profile)
     assert malformed.status_code == 400 and malformed.json()["error"].startswith("query.update_type: ")
-    wrong_method = httpx.delete(f"{url}/api/v1/nni/trial-jobs")
+    wrong_method = web.delete(f"{url}/api/v1/nni/trial-jobs")
     assert wrong_method.status_code == 405 and wrong_method.json() == {"error": "Method Not Allowed"}
     assert "GET" in wrong_method.headers["allow"]
     assert _nni(url, "/experiment/imported-data") == []
@@ -237,7 +238,7 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert _nni(url, "/trial-jobs", status="FAILED") == []
     assert len(_nni(url, "/trial-jobs", status="SUCCEEDED")) == 3
     assert _nni(url, f"/trial-jobs/{jobs[1].trialJobId}") == records[1]
-    unknown = httpx.get(f"{url}/api/v1/nni/trial-jobs/nope0")
+    unknown = web.get(f"{url}/api/v1/nni/trial-jobs/nope0")
     assert (unknown.status_code, unknown.content, unknown.headers["content-type"]) == (200, b"", "application/json")
 
     metrics = [TrialMetricData(**record) for record in _nni(url, "/metric-data")]
@@ -259,8 +260,8 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert sorted(result.value for result in exported) == sorted(job.finalMetricData[0].data for job in jobs)
 
     prefixed = f"{url}/nni/{experiment_id}/api/v1/nni"
-    assert httpx.get(f"{prefixed}/experiment").json()["id"] == experiment_id
-    missing = httpx.get(f"{url}/nni/nosuchexp/api/v1/nni/check-status")
+    assert web.get(f"{prefixed}/experiment").json()["id"] == experiment_id
+    missing = web.get(f"{url}/nni/nosuchexp/api/v1/nni/check-status")
     assert missing.status_code == 404 and "error" in missing.json()
 
 
@@ -273,32 +274,32 @@ def test_trial_files_serve_output_and_stay_in_the_trial_directory(tmp_path: Path
     trial_id, trial_dir = job["trialJobId"], Path(job["logPath"])
     files = f"{url}/api/v1/nni/trial-file/{trial_id}"
 
-    stdout = httpx.get(f"{files}/trial.log")
+    stdout = web.get(f"{files}/trial.log")
     assert stdout.status_code == 200 and stdout.headers["content-type"].startswith("text/plain")
     assert "parameters {'x':" in stdout.text and stdout.headers["x-content-type-options"] == "nosniff"
-    assert httpx.get(f"{files}/stdout").text == "straight to stdout\n"
-    assert httpx.get(f"{files}/stderr").text == "to stderr\n"
+    assert web.get(f"{files}/stdout").text == "straight to stdout\n"
+    assert web.get(f"{files}/stderr").text == "to stderr\n"
     (trial_dir / "notes.txt").write_text("")
     (trial_dir / "weights.bin").write_bytes(b"\x00\x01\xff")
-    assert httpx.get(f"{files}/notes.txt").text == "notes.txt is empty."
-    binary = httpx.get(f"{files}/weights.bin")
+    assert web.get(f"{files}/notes.txt").text == "notes.txt is empty."
+    binary = web.get(f"{files}/weights.bin")
     assert binary.headers["content-type"] == "application/octet-stream" and binary.content == b"\x00\x01\xff"
     (trial_dir / "out").symlink_to("/etc/hostname")
     for escape in ("..%2f..%2f..%2fcode%2ftrial.py", "%2e%2e%2f%2e%2e%2ftrial.py", "%2fetc%2fhostname", "out", "nope"):
-        refused = httpx.get(httpx.URL(f"{files}/{escape}"))  # sent as written: the client does not normalize it
+        refused = web.get(httpx.URL(f"{files}/{escape}"))  # sent as written: the client does not normalize it
         assert refused.status_code == 404, escape
         assert "error" in refused.json()
 
     output = f"{url}/api/v1/experiments/{experiment_id}/trials/{trial_id}/output"
-    assert httpx.get(output).content == b"straight to stdout\n"
-    assert httpx.get(output, params={"offset": 9}).content == b"to stdout\n"
-    assert httpx.get(output, params={"stream": "stderr"}).content == b"to stderr\n"
+    assert web.get(output).content == b"straight to stdout\n"
+    assert web.get(output, params={"offset": 9}).content == b"to stdout\n"
+    assert web.get(output, params={"stream": "stderr"}).content == b"to stderr\n"
 
     ui = f"{url}/nni/{experiment_id}"
-    assert '<div id="root">' in httpx.get(f"{ui}/oview").text
-    assert httpx.get(f"{ui}/logs/dispatcher.log").status_code == 200
-    assert httpx.get(httpx.URL(f"{ui}/logs/..%2f..%2fcode%2ftrial.py")).status_code == 404
-    assert httpx.get(f"{url}/api/v1/no-such-endpoint").status_code == 404
+    assert '<div id="root">' in web.get(f"{ui}/oview").text
+    assert web.get(f"{ui}/logs/dispatcher.log").status_code == 200
+    assert web.get(httpx.URL(f"{ui}/logs/..%2f..%2fcode%2ftrial.py")).status_code == 404
+    assert web.get(f"{url}/api/v1/no-such-endpoint").status_code == 404
 
 
 def test_writes_change_the_running_experiment(tmp_path: Path, processes: Processes) -> None:
@@ -317,12 +318,12 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
 
     def update(update_type: str, **params: Any) -> None:
         body = {**profile, "params": {**profile["params"], **params}}
-        answer = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": update_type}, json=body)
+        answer = web.put(f"{url}/api/v1/nni/experiment", params={"update_type": update_type}, json=body)
         assert (answer.status_code, answer.content) == (200, b""), answer.text
 
     for space in ({"x": [0, 1]}, {"x": {"_type": "nonsense", "_value": [0, 1]}}, "wide"):
         body = {**profile, "params": {**profile["params"], "searchSpace": space}}
-        refused = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "SEARCH_SPACE"}, json=body)
+        refused = web.put(f"{url}/api/v1/nni/experiment", params={"update_type": "SEARCH_SPACE"}, json=body)
         assert refused.status_code == 400 and refused.json()["error"].startswith("searchSpace"), refused.text
     assert _nni(url, "/experiment")["params"]["searchSpace"] == profile["params"]["searchSpace"]  # unchanged
     update("SEARCH_SPACE", searchSpace={"x": {"_type": "choice", "_value": [0.5, 0.75]}})
@@ -332,7 +333,7 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
         what="the new search space in the profile",
     )
     vague = {**profile, "params": {**profile["params"], "maxExperimentDuration": "soon"}}
-    refused = httpx.put(f"{url}/api/v1/nni/experiment", params={"update_type": "MAX_EXEC_DURATION"}, json=vague)
+    refused = web.put(f"{url}/api/v1/nni/experiment", params={"update_type": "MAX_EXEC_DURATION"}, json=vague)
     assert refused.status_code == 400 and refused.json()["error"].startswith("maxExperimentDuration"), refused.text
     update("MAX_EXEC_DURATION", maxExperimentDuration="2h")
     wait_until(
@@ -351,11 +352,11 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     with ThreadPoolExecutor(1) as pool:
         added = pool.submit(httpx.post, f"{url}/api/v1/nni/trial-jobs", json={"x": 0.25}, timeout=30)
         wait_until(
-            lambda: "CustomizedTrialRequested" in httpx.get(events, params={"limit": 10_000}).text,
+            lambda: "CustomizedTrialRequested" in web.get(events, params={"limit": 10_000}).text,
             30,
             what="the customized trial to be requested",
         )
-        killed = httpx.delete(f"{url}/api/v1/nni/trial-jobs/{first['trialJobId']}")
+        killed = web.delete(f"{url}/api/v1/nni/trial-jobs/{first['trialJobId']}")
         assert (killed.status_code, killed.content) == (200, b"")
         answer = added.result()
     assert answer.status_code == 200 and answer.json() == {"sequenceId": 2}
@@ -375,9 +376,9 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     )
     assert customized.status == "SUCCEEDED" and customized.finalMetricData[0].data == 0.25
     assert customized.finalMetricData[0].parameterId is None
-    gone = httpx.delete(f"{url}/api/v1/nni/trial-jobs/nope0")
+    gone = web.delete(f"{url}/api/v1/nni/trial-jobs/nope0")
     assert gone.status_code == 404 and "error" in gone.json()
-    refused = httpx.post(f"{url}/api/v1/nni/trial-jobs", json={"x": 0.5})
+    refused = web.post(f"{url}/api/v1/nni/trial-jobs", json={"x": 0.5})
     assert refused.status_code == 409 and "not running" in refused.json()["error"]
 
 
@@ -419,7 +420,7 @@ def test_any_url_prefix_routes_the_apis_the_ui_and_the_login(
     def serving(url: str) -> bool:
         """It answers, whatever the answer (what each prefix answers is checked next)."""
         try:
-            httpx.get(url, timeout=2)
+            web.get(url, timeout=2)
         except httpx.HTTPError:
             return False
         return True
@@ -427,25 +428,25 @@ def test_any_url_prefix_routes_the_apis_the_ui_and_the_login(
     wait_until(lambda: all(serving(f"{url}/{prefix}/") for prefix, url in urls.items()), 60, what="the managers")
     for prefix, url in urls.items():
         base = f"{url}/{prefix}"
-        health = httpx.get(f"{base}/api/v1/health")  # open: no token
+        health = web.get(f"{base}/api/v1/health")  # open: no token
         assert health.headers["content-type"] == "application/json" and health.json()["status"] == "ok", prefix
-        native = httpx.get(f"{base}/api/v1/experiments/{experiment_id}", headers=bearer)
+        native = web.get(f"{base}/api/v1/experiments/{experiment_id}", headers=bearer)
         assert native.status_code == 200 and native.json()["id"] == experiment_id, (prefix, native.text[:80])
-        assert httpx.get(f"{base}/api/v1/nni/version", headers=bearer).text == "3.0.0", prefix
+        assert web.get(f"{base}/api/v1/nni/version", headers=bearer).text == "3.0.0", prefix
         for nni_api in (f"{base}/api/v1/nni", f"{base}/nni/{experiment_id}/api/v1/nni"):
-            entry = httpx.get(f"{nni_api}/experiment-metadata", headers=bearer).json()
+            entry = web.get(f"{nni_api}/experiment-metadata", headers=bearer).json()
             assert entry["id"] == experiment_id and entry["prefixUrl"] == f"{prefix}/nni/{experiment_id}", prefix
-            assert httpx.get(f"{nni_api}/trial-jobs", headers=bearer).json() == [], prefix
-        unknown = httpx.get(f"{base}/api/v1/nosuch", headers=bearer)
+            assert web.get(f"{nni_api}/trial-jobs", headers=bearer).json() == [], prefix
+        unknown = web.get(f"{base}/api/v1/nosuch", headers=bearer)
         assert unknown.status_code == 404 and unknown.json() == {"error": "no such endpoint: /api/v1/nosuch"}, prefix
         for page in (f"{base}/oview", f"{base}/nni/{experiment_id}/detail"):
-            assert '<div id="root">' in httpx.get(page, headers=bearer).text, page
-        assert "start_url" in httpx.get(f"{base}/manifest.json").json(), prefix  # open, as without a prefix
-        assert httpx.get(f"{base}/api/v1/experiments").status_code == 401, prefix
-        login = httpx.get(f"{base}/login", params={"token": token})
+            assert '<div id="root">' in web.get(page, headers=bearer).text, page
+        assert "start_url" in web.get(f"{base}/manifest.json").json(), prefix  # open, as without a prefix
+        assert web.get(f"{base}/api/v1/experiments").status_code == 401, prefix
+        login = web.get(f"{base}/login", params={"token": token})
         assert login.status_code == 303 and login.headers["location"] == f"/{prefix}/oview", prefix
-        assert httpx.get(f"{base}/api/v1/experiments", cookies=login.cookies).status_code == 200, prefix
-        outside = httpx.get(f"{url}/elsewhere/oview")
+        assert web.get(f"{base}/api/v1/experiments", cookies=login.cookies).status_code == 200, prefix
+        outside = web.get(f"{url}/elsewhere/oview")
         assert (outside.status_code, outside.text) == (404, f'Outside prefix "/{prefix}"'), prefix
 
 
@@ -464,23 +465,23 @@ def test_hundreds_of_trials_listed_under_a_url_prefix(processes: Processes, make
         return service.views.total() == 400 and len(service.views.metrics(trial_id)) == 3
 
     wait_until(projected, 30, what="the manager's projector to project the trials")
-    listed = httpx.get(f"{api}/trial-jobs")
+    listed = web.get(f"{api}/trial-jobs")
     jobs = [TrialJob(**record) for record in listed.json()]
     assert [job.sequenceId for job in jobs] == list(range(400))
     assert {job.status for job in jobs} == {"WAITING"}
-    assert len(httpx.get(f"{api}/trial-jobs", params={"status": "WAITING"}).json()) == 400
-    metrics = [TrialMetricData(**record) for record in httpx.get(f"{api}/metric-data").json()]
+    assert len(web.get(f"{api}/trial-jobs", params={"status": "WAITING"}).json()) == 400
+    metrics = [TrialMetricData(**record) for record in web.get(f"{api}/metric-data").json()]
     assert [(metric.trialJobId, metric.sequence) for metric in metrics] == [(trial_id, 0), (trial_id, 1), (trial_id, 2)]
-    assert httpx.get(f"{api}/metric-data-range/7/7").json() == httpx.get(f"{api}/metric-data").json()
-    assert httpx.get(f"{api}/metric-data-range/8/400").json() == []
-    assert httpx.get(f"{api}/export-data").json() == []
-    entry = httpx.get(f"{api}/experiment-metadata").json()
+    assert web.get(f"{api}/metric-data-range/7/7").json() == web.get(f"{api}/metric-data").json()
+    assert web.get(f"{api}/metric-data-range/8/400").json() == []
+    assert web.get(f"{api}/export-data").json() == []
+    entry = web.get(f"{api}/experiment-metadata").json()
     assert entry["prefixUrl"] == f"ts/nni/{service.experiment_id}" and entry["status"] == "RUNNING"
-    assert httpx.get(f"{url}/ts/nni/{service.experiment_id}/api/v1/nni/version").text == "3.0.0"
-    assert '<div id="root">' in httpx.get(f"{url}/ts/oview").text
+    assert web.get(f"{url}/ts/nni/{service.experiment_id}/api/v1/nni/version").text == "3.0.0"
+    assert '<div id="root">' in web.get(f"{url}/ts/oview").text
 
-    outside = httpx.get(f"{url}/api/v1/nni/version")
+    outside = web.get(f"{url}/api/v1/nni/version")
     assert (outside.status_code, outside.text) == (404, 'Outside prefix "/ts"')
-    assert httpx.get(f"{url}/tsx/oview").status_code == 404
-    assert httpx.get(f"{url}/ts/api/v1/health").status_code == 200
+    assert web.get(f"{url}/tsx/oview").status_code == 404
+    assert web.get(f"{url}/ts/api/v1/health").status_code == 200
     assert os.getpid() != entry["pid"]

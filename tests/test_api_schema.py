@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
+from tests import web
 from tests.conftest import Processes
 from tests.test_api import experiment_config, write_trial
 from tests.waiting import wait_until
@@ -35,12 +35,10 @@ def manager(module_processes: Processes, tmp_path_factory: pytest.TempPathFactor
     url = module_processes.manager()
     code = write_trial(tmp_path_factory.mktemp("api-schema") / "code")
     (code / "gates" / "all").touch()
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=2)})
+    created = web.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=2)})
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
-    wait_until(
-        lambda: httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE"
-    )
+    wait_until(lambda: web.get(f"{url}/api/v1/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
     yield url, experiment_id
     assert "Traceback" not in module_processes.logs(), module_processes.logs()[-4000:]
 
@@ -95,7 +93,7 @@ def test_nni_reads_never_answer_with_a_server_error(case: Any, manager: tuple[st
 def test_the_schema_is_served(manager: tuple[str, str]) -> None:
     """The document the fuzzing above reads: every operation of /api/v1 is in it."""
     url, _ = manager
-    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    paths = web.get(f"{url}/openapi.json").json()["paths"]
     assert "/api/v1/experiments/{experiment_id}/trials" in paths
 
 
@@ -115,7 +113,7 @@ def test_requests_that_were_server_errors_are_the_client_s_mistake(
     manager: tuple[str, str], method: str, path: str, body: str | None
 ) -> None:
     url, experiment_id = manager
-    answer = httpx.request(
+    answer = web.request(
         method,
         f"{url}/api/v1/experiments/{experiment_id}{path}",
         content=body,
@@ -123,15 +121,15 @@ def test_requests_that_were_server_errors_are_the_client_s_mistake(
         timeout=30,
     )
     assert answer.status_code == 422, answer.text  # refused before anything reaches Redis
-    stream = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/events/stream", headers={"Last-Event-ID": "x-1"})
+    stream = web.get(f"{url}/api/v1/experiments/{experiment_id}/events/stream", headers={"Last-Event-ID": "x-1"})
     assert stream.status_code == 422
 
 
 def test_a_lone_surrogate_in_a_new_experiment_is_refused_before_anything_is_written(manager: tuple[str, str]) -> None:
     url, _ = manager
-    ids = lambda: [state["id"] for state in httpx.get(f"{url}/api/v1/experiments").json()]  # noqa: E731
+    ids = lambda: [state["id"] for state in web.get(f"{url}/api/v1/experiments").json()]  # noqa: E731
     before = ids()
-    answer = httpx.post(
+    answer = web.post(
         f"{url}/api/v1/experiments",
         content='{"config": {"trialCommand": "\\ud800"}}',
         headers={"content-type": "application/json"},

@@ -18,6 +18,7 @@ import redis
 
 from core.settings import PREFIX
 from manager.api.app import MAX_BODY_BYTES, TOKEN_COOKIE
+from tests import web
 from tests.conftest import Processes, RedisServer, free_port
 from tests.test_api import experiment_config, write_trial
 from tests.waiting import wait_until
@@ -75,25 +76,25 @@ def guarded(processes: Processes) -> str:
 
 def test_the_token_is_required_everywhere_but_health(guarded: str, processes: Processes) -> None:
     api = f"{guarded}/api/v1"
-    assert httpx.get(f"{api}/health").status_code == 200  # open: a container health check has no token
+    assert web.get(f"{api}/health").status_code == 200  # open: a container health check has no token
     for path in ("/experiments", "/ready", "/experiments/x/trials", "/openapi.json", "/docs"):
         url = guarded + path if path.startswith("/openapi") or path == "/docs" else api + path
-        missing = httpx.get(url)
+        missing = web.get(url)
         assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer", (path, missing.text)
-        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(url, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
-        assert httpx.get(url, cookies={TOKEN_COOKIE: "wrong"}).status_code == 401
-    assert httpx.post(f"{api}/experiments", json={"config": {}}).status_code == 401  # refused before the body
-    good = httpx.get(f"{api}/experiments", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert web.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert web.get(url, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+        assert web.get(url, cookies={TOKEN_COOKIE: "wrong"}).status_code == 401
+    assert web.post(f"{api}/experiments", json={"config": {}}).status_code == 401  # refused before the body
+    good = web.get(f"{api}/experiments", headers={"Authorization": f"Bearer {TOKEN}"})
     assert good.status_code == 200 and good.json() == []
 
-    wrong = httpx.get(f"{guarded}/login", params={"token": "wrong"})
+    wrong = web.get(f"{guarded}/login", params={"token": "wrong"})
     assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
-    login = httpx.get(f"{guarded}/login", params={"token": TOKEN})
+    login = web.get(f"{guarded}/login", params={"token": TOKEN})
     assert login.status_code == 303
     cookie = login.headers["set-cookie"]
     assert cookie.startswith(f"{TOKEN_COOKIE}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-    assert httpx.get(f"{api}/experiments", cookies=login.cookies).status_code == 200
+    assert web.get(f"{api}/experiments", cookies=login.cookies).status_code == 200
     assert TOKEN not in processes.logs()
 
 
@@ -102,7 +103,7 @@ def test_the_web_ui_manifest_alone_is_served_without_the_token(guarded: str) -> 
     that public file of NNI's build is open, at the root and under an experiment's prefix, and nothing else
     of that name is (a trial's own `manifest.json` stays behind the token)."""
     for path in ("/manifest.json", "/nni/some-experiment/manifest.json"):
-        manifest = httpx.get(guarded + path)
+        manifest = web.get(guarded + path)
         assert manifest.status_code == 200 and "start_url" in manifest.json(), (path, manifest.text)
     for path in (
         "/api/v1/nni/trial-file/abc/manifest.json",
@@ -110,34 +111,34 @@ def test_the_web_ui_manifest_alone_is_served_without_the_token(guarded: str) -> 
         "/static/manifest.json",
         "/manifest.json/x",
     ):
-        assert httpx.get(guarded + path).status_code == 401, path
+        assert web.get(guarded + path).status_code == 401, path
 
 
 def test_a_token_file(processes: Processes, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n")
     url = processes.manager("--token-file", str(token_file), env=NO_TOKEN)
-    assert httpx.get(f"{url}/api/v1/experiments").status_code == 401
-    assert httpx.get(f"{url}/api/v1/experiments", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert web.get(f"{url}/api/v1/experiments").status_code == 401
+    assert web.get(f"{url}/api/v1/experiments", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
 def test_bodies_over_the_limit_are_refused_whether_or_not_they_say_their_length(processes: Processes) -> None:
     url = processes.manager(env=NO_TOKEN)
     over = b"x" * (MAX_BODY_BYTES + 1)
-    declared = httpx.post(f"{url}/api/v1/experiments", content=over, headers={"content-type": "application/json"})
+    declared = web.post(f"{url}/api/v1/experiments", content=over, headers={"content-type": "application/json"})
     assert declared.status_code == 413, declared.text
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked
         for _ in range(MAX_BODY_BYTES // 65536 + 2):
             yield b" " * 65536
 
-    chunked = httpx.post(f"{url}/api/v1/experiments", content=chunks(), headers={"content-type": "application/json"})
+    chunked = web.post(f"{url}/api/v1/experiments", content=chunks(), headers={"content-type": "application/json"})
     assert chunked.status_code == 413, chunked.text
     assert chunked.json() == {"error": f"request body over {MAX_BODY_BYTES} bytes"}
     # under the limit, the same path answers as usual (an invalid config, not a size problem)
-    small = httpx.post(f"{url}/api/v1/experiments", json={"config": {}})
+    small = web.post(f"{url}/api/v1/experiments", json={"config": {}})
     assert small.status_code == 422, small.text
-    assert httpx.get(f"{url}/api/v1/health").status_code == 200  # the manager is still serving
+    assert web.get(f"{url}/api/v1/health").status_code == 200  # the manager is still serving
     assert "Traceback" not in processes.logs()
 
 
@@ -145,18 +146,18 @@ def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> Non
     """Without --cors-origin another site's page is refused outright (the Origin rule), preflight or not."""
     origin = "http://ui.example"
     plain = processes.manager(env=NO_TOKEN)
-    answer = httpx.get(f"{plain}/api/v1/experiments", headers={"Origin": origin})
+    answer = web.get(f"{plain}/api/v1/experiments", headers={"Origin": origin})
     assert answer.status_code == 403 and "access-control-allow-origin" not in answer.headers
     preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
-    refused = httpx.options(f"{plain}/api/v1/experiments", headers=preflight)
+    refused = web.options(f"{plain}/api/v1/experiments", headers=preflight)
     assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
 
     allowing = processes.manager("--cors-origin", origin, env=NO_TOKEN)
-    answer = httpx.get(f"{allowing}/api/v1/experiments", headers={"Origin": origin})
+    answer = web.get(f"{allowing}/api/v1/experiments", headers={"Origin": origin})
     assert answer.headers["access-control-allow-origin"] == origin
-    checked = httpx.options(f"{allowing}/api/v1/experiments", headers=preflight)
+    checked = web.options(f"{allowing}/api/v1/experiments", headers=preflight)
     assert checked.status_code == 200 and checked.headers["access-control-allow-origin"] == origin
-    other = httpx.get(f"{allowing}/api/v1/experiments", headers={"Origin": "http://evil.example"})
+    other = web.get(f"{allowing}/api/v1/experiments", headers={"Origin": "http://evil.example"})
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
@@ -164,7 +165,7 @@ def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes
     """A browser's preflight never carries the token: CORS answers it before the token is asked for."""
     origin = "http://ui.example"
     url = processes.manager("--cors-origin", origin, env={TOKEN_ENV: TOKEN})
-    preflight = httpx.options(
+    preflight = web.options(
         f"{url}/api/v1/experiments",
         headers={
             "Origin": origin,
@@ -176,31 +177,31 @@ def test_cors_with_a_token_answers_the_preflight_and_marks_the_answers(processes
     assert preflight.headers["access-control-allow-origin"] == origin
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
-    answer = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin, "Authorization": f"Bearer {TOKEN}"})
+    answer = web.get(f"{url}/api/v1/experiments", headers={"Origin": origin, "Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
-    refused = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": origin})  # the page can tell it needs the token
+    refused = web.get(f"{url}/api/v1/experiments", headers={"Origin": origin})  # the page can tell it needs the token
     assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
-    other = httpx.get(f"{url}/api/v1/experiments", headers={"Origin": "http://evil.example"})
+    other = web.get(f"{url}/api/v1/experiments", headers={"Origin": "http://evil.example"})
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
 def test_the_token_cookie_is_read_beside_another_apps_malformed_cookie(guarded: str) -> None:
     """Browsers send every cookie of the host: one another app set (a JSON value) must not hide ours."""
     cookies = f'other={{"a": 1}}; {TOKEN_COOKIE}={TOKEN}; last=1'
-    assert httpx.get(f"{guarded}/api/v1/experiments", headers={"Cookie": cookies}).status_code == 200
+    assert web.get(f"{guarded}/api/v1/experiments", headers={"Cookie": cookies}).status_code == 200
     wrong = f'other={{"a": 1}}; {TOKEN_COOKIE}=wrong'
-    assert httpx.get(f"{guarded}/api/v1/experiments", headers={"Cookie": wrong}).status_code == 401
+    assert web.get(f"{guarded}/api/v1/experiments", headers={"Cookie": wrong}).status_code == 401
 
 
 def test_login_takes_a_base64_token_as_it_is_written(processes: Processes) -> None:
     """`+` in a query is a `+` (only form bodies make it a space): a base64 token pasted into the URL works."""
     token = "b64+tok/3c1f+0e9a=="
     url = processes.manager(env={TOKEN_ENV: token})
-    login = httpx.get(f"{url}/login?token={token}")
+    login = web.get(f"{url}/login?token={token}")
     assert login.status_code == 303, login.text
-    assert httpx.get(f"{url}/api/v1/experiments", cookies=login.cookies).status_code == 200
-    assert httpx.get(f"{url}/login", params={"token": token}).status_code == 303  # percent-encoded: %2B, %2F, %3D
-    assert httpx.get(f"{url}/login?token={token.replace('+', ' ')}").status_code == 401
+    assert web.get(f"{url}/api/v1/experiments", cookies=login.cookies).status_code == 200
+    assert web.get(f"{url}/login", params={"token": token}).status_code == 303  # percent-encoded: %2B, %2F, %3D
+    assert web.get(f"{url}/login?token={token.replace('+', ' ')}").status_code == 401
 
 
 def test_login_redirects_only_within_the_manager(guarded: str) -> None:
@@ -212,7 +213,7 @@ def test_login_redirects_only_within_the_manager(guarded: str) -> None:
         ("/%5Cevil.example/login", "/%5Cevil.example/oview"),  # a browser reads `/\` as `//`
         ("/%09/evil.example/login", "/%09/evil.example/oview"),  # and drops a tab
     ):
-        login = httpx.get(f"{guarded}{path}?token={TOKEN}")
+        login = web.get(f"{guarded}{path}?token={TOKEN}")
         assert login.status_code == 303, (path, login.text)
         assert login.headers["location"] == target, path
 
@@ -225,10 +226,10 @@ def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: P
         "platform": "remote",
         "machineList": [{"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": password}],
     }
-    answer = httpx.post(f"{url}/api/v1/experiments", json={"config": config})
+    answer = web.post(f"{url}/api/v1/experiments", json={"config": config})
     assert answer.status_code in (409, 422), answer.text
     assert password not in answer.text and "127.0.0.1" in answer.text  # it names the machine, not its password
-    assert httpx.get(f"{url}/api/v1/experiments").json() == []
+    assert web.get(f"{url}/api/v1/experiments").json() == []
     assert password not in processes.logs()
 
 
@@ -239,12 +240,12 @@ def test_the_config_cluster_metadata_cannot_be_put(processes: Processes, client:
     password = "ssh-pa55-5e0c-do-not-leak"
     url = processes.manager(env=NO_TOKEN)
     api = f"{url}/api/v1"
-    created = httpx.post(f"{api}/experiments", json={"config": experiment_config(write_trial(tmp_path / "code"))})
+    created = web.post(f"{api}/experiments", json={"config": experiment_config(write_trial(tmp_path / "code"))})
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
     base = f"{api}/experiments/{experiment_id}/cluster-metadata"
-    platform_before = httpx.get(f"{base}/platform_config").json()
-    trial_before = httpx.get(f"{base}/trial_config").json()
+    platform_before = web.get(f"{base}/platform_config").json()
+    trial_before = web.get(f"{base}/trial_config").json()
     machine = {"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": password}
     for key, value in (
         ("platform_config", {"platform": "remote", "machineList": [machine]}),
@@ -252,18 +253,18 @@ def test_the_config_cluster_metadata_cannot_be_put(processes: Processes, client:
         ("platform_config", {"platform": "nope"}),
         ("trial_config", {"command": "id > pwned.txt", "codeDirectory": str(tmp_path)}),
     ):
-        refused = httpx.put(f"{base}/{key}", json={"value": json.dumps(value)})
+        refused = web.put(f"{base}/{key}", json={"value": json.dumps(value)})
         assert refused.status_code == 409, refused.text
         assert f"{key!r}" in refused.json()["error"] and "create an experiment" in refused.json()["error"]
         assert password not in refused.text
-    assert httpx.get(f"{base}/platform_config").json() == platform_before
-    assert httpx.get(f"{base}/trial_config").json() == trial_before
-    events = httpx.get(f"{api}/experiments/{experiment_id}/events", params={"limit": 10000})
+    assert web.get(f"{base}/platform_config").json() == platform_before
+    assert web.get(f"{base}/trial_config").json() == trial_before
+    events = web.get(f"{api}/experiments/{experiment_id}/events", params={"limit": 10000})
     assert events.status_code == 200 and password not in events.text and "pwned" not in events.text
     stream = json.dumps(client.xrange(f"ts:exp:{experiment_id}:events"), default=str)
     assert "ClusterMetadataSet" in stream and password not in stream and "pwned" not in stream
-    note = httpx.put(f"{base}/note", json={"value": "kept"})
-    assert note.status_code == 200 and httpx.get(f"{base}/note").json() == {"value": "kept"}
+    note = web.put(f"{base}/note", json={"value": "kept"})
+    assert note.status_code == 200 and web.get(f"{base}/note").json() == {"value": "kept"}
 
 
 def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: Processes, tmp_path: Path) -> None:
@@ -274,7 +275,7 @@ def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: P
     port = int(url.rsplit(":", 1)[1])
     api = f"{url}/api/v1"
     code = write_trial(tmp_path / "code")
-    created = httpx.post(f"{api}/experiments", json={"config": experiment_config(code, trials=2, concurrency=1)})
+    created = web.post(f"{api}/experiments", json={"config": experiment_config(code, trials=2, concurrency=1)})
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
     attack = {"config": experiment_config(code, trials=1, trialCommand="id > pwned.txt")}
@@ -282,17 +283,17 @@ def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: P
     rebound = {"Host": f"attacker.example:{port}"}
     for headers, named in ((rebound, "Host"), ({"Origin": f"http://attacker.example:{port}"}, "Origin")):
         answers = [
-            httpx.post(f"{api}/experiments", json=attack, headers=headers),
-            httpx.patch(f"{api}/experiments/{experiment_id}", json={"trialConcurrency": 50}, headers=headers),
-            httpx.put(f"{api}/nni/experiment?update_type=TRIAL_CONCURRENCY", json=more, headers=headers),
-            httpx.post(f"{api}/experiments/{experiment_id}/stop", headers=headers),
-            httpx.get(f"{api}/experiments", headers=headers),
+            web.post(f"{api}/experiments", json=attack, headers=headers),
+            web.patch(f"{api}/experiments/{experiment_id}", json={"trialConcurrency": 50}, headers=headers),
+            web.put(f"{api}/nni/experiment?update_type=TRIAL_CONCURRENCY", json=more, headers=headers),
+            web.post(f"{api}/experiments/{experiment_id}/stop", headers=headers),
+            web.get(f"{api}/experiments", headers=headers),
         ]
         for answer in answers:
             assert answer.status_code == 403 and answer.json()["error"].startswith(named), answer.text
-        with httpx.stream("GET", f"{api}/experiments/{experiment_id}/events/stream", headers=headers) as events:
+        with web.stream("GET", f"{api}/experiments/{experiment_id}/events/stream", headers=headers) as events:
             assert events.status_code == 403
-    [state] = httpx.get(f"{api}/experiments").json()
+    [state] = web.get(f"{api}/experiments").json()
     assert state["id"] == experiment_id and state["status"] == "RUNNING" and state["config"]["trialConcurrency"] == 1
 
     for host in (
@@ -304,7 +305,7 @@ def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: P
         f"127.8.9.10:{port}",
         f"[::1]:{port}",
     ):
-        assert httpx.get(f"{api}/experiments", headers={"Host": host}).status_code == 200, host
+        assert web.get(f"{api}/experiments", headers={"Host": host}).status_code == 200, host
     for host in (
         "attacker.example",
         f"127.0.0.1.attacker.example:{port}",
@@ -314,24 +315,22 @@ def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: P
         f"attacker.example@localhost:{port}",
         f"[::1:{port}",
     ):
-        assert httpx.get(f"{api}/experiments", headers={"Host": host}).status_code == 403, host
+        assert web.get(f"{api}/experiments", headers={"Host": host}).status_code == 403, host
     own = {"Host": f"localhost:{port}"}
     for origin in ("null", f"http://localhost:{port + 1}", f"http://127.0.0.1:{port}", "http://localhost"):
-        refused = httpx.post(f"{api}/experiments", json=attack, headers={**own, "Origin": origin})
+        refused = web.post(f"{api}/experiments", json=attack, headers={**own, "Origin": origin})
         assert refused.status_code == 403, origin
-    answer = httpx.post(
-        f"{api}/experiments", json={"config": {}}, headers={**own, "Origin": f"http://localhost:{port}"}
-    )
+    answer = web.post(f"{api}/experiments", json={"config": {}}, headers={**own, "Origin": f"http://localhost:{port}"})
     assert answer.status_code == 422, answer.text  # past the guard: an invalid config
-    assert [experiment["id"] for experiment in httpx.get(f"{api}/experiments").json()] == [experiment_id]
+    assert [experiment["id"] for experiment in web.get(f"{api}/experiments").json()] == [experiment_id]
     # what the web UI does: a write from its own page
     page = {"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}"}
-    edited = httpx.put(
+    edited = web.put(
         f"{api}/nni/experiment?update_type=TRIAL_CONCURRENCY", json={"params": {"trialConcurrency": 2}}, headers=page
     )
     assert edited.status_code == 200, edited.text
     wait_until(
-        lambda: httpx.get(f"{api}/experiments/{experiment_id}").json()["config"]["trialConcurrency"] == 2,
+        lambda: web.get(f"{api}/experiments/{experiment_id}").json()["config"]["trialConcurrency"] == 2,
         10,
         what="the edit",
     )
@@ -342,9 +341,9 @@ def test_an_allowed_host_is_answered_without_a_token(processes: Processes) -> No
     url = processes.manager("--allowed-host", "Proxy.Example", env=NO_TOKEN)
     api = f"{url}/api/v1"
     for headers in ({"Host": "proxy.example"}, {"Host": "proxy.example:8443", "Origin": "https://proxy.example"}):
-        assert httpx.get(f"{api}/experiments", headers=headers).status_code == 200, headers
+        assert web.get(f"{api}/experiments", headers=headers).status_code == 200, headers
     for headers in ({"Host": "other.example"}, {"Host": "proxy.example", "Origin": "https://other.example"}):
-        assert httpx.get(f"{api}/experiments", headers=headers).status_code == 403, headers
+        assert web.get(f"{api}/experiments", headers=headers).status_code == 403, headers
 
 
 def test_with_a_token_any_host_is_answered_but_not_another_pages_origin(guarded: str) -> None:
@@ -353,17 +352,17 @@ def test_with_a_token_any_host_is_answered_but_not_another_pages_origin(guarded:
     port = int(guarded.rsplit(":", 1)[1])
     api = f"{guarded}/api/v1"
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    assert httpx.get(f"{api}/experiments", headers={**bearer, "Host": f"ml.example:{port}"}).status_code == 200
-    assert httpx.get(f"{api}/experiments", headers={"Host": f"ml.example:{port}"}).status_code == 401
-    login = httpx.get(f"{guarded}/login", params={"token": TOKEN})
+    assert web.get(f"{api}/experiments", headers={**bearer, "Host": f"ml.example:{port}"}).status_code == 200
+    assert web.get(f"{api}/experiments", headers={"Host": f"ml.example:{port}"}).status_code == 401
+    login = web.get(f"{guarded}/login", params={"token": TOKEN})
     for origin in (f"http://127.0.0.1:{port + 1}", "http://evil.example", "null"):
-        with_cookie = httpx.post(
+        with_cookie = web.post(
             f"{api}/experiments", json={"config": {}}, headers={"Origin": origin}, cookies=login.cookies
         )
-        with_bearer = httpx.post(f"{api}/experiments", json={"config": {}}, headers={"Origin": origin, **bearer})
+        with_bearer = web.post(f"{api}/experiments", json={"config": {}}, headers={"Origin": origin, **bearer})
         assert with_cookie.status_code == with_bearer.status_code == 403, (origin, with_cookie.text)
     own = {"Origin": f"http://127.0.0.1:{port}"}
-    answer = httpx.post(f"{api}/experiments", json={"config": {}}, headers=own, cookies=login.cookies)
+    answer = web.post(f"{api}/experiments", json={"config": {}}, headers=own, cookies=login.cookies)
     assert answer.status_code == 422, answer.text  # past the guards: an invalid config
 
 

@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from tests import web
 from tests.conftest import Processes
 from tests.waiting import wait_until
 
@@ -33,16 +32,16 @@ def test_an_experiment_created_over_http_runs_to_the_end(tmp_path: Path, process
     (tmp_path / "trial.py").write_text(TRIAL)
     processes.worker()
     url = processes.manager()
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": experiment_config(tmp_path)})
+    created = web.post(f"{url}/api/v1/experiments", json={"config": experiment_config(tmp_path)})
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
 
     def done() -> dict[str, object] | None:
-        state = httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()
+        state = web.get(f"{url}/api/v1/experiments/{experiment_id}").json()
         return state if state["status"] == "DONE" else None
 
     state = wait_until(done, 60, what="the experiment to finish")
     assert state["trialCounts"] == {"SUCCEEDED": 4}
-    page = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials", params={"limit": 3}).json()
+    page = web.get(f"{url}/api/v1/experiments/{experiment_id}/trials", params={"limit": 3}).json()
     assert page["total"] == 4
     assert [trial["sequenceId"] for trial in page["items"]] == [0, 1, 2]

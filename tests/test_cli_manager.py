@@ -12,9 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import web
 from tests.conftest import REPO, Processes, free_port
 from tests.waiting import wait_until
 
@@ -146,12 +146,12 @@ def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Pro
             stderr=subprocess.PIPE,
             text=True,
         )
-        known = {state["id"] for state in httpx.get(f"{manager}/api/v1/experiments").json()}
+        known = {state["id"] for state in web.get(f"{manager}/api/v1/experiments").json()}
 
         def running_trial() -> tuple[str, str] | None:
-            for state in httpx.get(f"{manager}/api/v1/experiments").json():
+            for state in web.get(f"{manager}/api/v1/experiments").json():
                 if state["id"] not in known:
-                    page = httpx.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
+                    page = web.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
                     running = [trial["id"] for trial in page["items"] if trial["status"] == "RUNNING"]
                     return (state["id"], running[0]) if running else None
             return None
@@ -194,8 +194,8 @@ def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Pro
     assert run.returncode == 130, err
     assert f"stopping experiment {experiment_id}" in err and f"resume {experiment_id}" in err
     assert "Traceback" not in err
-    assert httpx.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "STOPPED"
-    trial = httpx.get(f"{manager}/api/v1/experiments/{experiment_id}/trials/{trial_id}").json()
+    assert web.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "STOPPED"
+    trial = web.get(f"{manager}/api/v1/experiments/{experiment_id}/trials/{trial_id}").json()
     assert trial["status"] == "SYS_CANCELED"
 
 
@@ -250,8 +250,8 @@ def test_resume_through_the_manager_continues_a_stopped_experiment(
     try:
 
         def running() -> str | None:
-            for state in httpx.get(f"{manager}/api/v1/experiments").json():
-                page = httpx.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
+            for state in web.get(f"{manager}/api/v1/experiments").json():
+                page = web.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
                 if any(trial["status"] == "RUNNING" for trial in page["items"]):
                     return str(state["id"])
             return None
@@ -262,7 +262,7 @@ def test_resume_through_the_manager_continues_a_stopped_experiment(
     finally:
         run.kill()
     assert run.returncode == 130, err
-    assert httpx.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "STOPPED"
+    assert web.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "STOPPED"
 
     gate.touch()
     resumed = trialstream("--manager", manager, "resume", experiment_id, "--json")
@@ -271,7 +271,7 @@ def test_resume_through_the_manager_continues_a_stopped_experiment(
     assert result["experimentId"] == experiment_id
     statuses = sorted(trial["status"] for trial in result["trials"])
     assert statuses == ["SUCCEEDED", "SYS_CANCELED"]  # the canceled one kept, the rest of the budget run
-    assert httpx.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "DONE"
+    assert web.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "DONE"
 
     unknown = trialstream("--manager", manager, "resume", "nosuchxp")
     assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr

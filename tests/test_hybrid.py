@@ -18,7 +18,6 @@ import textwrap
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 import redis
 import yaml
@@ -39,6 +38,7 @@ from schemas.config import ConfigError
 from schemas.events import EVENT_ADAPTER, TrialAttemptLost, TrialSubmitted
 from schemas.trial import TrialJobStatus
 from schemas.upcasters import upcast
+from tests import web
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status
 from tests.kube_setup import KubeWorkers, kubeflow_section
 from tests.remote_setup import RemoteWorkers, remote_section
@@ -93,7 +93,7 @@ def events_of(service: TrainingService, kind: type[T]) -> list[T]:
 
 
 def nni_trial_jobs(base_url: str, experiment_id: str) -> dict[str, dict[str, Any]]:
-    answer = httpx.get(f"{base_url}/nni/{experiment_id}/api/v1/nni/trial-jobs", timeout=10)
+    answer = web.get(f"{base_url}/nni/{experiment_id}/api/v1/nni/trial-jobs", timeout=10)
     answer.raise_for_status()
     return {job["trialJobId"]: job for job in answer.json()}
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 import redis
@@ -23,6 +22,7 @@ from core.connections import connect
 from core.event_store import EventStore
 from core.keys import ViewKeys
 from schemas.events import ClusterMetadataSet
+from tests import web
 from tests.conftest import Processes
 from tests.test_api import write_trial
 from tests.test_api_smoke import experiment_config
@@ -48,7 +48,7 @@ class Manager:
         if released:
             (code / "gates" / "all").touch()
         config = experiment_config(code, trials, concurrency, experimentName=name)
-        created = httpx.post(f"{self.url}/api/v1/experiments", json={"config": config}, timeout=30)
+        created = web.post(f"{self.url}/api/v1/experiments", json={"config": config}, timeout=30)
         assert created.status_code == 201, created.text
         return str(created.json()["id"]), code
 
@@ -61,10 +61,10 @@ class Manager:
         return int(wait_until(lambda: self.entry(experiment_id).get("port"), 30, what="the registry entry"))
 
     def status(self, experiment_id: str) -> str:
-        return str(httpx.get(f"{self.url}/api/v1/experiments/{experiment_id}", timeout=30).json()["status"])
+        return str(web.get(f"{self.url}/api/v1/experiments/{experiment_id}", timeout=30).json()["status"])
 
     def trials(self, experiment_id: str) -> list[dict[str, Any]]:
-        answer = httpx.get(f"{self.url}/api/v1/experiments/{experiment_id}/trials", timeout=30)
+        answer = web.get(f"{self.url}/api/v1/experiments/{experiment_id}/trials", timeout=30)
         return list(answer.json()["items"])
 
     def running_trial(self, experiment_id: str) -> str:
@@ -143,7 +143,7 @@ def test_the_client_and_nnictl_read_an_experiment(manager: Manager) -> None:
     }
     assert {float(row["x"]) for row in rows} == {result.parameter["x"] for result in exported.values()}
 
-    deleted = httpx.delete(f"{manager.url}/api/v1/experiments/{experiment_id}", timeout=30)
+    deleted = web.delete(f"{manager.url}/api/v1/experiments/{experiment_id}", timeout=30)
     assert deleted.status_code == 200 and not psutil.pid_exists(pid)  # its process goes with it
 
 
@@ -205,7 +205,7 @@ def test_an_update_takes_a_done_experiment_up_again(manager: Manager) -> None:
 
     nni = f"http://127.0.0.1:{port}/api/v1/nni"
     profile = experiment.get_experiment_profile()
-    invalid = httpx.put(
+    invalid = web.put(
         f"{nni}/experiment",
         params={"update_type": "MAX_TRIAL_NUM"},
         json={**profile, "params": {**profile["params"], "maxTrialNumber": 0}},
@@ -217,9 +217,9 @@ def test_an_update_takes_a_done_experiment_up_again(manager: Manager) -> None:
     manager.running_trial(experiment_id)
     experiment.stop()  # the same process, kept through DONE, ends once the experiment has STOPPED
     assert not psutil.pid_exists(pid) and manager.status(experiment_id) == "STOPPED"
-    refused = httpx.put(f"{nni}/experiment", params={"update_type": "MAX_TRIAL_NUM"}, json=profile)
+    refused = web.put(f"{nni}/experiment", params={"update_type": "MAX_TRIAL_NUM"}, json=profile)
     assert refused.status_code == 409 and "STOPPED" in refused.json()["error"], refused.text
-    customized = httpx.post(f"{nni}/trial-jobs", json={"x": 0.5})
+    customized = web.post(f"{nni}/trial-jobs", json={"x": 0.5})
     assert customized.status_code == 409 and "error" in customized.json()
 
 

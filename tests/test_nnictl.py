@@ -18,6 +18,7 @@ import pytest
 from bench.nnictl import nnictl_environment
 from core.settings import PREFIX
 from manager.api.app import MAX_BODY_BYTES
+from tests import web
 from tests.conftest import Processes
 from tests.test_api import write_trial
 from tests.test_api_smoke import experiment_config
@@ -64,12 +65,12 @@ def test_nnictl_lists_shows_exports_and_stops_an_experiment_the_manager_runs(
     url = processes.manager("--nnictl-registry", env={"HOME": str(home)})
     manager = processes.running[-1]
     config = {**experiment_config(tmp_path, trials=3), "experimentName": "nnictl-sees-me", "trialConcurrency": 1}
-    experiment_id = httpx.post(f"{url}/api/v1/experiments", json={"config": config}).json()["id"]
+    experiment_id = web.post(f"{url}/api/v1/experiments", json={"config": config}).json()["id"]
     registry = home / "nni-experiments" / ".experiment"
     wait_until(lambda: registry.exists() and experiment_id in json.loads(registry.read_text()), 30, what="the entry")
 
     def trials() -> list[dict[str, object]]:
-        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+        return web.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
 
     first = wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")[0]
     (gates / str(first["id"])).touch()
@@ -95,7 +96,7 @@ def test_nnictl_lists_shows_exports_and_stops_an_experiment_the_manager_runs(
     nnictl(home, "stop", experiment_id)  # SIGTERM to that process; nnictl waits until it is gone
     assert not psutil.pid_exists(pid)
     experiment = f"{url}/api/v1/experiments/{experiment_id}"
-    wait_until(lambda: httpx.get(experiment).json()["status"] == "STOPPED", 30, what="the experiment, STOPPED")
+    wait_until(lambda: web.get(experiment).json()["status"] == "STOPPED", 30, what="the experiment, STOPPED")
 
     def stopped() -> bool:
         entry = json.loads(registry.read_text())[experiment_id]
@@ -131,15 +132,15 @@ def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Pr
     assert trial_id in listed and "RUNNING" in listed, listed
 
     own = f"http://127.0.0.1:{port}/api/v1/nni"
-    assert httpx.get(f"{own}/check-status").status_code == 200
-    over = httpx.put(
+    assert web.get(f"{own}/check-status").status_code == 200
+    over = web.put(
         f"{own}/experiment", content=b"x" * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"}
     )
     assert over.status_code == 413  # its body limit stays
     for elsewhere in ("/api/v1/experiments", f"/api/v1/experiments/{experiment_id}/trials", "/metrics", "/oview"):
-        assert httpx.get(f"http://127.0.0.1:{port}{elsewhere}").status_code == 404, elsewhere  # NNI's API alone
+        assert web.get(f"http://127.0.0.1:{port}{elsewhere}").status_code == 404, elsewhere  # NNI's API alone
     for path in ("/api/v1/nni/check-status", f"/nni/{experiment_id}/api/v1/nni/check-status", "/api/v1/experiments"):
-        assert httpx.get(f"{url}{path}").status_code == 401, path
+        assert web.get(f"{url}{path}").status_code == 401, path
     (code / "gates" / "all").touch()
     wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
 
@@ -162,11 +163,11 @@ def test_an_experiments_own_port_answers_loopback_names_and_its_experiment_alone
     own = f"http://127.0.0.1:{port}/api/v1/nni"
     nnictl_host = {"Host": f"localhost:{port}"}
 
-    listed = httpx.get(f"{own}/experiments-info", headers=nnictl_host)
+    listed = web.get(f"{own}/experiments-info", headers=nnictl_host)
     assert [entry["id"] for entry in listed.json()] == [mine]
-    assert httpx.get(f"{own}/experiment", headers=nnictl_host).json()["id"] == mine
+    assert web.get(f"{own}/experiment", headers=nnictl_host).json()["id"] == mine
     for path in (f"/nni/{other}/api/v1/nni/experiment", f"/nni/{other}/api/v1/nni/check-status"):
-        assert httpx.get(f"http://127.0.0.1:{port}{path}", headers=nnictl_host).status_code == 404, path
+        assert web.get(f"http://127.0.0.1:{port}{path}", headers=nnictl_host).status_code == 404, path
 
     def concurrency() -> int:
         return int(http.get(f"/experiments/{mine}").json()["config"]["trialConcurrency"])
@@ -174,11 +175,11 @@ def test_an_experiments_own_port_answers_loopback_names_and_its_experiment_alone
     def edit(trial_concurrency: int, headers: dict[str, str]) -> int:
         """`nnictl update concurrency`'s request, with these headers: its status."""
         body = {"params": {"trialConcurrency": trial_concurrency}}
-        return httpx.put(f"{own}/experiment?update_type=TRIAL_CONCURRENCY", json=body, headers=headers).status_code
+        return web.put(f"{own}/experiment?update_type=TRIAL_CONCURRENCY", json=body, headers=headers).status_code
 
     for foreign in ({"Host": f"attacker.example:{port}"}, {**nnictl_host, "Origin": f"http://attacker.example:{port}"}):
         assert edit(50, foreign) == 403, foreign
-        assert httpx.get(f"{own}/experiments-info", headers=foreign).status_code == 403, foreign
+        assert web.get(f"{own}/experiments-info", headers=foreign).status_code == 403, foreign
     assert concurrency() == 1
     assert edit(2, nnictl_host) == 200
     wait_until(lambda: concurrency() == 2, 10, what="nnictl's edit")
@@ -194,7 +195,7 @@ def test_the_registry_entry_turns_done_with_its_end_time(tmp_path: Path, process
     processes.worker(env={"GATES": str(gates)})
     url = processes.manager("--nnictl-registry", env={"HOME": str(home)})
     config = {**experiment_config(tmp_path, trials=1), "trialConcurrency": 1}
-    experiment_id = httpx.post(f"{url}/api/v1/experiments", json={"config": config}).json()["id"]
+    experiment_id = web.post(f"{url}/api/v1/experiments", json={"config": config}).json()["id"]
     registry = home / "nni-experiments" / ".experiment"
 
     def entry() -> dict[str, Any]:
@@ -202,13 +203,13 @@ def test_the_registry_entry_turns_done_with_its_end_time(tmp_path: Path, process
         return entries.get(experiment_id, {})
 
     def trials() -> list[dict[str, Any]]:
-        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+        return web.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
 
     running = wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")
     assert entry()["status"] == "RUNNING" and entry()["endTime"] == "N/A"  # as NNI writes it while running
     (gates / str(running[0]["id"])).touch()
     wait_until(lambda: entry().get("status") == "DONE", 60, what="the entry, DONE")
-    profile = httpx.get(f"{url}/api/v1/nni/experiment").json()
+    profile = web.get(f"{url}/api/v1/nni/experiment").json()
     assert isinstance(entry()["endTime"], int) and entry()["endTime"] == profile["endTime"]
     assert entry()["endTime"] >= entry()["startTime"]
     assert processes.running[-1].poll() is None  # the manager serves on
@@ -225,15 +226,15 @@ def test_a_registry_it_cannot_write_costs_no_experiment(tmp_path: Path, processe
     processes.worker()
     args = ("--nnictl-registry", "--on-exit", "detach", "--log-format", "json")
     url = processes.manager(*args, env={"HOME": str(home)})
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=1)})
+    created = web.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=1)})
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
 
     def experiment() -> dict[str, Any]:
-        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()
+        return web.get(f"{url}/api/v1/experiments/{experiment_id}").json()
 
     def trials() -> list[dict[str, Any]]:
-        return httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+        return web.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
 
     wait_until(lambda: [t for t in trials() if t["status"] == "RUNNING"], 30, what="a running trial")
     assert experiment()["status"] == "RUNNING"

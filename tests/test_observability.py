@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +25,7 @@ from manager.projector import Projector
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost
 from schemas.trial import TrialJobStatus
+from tests import web
 from tests.conftest import Processes, ServiceFactory, form
 from tests.test_api_smoke import TRIAL, experiment_config
 from tests.waiting import wait_until
@@ -56,7 +56,7 @@ def parse(exposition: str) -> Samples:
 
 def scrape(url: str, token: str | None = None) -> Samples:
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    response = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+    response = web.get(f"{url}/metrics", headers=headers, timeout=10)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == CONTENT_TYPE_LATEST
     return parse(response.text)
@@ -67,14 +67,14 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def create(url: str, config: dict[str, Any]) -> str:
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": config})
+    created = web.post(f"{url}/api/v1/experiments", json={"config": config})
     assert created.status_code == 201, created.text
     return str(created.json()["id"])
 
 
 def wait_done(url: str, experiment_id: str, timeout: float = 60) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
-        state: dict[str, Any] = httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json()
+        state: dict[str, Any] = web.get(f"{url}/api/v1/experiments/{experiment_id}").json()
         return state if state["status"] == "DONE" else None
 
     return wait_until(done, timeout, what=f"experiment {experiment_id} to finish")
@@ -154,7 +154,7 @@ def test_a_worker_killed_mid_trial_shows_as_a_lost_and_retried_attempt(
     experiment_id = create(url, config)
 
     def trials() -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+        items: list[dict[str, Any]] = web.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
         return items
 
     wait_until(lambda: [t["status"] for t in trials()] == ["RUNNING"], 30, what="the first attempt to run")
@@ -179,8 +179,8 @@ def test_a_worker_killed_mid_trial_shows_as_a_lost_and_retried_attempt(
 def test_metrics_need_the_token_when_the_manager_has_one(processes: Processes) -> None:
     url = processes.manager("--host", "127.0.0.1", env={"TRIALSTREAM_MANAGER_TOKEN": "s3cret"})
 
-    assert httpx.get(f"{url}/metrics").status_code == 401
-    assert httpx.get(f"{url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert web.get(f"{url}/metrics").status_code == 401
+    assert web.get(f"{url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
     wait_until(
         lambda: value(scrape(url, token="s3cret"), "trialstream_projector_up") == 1, 20, what="the manager's projector"
     )
@@ -246,7 +246,7 @@ def test_json_logs_carry_the_trial_id_in_the_manager_and_in_the_worker(tmp_path:
     experiment_id = create(url, {**experiment_config(tmp_path, trials=1), "trialConcurrency": 1})
 
     def running() -> str | None:
-        trials = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+        trials = web.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
         return next((str(trial["id"]) for trial in trials if trial["status"] == "RUNNING"), None)
 
     trial_id = wait_until(running, 30, what="the trial to run")

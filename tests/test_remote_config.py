@@ -22,7 +22,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 import yaml
@@ -37,6 +36,7 @@ from manager.runner import ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
 from schemas.config import ConfigError
 from schemas.trial import TrialJobStatus
+from tests import web
 from tests.conftest import REPO, Processes
 from tests.remote_setup import RemoteWorkers
 from tests.sshd import MuteHost, SshHost, SshUser, write_known_hosts
@@ -588,16 +588,16 @@ def test_a_password_in_a_config_the_manager_accepted_is_never_read_back_over_htt
         "tuner": {"name": "Random"},
         "trainingService": {"platform": "remote", "machineList": machines},
     }
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": config}, timeout=60)
+    created = web.post(f"{url}/api/v1/experiments", json={"config": config}, timeout=60)
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
     done = wait_until(
-        lambda: (state := httpx.get(f"{url}/api/v1/experiments/{experiment_id}").json())["status"] == "DONE" and state,
+        lambda: (state := web.get(f"{url}/api/v1/experiments/{experiment_id}").json())["status"] == "DONE" and state,
         90,
         what="the experiment on the hosts to finish",
     )
     assert done["trialCounts"]["SUCCEEDED"] == 2, done  # the workers logged in with the password
-    trials = httpx.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
+    trials = web.get(f"{url}/api/v1/experiments/{experiment_id}/trials").json()["items"]
 
     answers = [created]
     for path in (
@@ -609,7 +609,7 @@ def test_a_password_in_a_config_the_manager_accepted_is_never_read_back_over_htt
         *(f"/nni/{experiment_id}/api/v1/nni{path}" for path in ("/experiment", "/trial-jobs", "/export-data")),
         "/api/v1/nni/experiments-info",
     ):
-        answer = httpx.get(f"{url}{path}", timeout=30)
+        answer = web.get(f"{url}{path}", timeout=30)
         assert answer.status_code == 200, (path, answer.text)
         answers.append(answer)
     for answer in answers:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from tests import web
 from tests.stack import (
     REQUIRE_ENV,
     ROOT,
@@ -165,7 +166,7 @@ def test_three_workers_run_an_experiment_submitted_over_http(make_stack: Callabl
 
     # NNI's web UI and the API answer on the published port, which is on loopback only, with the token
     assert stack.compose("port", "manager", "8080").stdout.strip() == f"127.0.0.1:{stack.settings['TRIALSTREAM_PORT']}"
-    assert httpx.get(f"{stack.url}/api/v1/experiments").status_code == 401
+    assert web.get(f"{stack.url}/api/v1/experiments").status_code == 401
     with httpx.Client(follow_redirects=True) as browser:  # as the README says: /login?token=... once
         page = browser.get(f"{stack.url}/login", params={"token": stack.token})
         assert page.status_code == 200 and page.url.path == "/oview" and "<html" in page.text.lower()

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests import web
 from tests.browser import Browser, browser  # noqa: F401  (the fixture)
 from tests.conftest import Processes
 from tests.test_api_nni import TRIAL
@@ -34,7 +34,7 @@ def _shows(*texts: str) -> Callable[[WebDriver], bool]:
 
 
 def _api(url: str, experiment_id: str, path: str, headers: dict[str, str] | None = None) -> Any:
-    return httpx.get(f"{url}/nni/{experiment_id}/api/v1/nni{path}", headers=headers, timeout=30).json()
+    return web.get(f"{url}/nni/{experiment_id}/api/v1/nni{path}", headers=headers, timeout=30).json()
 
 
 def _submit(
@@ -47,7 +47,7 @@ def _submit(
     if released:
         (code / "release").touch()
     config = experiment_config(code, trials, trials, experimentName="webui", **extra)
-    created = httpx.post(f"{url}/api/v1/experiments", json={"config": config}, headers=headers, timeout=30)
+    created = web.post(f"{url}/api/v1/experiments", json={"config": config}, headers=headers, timeout=30)
     assert created.status_code == 201, created.text
     return str(created.json()["id"])
 
@@ -252,7 +252,7 @@ def test_the_web_ui_under_a_url_prefix_behind_a_token(
     wait = WebDriverWait(driver, UI_DEADLINE_S, ignored_exceptions=(StaleElementReferenceException,))
 
     # without the token (no header, no cookie) neither the API nor the UI's page answers
-    refused = httpx.get(f"{base}/api/v1/nni/check-status", timeout=30)
+    refused = web.get(f"{base}/api/v1/nni/check-status", timeout=30)
     assert refused.status_code == 401 and refused.json() == {"error": "a bearer token is required"}
     driver.get(f"{base}/oview")
     wait.until(_shows("a bearer token is required"))
