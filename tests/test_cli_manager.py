@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ nni.report_intermediate_result(x / 2)
 nni.report_final_result(x * 10)
 """
 SLOW_TRIAL = "import time\ntime.sleep(120)\n"
+pytestmark = pytest.mark.xdist_group("cli-manager")  # the tests of managed_run read one run, in file order
 
 
 def trialstream(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -78,14 +81,39 @@ def manager(processes: Processes, manager_dir: Path) -> str:
     return processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(manager_dir)})
 
 
-def test_run_and_inspect_through_the_manager(tmp_path: Path, processes: Processes, manager: str, manager_dir: Path):
-    config = client_code(tmp_path / "client", TRIAL)
-    via_manager = ("--manager", manager)
-    via_redis = ("--redis", processes.redis_url)
+@dataclass(frozen=True)
+class ManagedRun:
+    """An experiment run to its end with `trialstream --manager URL run`, on a manager the module shares."""
 
-    result = trialstream(*via_manager, "run", str(config), "--json")
-    assert result.returncode == 0, result.stderr + processes.logs()
-    run = json.loads(result.stdout)
+    manager: str
+    redis_url: str
+    result: subprocess.CompletedProcess
+    uploads: list[Path]
+
+    @property
+    def run(self) -> dict[str, Any]:
+        return dict(json.loads(self.result.stdout))
+
+    def via_manager(self, *args: str) -> subprocess.CompletedProcess:
+        return trialstream("--manager", self.manager, *args)
+
+    def via_redis(self, *args: str) -> subprocess.CompletedProcess:
+        return trialstream("--redis", self.redis_url, *args)
+
+
+@pytest.fixture(scope="module")
+def managed_run(module_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> ManagedRun:
+    root = tmp_path_factory.mktemp("managed-run")
+    module_processes.worker(args=("--concurrency", "4"))
+    url = module_processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(root / "manager-experiments")})
+    result = trialstream("--manager", url, "run", str(client_code(root / "client", TRIAL)), "--json")
+    assert result.returncode == 0, result.stderr + module_processes.logs()
+    uploads = list((root / "manager-experiments" / "code").iterdir())
+    return ManagedRun(url, module_processes.redis_url, result, uploads)
+
+
+def test_run_through_the_manager_uploads_the_code_and_runs_it(managed_run: ManagedRun) -> None:
+    run = managed_run.run
     assert set(run) == {"experimentId", "trials"}
     trials = run["trials"]
     assert [trial["sequenceId"] for trial in trials] == [0, 1, 2, 3]
@@ -93,43 +121,53 @@ def test_run_and_inspect_through_the_manager(tmp_path: Path, processes: Processe
         assert set(trial) == {"id", "status", "finalMetric", "sequenceId", "hyperParameters"}
         assert trial["status"] == "SUCCEEDED"
         assert trial["finalMetric"] == trial["hyperParameters"]["x"] * 10
-    assert "running" in result.stderr and "best" in result.stderr  # the live progress table
+    assert "running" in managed_run.result.stderr and "best" in managed_run.result.stderr  # the live progress table
 
-    uploads = list((manager_dir / "code").iterdir())
-    assert len(uploads) == 1
-    assert {path.name for path in uploads[0].iterdir()} == {"trial.py", ".nniignore", "space.json", "config.yml"}
+    [upload] = managed_run.uploads  # one upload, without the .nniignore'd file
+    assert {path.name for path in upload.iterdir()} == {"trial.py", ".nniignore", "space.json", "config.yml"}
+    logs = managed_run.via_manager("trials", "logs", trials[0]["id"])
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == f"trial in {upload}\n"  # it ran the uploaded code
 
-    experiment_id, first = run["experimentId"], trials[0]["id"]
-    for command in (
-        ("trials", "list", "--json"),
-        ("trials", "list", "--sort", "metric", "--json"),
-        ("trials", "show", first, "--history", "--json"),
-        ("events", experiment_id, "--json"),
-        ("events", "--trial", first, "--type", "TrialStarted,TrialEnded", "--json"),
-        ("trials", "show", first),
-        ("events", experiment_id),
-    ):
-        managed, direct = trialstream(*via_manager, *command), trialstream(*via_redis, *command)
-        assert managed.returncode == 0, managed.stderr
-        assert managed.stdout == direct.stdout, command
 
-    listed = trialstream(*via_manager, "experiments", "list", "--json")
+READS = [
+    ("trials", "list", "--json"),
+    ("trials", "list", "--sort", "metric", "--json"),
+    ("trials", "show", "{first}", "--history", "--json"),
+    ("events", "{experiment}", "--json"),
+    ("events", "--trial", "{first}", "--type", "TrialStarted,TrialEnded", "--json"),
+    ("trials", "show", "{first}"),
+    ("events", "{experiment}"),
+]
+
+
+@pytest.mark.parametrize("command", READS, ids=" ".join)
+def test_a_read_through_the_manager_prints_what_it_prints_from_redis(
+    managed_run: ManagedRun, command: tuple[str, ...]
+) -> None:
+    names = {"experiment": managed_run.run["experimentId"], "first": managed_run.run["trials"][0]["id"]}
+    args = [part.format(**names) for part in command]
+    managed, direct = managed_run.via_manager(*args), managed_run.via_redis(*args)
+    assert managed.returncode == 0, managed.stderr
+    assert managed.stdout == direct.stdout
+
+
+def test_experiments_list_and_delete_through_the_manager(managed_run: ManagedRun) -> None:
+    """Last in the module: it deletes the experiment the others read."""
+    experiment_id = managed_run.run["experimentId"]
+    listed = managed_run.via_manager("experiments", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     [summary] = json.loads(listed.stdout)
     assert summary["id"] == experiment_id and summary["status"] == "DONE"
     assert summary["trialCounts"] == {"SUCCEEDED": 4}
-    [direct_summary] = json.loads(trialstream(*via_redis, "experiments", "list", "--json").stdout)
+    [direct_summary] = json.loads(managed_run.via_redis("experiments", "list", "--json").stdout)
     assert {**summary, "directory": None} == {**direct_summary, "directory": None}  # the API does not say where
 
-    logs = trialstream(*via_manager, "trials", "logs", first)
-    assert logs.returncode == 0, logs.stderr
-    assert logs.stdout == f"trial in {uploads[0]}\n"  # it ran the uploaded code
-
-    needs_redis = trialstream(*via_manager, "replay", experiment_id, "--check")
+    needs_redis = managed_run.via_manager("replay", experiment_id, "--check")
     assert needs_redis.returncode == 1 and "use --redis URL" in needs_redis.stderr
-    deleted = trialstream(*via_manager, "experiments", "delete", experiment_id, "--yes")
+    deleted = managed_run.via_manager("experiments", "delete", experiment_id, "--yes")
     assert deleted.returncode == 0, deleted.stderr
-    assert json.loads(trialstream(*via_manager, "experiments", "list", "--json").stdout) == []
+    assert json.loads(managed_run.via_manager("experiments", "list", "--json").stdout) == []
 
 
 def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Processes, manager: str) -> None:
