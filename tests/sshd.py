@@ -285,6 +285,9 @@ class SshHost:
         self.process: subprocess.Popen[bytes] | None = None
         self.listener_pid: int | None = None
         self._mount_ns: str | None = None
+        # held open while the host is up: a namespace lives while anything refers to it, so its inode number
+        # (what _mount_ns names) cannot pass to another host's new namespace while this one still scans for it
+        self._mount_ns_fd: int | None = None
         self.dir.mkdir(mode=0o755)
         self.bin_dir.mkdir(mode=0o755)
         (self.home / ".ssh").mkdir(parents=True, mode=0o700)
@@ -419,6 +422,7 @@ class SshHost:
 
         wait_until(answers, DEADLINE_S, what=f"sshd on {self.hostname} ({self.address}:{self.port})")
         self.listener_pid = int(self.pid_path.read_text())
+        self._mount_ns_fd = os.open(f"/proc/{self.listener_pid}/ns/mnt", os.O_RDONLY)
         self._mount_ns = _mount_ns(self.listener_pid)
         assert self._mount_ns is not None and self._mount_ns != _mount_ns(os.getpid())
 
@@ -466,9 +470,12 @@ class SshHost:
                     self.process.kill()
                     self.process.wait()
             _kill_all(self.processes())
+        if self._mount_ns_fd is not None:
+            os.close(self._mount_ns_fd)
         self.process = None
         self.listener_pid = None
         self._mount_ns = None
+        self._mount_ns_fd = None
         if self.veth is not None and self.subnet is not None:
             # without the route, packets for the host would follow the default route (a gateway may answer them)
             _sh("ip", "link", "set", self.veth, "down")
