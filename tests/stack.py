@@ -49,18 +49,25 @@ def docker_missing() -> str | None:
 
 
 def make_wheels() -> None:
-    """The image's dependencies as wheels in deploy/wheels, made once per pyproject.toml (wheels put there
-    by hand stay: pip takes the newest that fits)."""
-    stamp = WHEELS / f".made-for-{hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:16]}"
-    if stamp.exists():
-        return
-    command = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(WHEELS)]
-    subprocess.run([*command, f"{ROOT}[nni]", *EXTRA_WHEELS], check=True, capture_output=True, timeout=600)
-    for own in WHEELS.glob("trialstream-*.whl"):  # the image builds the package from its sources
-        own.unlink()
-    for old in WHEELS.glob(".made-for-*"):
-        old.unlink()
-    stamp.touch()
+    """The image's dependencies as wheels in deploy/wheels (wheels put there by hand stay: pip takes the newest
+    that fits). They are made once per pyproject.toml on this machine, kept in the user's cache and linked in:
+    a fresh clone (CI's) would spend a minute of CPU making them again, and since wheels built from sources
+    differ byte for byte each time, docker's layer cache would then install them all again in the image."""
+    made_for = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trialstream" / "image-wheels" / made_for
+    if not (cache / ".complete").exists():
+        shutil.rmtree(cache, ignore_errors=True)
+        command = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(cache)]
+        subprocess.run([*command, f"{ROOT}[nni]", *EXTRA_WHEELS], check=True, capture_output=True, timeout=600)
+        for own in cache.glob("trialstream-*.whl"):  # the image builds the package from its sources
+            own.unlink()
+        (cache / ".complete").touch()
+    for wheel in cache.glob("*.whl"):
+        if not (WHEELS / wheel.name).exists():
+            try:
+                os.link(wheel, WHEELS / wheel.name)
+            except OSError:  # the cache is on another filesystem
+                shutil.copy2(wheel, WHEELS / wheel.name)
 
 
 def build_images(directory: Path) -> None:
