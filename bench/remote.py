@@ -53,7 +53,8 @@ from bench.overhead import form
 from bench.versus_nni import trial_cpu_seconds
 from core.connections import connect
 from core.event_store import StoredEvent
-from core.settings import PREFIX, REDIS_URL_ENV, Settings
+from core.settings import Settings
+from core.variables import PREFIX, REDIS_URL_ENV
 from manager.config import load_experiment_config
 from manager.runner import ExperimentRunner
 from manager.stack import DATA_DIR, EmbeddedRedis, ServiceProcesses

@@ -36,7 +36,7 @@ from bench.harness import (
     trialstream_run,
 )
 from bench.nnictl import NniError
-from core.settings import REDIS_URL_ENV
+from core.variables import REDIS_URL_ENV
 
 TRIALS = 40
 CONCURRENCY = 4

@@ -15,9 +15,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
-PREFIX = "TRIALSTREAM_"
-REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
-MANAGER_TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"  # the setting `manager_token`, named where a message tells the user
+from core.variables import PREFIX
+
 _MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 
 

@@ -16,7 +16,7 @@ import httpx
 
 from core.event_store import LogEntry, StoredEvent, UnreadableEvent
 from core.platform import OutputStream
-from core.settings import MANAGER_TOKEN_ENV as TOKEN_ENV
+from core.variables import MANAGER_TOKEN_ENV as TOKEN_ENV
 from schemas.api import ExperimentState
 from schemas.config import ConfigError
 from schemas.events import EVENT_ADAPTER

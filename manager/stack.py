@@ -27,7 +27,8 @@ import redis
 
 from core.connections import RedisUnavailable, connect
 from core.registry import platform_class
-from core.settings import REDIS_URL_ENV, Settings, trial_environment
+from core.settings import Settings, trial_environment
+from core.variables import REDIS_URL_ENV
 from manager.experiments import ExperimentNotFound
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux

@@ -15,7 +15,7 @@ from nni.experiment import TrialHyperParameters, TrialJob, TrialMetricData
 from nni.experiment.data import TrialResult
 from pydantic import ValidationError
 
-from core.settings import PREFIX
+from core.variables import PREFIX
 from manager.api.webui import url_prefix_problem
 from schemas import nni_rest
 from schemas.trial import (

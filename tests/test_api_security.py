@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from core.settings import PREFIX
+from core.variables import PREFIX
 from manager.api.app import MAX_BODY_BYTES, TOKEN_COOKIE
 from tests import web
 from tests.conftest import Processes, RedisServer, free_port

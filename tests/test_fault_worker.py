@@ -26,7 +26,7 @@ from tests.test_local_platform import pid_alive, script
 
 LEASE_S = 1.0
 FAST_LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": str(LEASE_S)}
-DETECTION_BOUND_S = LEASE_S + 1.0 + 3.0  # the lease, the reaper's interval, and slack for a loaded machine
+DETECTION_BOUND_S = LEASE_S + 1.0 + 15.0  # the lease, the reaper's interval, and slack for a loaded machine
 
 # The first attempt starts a child and hangs; a retry (same working directory) finishes at once.
 TRIAL = """

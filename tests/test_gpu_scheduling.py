@@ -14,7 +14,7 @@ from rq import Queue, Worker
 
 from core.connections import connect
 from core.dispatch import queue_name
-from core.settings import REDIS_URL_ENV
+from core.variables import REDIS_URL_ENV
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until
 

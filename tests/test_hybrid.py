@@ -27,7 +27,8 @@ from rq.registry import FinishedJobRegistry
 from core import keys
 from core.dispatch import queue_name
 from core.event_store import StoredEvent
-from core.settings import REDIS_URL_ENV, Settings
+from core.settings import Settings
+from core.variables import REDIS_URL_ENV
 from manager.config import load_experiment_config
 from manager.projection import apply_to_trial
 from manager.projector import Projector

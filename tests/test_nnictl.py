@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from bench.nnictl import nnictl_environment
-from core.settings import PREFIX
+from core.variables import PREFIX
 from manager.api.app import MAX_BODY_BYTES
 from tests import web
 from tests.conftest import Processes

@@ -29,7 +29,8 @@ import yaml
 from core import keys
 from core.assignments import load_assignment
 from core.registry import platform_class
-from core.settings import REDIS_URL_ENV, Settings
+from core.settings import Settings
+from core.variables import REDIS_URL_ENV
 from manager.config import load_experiment_config
 from manager.runner import ExperimentRunner, RunnerError
 from manager.training_service import TrainingService

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import pytest
 
 from core.event_store import StoredEvent
-from core.settings import REDIS_URL_ENV
+from core.variables import REDIS_URL_ENV
 from schemas.events import TrialAttemptLost, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until

@@ -22,7 +22,7 @@ import redis
 
 from core import keys
 from core.event_store import EventStore, UnreadableEvent, encode_event
-from core.settings import REDIS_URL_ENV
+from core.variables import REDIS_URL_ENV
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.projector import Projector
 from manager.replay import read_log

@@ -29,7 +29,8 @@ from rq import Queue
 
 from core import keys
 from core.dispatch import queue_name
-from core.settings import REDIS_URL_ENV, Settings
+from core.settings import Settings
+from core.variables import REDIS_URL_ENV
 from manager.config import ExperimentSpec, load_experiment_config
 from manager.experiments import delete_experiment
 from manager.runner import ExperimentRunner, RunnerError

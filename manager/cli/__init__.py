@@ -6,10 +6,13 @@ import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from core.settings import MANAGER_TOKEN_ENV, PREFIX, REDIS_URL_ENV, SettingError, Settings
-from manager.cli import interrupts
+from core.variables import MANAGER_TOKEN_ENV, PREFIX, REDIS_URL_ENV
+from manager.cli import interrupts, services
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -32,11 +35,11 @@ which hands over to the worker runtime, loads next to nothing)."""
 
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
-    assembled = parser(_command(arguments))
-    args, passed_on = assembled.parse_known_args(arguments)  # `worker` hands its options to the worker runtime
-    if args.command != "worker" and passed_on:
-        assembled.error(f"unrecognized arguments: {' '.join(passed_on)}")
-    args.passed_on = passed_on
+    command, redis_url, rest = _command(arguments)
+    if command == "worker":  # before anything else loads: the worker runtime has an entry point of its own
+        services.hand_over_to_worker(redis_url, rest)
+    assembled = parser(command)
+    args = assembled.parse_args(arguments)
     interrupts.install()
     try:
         settings = _settings(args)
@@ -76,13 +79,14 @@ def _global_options(assembled: argparse.ArgumentParser) -> None:
     )
 
 
-def _command(arguments: list[str]) -> str | None:
-    """The command named in `arguments`, read past the global options; None if there is none."""
+def _command(arguments: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """The command named in `arguments`, read past the global options (None if there is none), --redis, and
+    the command's own arguments."""
     first = argparse.ArgumentParser(add_help=False)
     _global_options(first)
     first.add_argument("command", nargs="?")
-    known, _ = first.parse_known_args(arguments)
-    return known.command if known.command in AREAS else None
+    known, rest = first.parse_known_args(arguments)
+    return (known.command if known.command in AREAS else None), known.redis, rest
 
 
 def _reported_errors() -> tuple[type[Exception], ...]:
@@ -93,6 +97,7 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     from core.connections import RedisUnavailable
     from core.event_store import InvalidExperimentId
     from core.registry import UnknownPlatform
+    from core.settings import SettingError
     from manager.api_client import ManagerError
     from manager.experiments import ExperimentNotFound, ExperimentRunning
     from manager.replay import InvalidPosition, UnknownEventType
@@ -124,6 +129,8 @@ def _reported_errors() -> tuple[type[Exception], ...]:
 
 def _settings(args: argparse.Namespace) -> Settings:
     """Read once, here, and handed down: no other module reads trialstream's variables."""
+    from core.settings import Settings
+
     return Settings.from_environment(redis_url=args.redis, manager_url=args.manager)
 
 

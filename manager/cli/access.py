@@ -16,7 +16,8 @@ from core.connections import connect
 from core.event_store import LogEntry, StoredEvent, stream_position
 from core.platform import OutputStream, OutputUnavailable, Platform, TrialAssignment
 from core.registry import add_platforms, platform_class
-from core.settings import REDIS_URL_ENV, Settings
+from core.settings import Settings
+from core.variables import REDIS_URL_ENV
 from manager.api_client import ManagerClient
 from manager.experiments import resolve_experiment
 from manager.replay import follow_log, read_log

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from core.connections import connect, redact_url
 from core.logs import configure_logging
-from core.settings import MANAGER_TOKEN_ENV as TOKEN_ENV
 from core.settings import Settings
+from core.variables import MANAGER_TOKEN_ENV as TOKEN_ENV
 from manager.cli.access import required_url
 from manager.runner import RunnerError
 

@@ -8,25 +8,30 @@ import os
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING, NoReturn
 
-from core.settings import Settings
+from core.variables import REDIS_URL_ENV
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    worker = commands.add_parser(
+    """Both for `--help`: `worker` never reaches its parser, see hand_over_to_worker."""
+    commands.add_parser(
         "worker", help="an RQ worker serving one platform's queue (see `trialstream worker --help`)", add_help=False
     )
-    worker.set_defaults(handler=_worker)
-
     projector = commands.add_parser("projector", help="fold events into views, for every experiment")
     projector.set_defaults(handler=_projector)
 
 
-def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    """Hand over to the worker runtime's own entry point (`python -m workers`): the control plane
-    never imports it. Settings travel in the environment, never in argv (a password shows in `ps`)."""
-    environment = {**os.environ, **settings.as_environment()}
-    os.execve(sys.executable, [sys.executable, "-m", "workers", *args.passed_on], environment)
+def hand_over_to_worker(redis_url: str | None, arguments: list[str]) -> NoReturn:
+    """`trialstream worker ...` is the worker runtime's own entry point (`python -m workers`), which reads and
+    checks the settings itself: the control plane never imports it, and the command line loads nothing of its
+    own first (a worker start is the suite's most frequent process start). Settings travel in the environment,
+    never in argv (a password shows in `ps`)."""
+    environment = {**os.environ, **({REDIS_URL_ENV: redis_url} if redis_url else {})}
+    os.execve(sys.executable, [sys.executable, "-m", "workers", *arguments], environment)
 
 
 def _projector(args: argparse.Namespace, settings: Settings) -> int:

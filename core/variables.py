@@ -1,0 +1,7 @@
+"""The names of trialstream's environment variables, apart from the settings model (core.settings) so that
+what only needs a name loads no pydantic: `trialstream worker` hands over to the worker runtime with these
+alone."""
+
+PREFIX = "TRIALSTREAM_"
+REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
+MANAGER_TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"  # the setting `manager_token`, named where a message tells the user
