@@ -175,6 +175,7 @@ def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Pro
 
     def started_run() -> tuple[subprocess.Popen[str], str, str]:
         """`run` following an experiment whose one trial is running."""
+        known = {state["id"] for state in web.get(f"{manager}/api/v1/experiments").json()}  # before it starts
         clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
         process = subprocess.Popen(
             [sys.executable, "-m", "manager.cli", "--manager", manager, "run", str(config), "--json"],
@@ -184,7 +185,6 @@ def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Pro
             stderr=subprocess.PIPE,
             text=True,
         )
-        known = {state["id"] for state in web.get(f"{manager}/api/v1/experiments").json()}
 
         def running_trial() -> tuple[str, str] | None:
             for state in web.get(f"{manager}/api/v1/experiments").json():

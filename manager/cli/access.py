@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core.assignments import load_assignment
 from core.connections import connect
@@ -18,13 +18,15 @@ from core.platform import OutputStream, OutputUnavailable, Platform, TrialAssign
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
 from core.variables import REDIS_URL_ENV
-from manager.api_client import ManagerClient
 from manager.experiments import resolve_experiment
 from manager.replay import follow_log, read_log
 from manager.runner import RunnerError
 from manager.stack import experiment_dir, experiments_root, served_data
 from manager.training_service import TrainingService
 from schemas.trial import MetricRecord, TrialJobDetail
+
+if TYPE_CHECKING:  # httpx and the client load only for --manager
+    from manager.api_client import ManagerClient
 
 _LAST_SEQUENCE = 2**64 - 1
 
@@ -81,6 +83,8 @@ def opened(settings: Settings, experiment_id: str | None) -> Iterator[Experiment
 def manager_client(settings: Settings) -> ManagerClient:
     assert settings.manager_url is not None
     token = settings.manager_token.get_secret_value() if settings.manager_token else None
+    from manager.api_client import ManagerClient
+
     return ManagerClient(settings.manager_url, token)
 
 

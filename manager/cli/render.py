@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from manager.experiments import ExperimentSummary
 from manager.replay import EntryLine, event_types
-from manager.runner import Progress
 from schemas.trial import MetricRecord, TrialJobDetail, metric_score
+
+if TYPE_CHECKING:  # a listing loads neither the runner nor the experiments' summaries
+    from manager.experiments import ExperimentSummary
+    from manager.runner import Progress
 
 err = Console(stderr=True, highlight=False)
 
