@@ -306,3 +306,14 @@ def test_a_workers_health_check_passes_while_one_of_this_host_beats_and_fails_wi
     env = {**os.environ, "TRIALSTREAM_REDIS_URL": "redis://127.0.0.1:1/0"}
     unreachable = subprocess.run([sys.executable, "-m", "workers", "--healthcheck"], env=env, capture_output=True)
     assert unreachable.returncode == 1
+
+
+def test_worker_hands_over_with_the_global_redis_option_and_its_settings_checked(redis_url: str) -> None:
+    """`trialstream worker` execs the worker runtime before loading any settings: --redis still reaches it,
+    and a bad setting is still one line naming the variable."""
+    served = trialstream("--redis", redis_url, "worker", "--platform", "local", "--burst")
+    assert served.returncode == 0, served.stderr
+    assert "Listening on trialstream.local" in served.stderr and "done, quitting" in served.stderr
+    refused = trialstream("--redis", redis_url, "worker", "--platform", "local", env={"TRIALSTREAM_TRIAL_LEASE_S": "0"})
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "trialstream: error: TRIALSTREAM_TRIAL_LEASE_S: Input should be greater than 0"
