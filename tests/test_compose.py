@@ -274,14 +274,19 @@ def expand(text: str, variables: dict[str, str]) -> str:
 
 def test_the_image_is_python_311_slim_by_default_and_installs_the_package_with_nni() -> None:
     global_args, stages = dockerfile_stages()
-    assert len(stages) == 2, "a build stage and a runtime stage"
-    bases = {expand(stage[0][1].split()[0], global_args) for stage in stages}
-    assert bases == {"python:3.11-slim"}  # both stages on BASE_IMAGE: the venv's python is the runtime's
-    build_env = " ".join(arguments for keyword, arguments in stages[0] if keyword == "ENV")
-    assert "PIP_NO_CACHE_DIR=1" in build_env
-    runs = [arguments for keyword, arguments in stages[0] if keyword == "RUN"]
-    assert any('pip install --find-links /wheels ".[nni]"' in run for run in runs)
-    assert not any(keyword == "RUN" and "pip" in arguments for keyword, arguments in stages[1])
+    assert len(stages) == 3, "a dependencies stage, a package stage on it, and a runtime stage"
+    bases = [expand(stage[0][1], global_args) for stage in stages]
+    assert bases == ["python:3.11-slim AS dependencies", "dependencies AS package", "python:3.11-slim"]
+    dependencies, package, runtime = stages
+    assert "PIP_NO_CACHE_DIR=1" in " ".join(arguments for keyword, arguments in dependencies if keyword == "ENV")
+    (installs,) = [arguments for keyword, arguments in dependencies if keyword == "RUN" and "pip install" in arguments]
+    assert "pip install --find-links /wheels -r" in installs and '"optional-dependencies"]["nni"]' in installs
+    # only pyproject.toml before the dependencies' install: a change to the sources keeps its layer
+    copied_first = [arguments for keyword, arguments in dependencies if keyword == "COPY"]
+    assert copied_first == ["deploy/wheels/ /wheels/", "pyproject.toml ./"]
+    assert any(keyword == "RUN" and "pip wheel --no-deps" in arguments for keyword, arguments in package)
+    (runtime_pip,) = [arguments for keyword, arguments in runtime if keyword == "RUN" and "pip" in arguments]
+    assert "from=package" in runtime_pip and "--no-deps" in runtime_pip
 
 
 def test_the_image_copies_everything_pip_install_needs() -> None:
