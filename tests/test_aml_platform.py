@@ -7,6 +7,7 @@ workspace, the code uploaded once, a failure's message and logs from std_log, an
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from manager.config import load_experiment_config
 from manager.training_service import TrainingService
 from schemas.aml import AmlConfig
 from schemas.trial import TrialJobStatus
-from tests.aml_setup import AmlWorkers, aml_workspace  # noqa: F401  (the simulated workspace fixture)
+from tests.aml_setup import AmlWorkers, aml_storage, aml_workspace  # noqa: F401  (the simulated workspace fixtures)
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.gated_trial import GATED_TRIAL
 
@@ -123,6 +124,7 @@ def test_a_queued_job_keeps_its_trial_waiting_and_one_canceled_in_the_workspace_
     trial = wait_for_status(service, trial_id, "SYS_CANCELED", "FAILED", "SUCCEEDED", timeout=60)
     assert trial.status is TrialJobStatus.SYS_CANCELED
     assert trial.message == f"job {name} was canceled in the workspace"
+    assert trial.exit_code == 128 + signal.SIGTERM  # told by the job's last line, not waited for in vain
 
 
 def test_one_code_asset_a_failure_tells_its_stderr_and_no_secret_reaches_the_log(

@@ -63,7 +63,10 @@ logging.getLogger("azure").setLevel(logging.WARNING)  # azure-core logs every re
 EXIT_LINE = re.compile(rb"^trialstream: the trial exited with code (\d+)\s*$", re.MULTILINE)
 # The code asset is the job's working directory: the keeper finds it as its `archive` beside a fresh work
 # directory (NNI_SYS_DIR), where it unpacks the code and runs the trial.
+# `trap : TERM`: a canceled job's SIGTERM reaches the keeper (which stops the trial) and this shell, which
+# then still tells the trial's exit, rather than leave the worker waiting LOG_DRAIN_S for a line never written.
 JOB_COMMAND = (
+    "trap : TERM; "
     f'work=$(mktemp -d) && ln -s "$PWD" "$work/{pod_keeper.ARCHIVE_DIR}" && cd "$work" && '
     f"python3 {pod_keeper.ARCHIVE_DIR}/keeper.py; status=$?; "
     'echo "trialstream: the trial exited with code $status"; exit $status'
