@@ -7,25 +7,38 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
     from tests.amlsim import SimulatedWorkspace
+    from tests.amlsim.azurite import Azurite
     from tests.conftest import Processes
 
 
-@pytest.fixture
-def aml_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatedWorkspace]:
-    """The workspace, its environment set in this process too (the platform's check() runs here)."""
+@pytest.fixture(scope="session")
+def aml_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite (a Node.js process, a second to start): once per test run, each workspace in its own container."""
     pytest.importorskip("azure.ai.ml", reason="the aml platform needs azure-ai-ml: pip install .[aml]")
     if shutil.which("azurite-blob") is None:
         pytest.skip("Azurite is not installed: npm install -g azurite")
+    from tests.amlsim import storage_service
+
+    storage = storage_service(tmp_path_factory.mktemp("aml-storage"))
+    storage.start()
+    try:
+        yield storage
+    finally:
+        storage.stop()
+
+
+@pytest.fixture
+def aml_workspace(aml_storage: Azurite, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatedWorkspace]:
+    """A workspace of the test's own, its environment set in this process too (the platform's check() runs here)."""
     from tests.amlsim import SimulatedWorkspace
 
-    workspace = SimulatedWorkspace(tmp_path / "aml")
+    workspace = SimulatedWorkspace(aml_storage)
     workspace.start()
     for name, value in workspace.environment().items():
         monkeypatch.setenv(name, value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.aml_setup import AmlWorkers, aml_workspace  # noqa: F401  (the simulated workspace fixture)
+from tests.aml_setup import AmlWorkers, aml_storage, aml_workspace  # noqa: F401  (the simulated workspace fixtures)
 from tests.conformance import PlatformConformance, PlatformHarness
 
 

@@ -32,16 +32,22 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def storage_service(root: Path) -> Azurite:
+    """Azurite for the simulated storage accounts, with a certificate for their names (the control plane
+    serves with it too). It is started once and shared: each workspace keeps its own container in it."""
+    cert, key = make_self_signed(root / "pki", "amlsim", (f"*.blob.{STORAGE_SUFFIX}",))
+    return Azurite(root / "azurite", cert, key)
+
+
 class SimulatedWorkspace:
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def __init__(self, storage: Azurite) -> None:
+        self.azurite = storage
+        self.ca = storage.cert
         self.storage_suffix = STORAGE_SUFFIX
         self.container = f"azureml-blobstore-{uuid.uuid4()}"
         self.workspace_id = str(uuid.uuid4())
         self.computes = {COMPUTE_TARGET}
-        self.ca, key = make_self_signed(self.root / "pki", "amlsim", (f"*.blob.{STORAGE_SUFFIX}",))
-        self.azurite = Azurite(self.root / "azurite", self.ca, key)
-        self.api = ControlPlane(self, self.ca, key)
+        self.api = ControlPlane(self, storage.cert, storage.key)
         self.proxy: ConnectProxy | None = None
         self.assets: dict[tuple[str, str, str | None], dict[str, Any]] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -51,7 +57,7 @@ class SimulatedWorkspace:
     # lifecycle
 
     def start(self) -> None:
-        self.azurite.start()
+        """The control plane, the proxy to the (running) storage service, and this workspace's container."""
         self.proxy = ConnectProxy(self.azurite.port)
         self.proxy.start()
         self.api.start()
@@ -62,7 +68,7 @@ class SimulatedWorkspace:
         self.api.stop()
         if self.proxy is not None:
             self.proxy.stop()
-        self.azurite.stop()
+        self.compute.blobs().delete_container(self.container)
 
     def environment(self) -> dict[str, str]:
         """What a process needs to reach this workspace through the real SDK and DefaultAzureCredential: the
