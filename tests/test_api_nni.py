@@ -1,5 +1,6 @@
 """NNI's REST API on the manager: the conversions on their own, then a real manager, worker and trials read
-through NNI's own Python client classes (`nni.experiment`), as NNI's web UI and nnictl read them."""
+through NNI's own Python client classes (`nni.experiment`), as NNI's web UI and nnictl read them. They are
+imported by the tests that use them: `import nni` takes seconds, and every pytest worker collects this module."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-from nni.experiment import TrialHyperParameters, TrialJob, TrialMetricData
-from nni.experiment.data import TrialResult
 from pydantic import ValidationError
 
 from core.variables import PREFIX
@@ -71,6 +70,8 @@ def _stored(kind: str, sequence: int, attempt: int = 1, late: bool = False, para
 
 
 def test_final_metric_data_only_for_a_succeeded_trial_with_one() -> None:
+    from nni.experiment import TrialJob
+
     succeeded = nni_rest.trial_job_info(_trial()).wire()
     assert len(succeeded["finalMetricData"]) == 1
     job = TrialJob(**succeeded)
@@ -94,6 +95,8 @@ def test_running_trial_has_no_end_time_and_only_a_failed_one_a_stderr_path() -> 
 
 
 def test_hyper_parameters_always_hold_parameters_with_only_nni_keys() -> None:
+    from nni.experiment import TrialHyperParameters
+
     odd = JobApplicationForm(
         sequence_id=3, hyper_parameters=HyperParameters(value='{"parameter_id": null, "extra": 1}')
     )
@@ -110,6 +113,8 @@ def test_hyper_parameters_always_hold_parameters_with_only_nni_keys() -> None:
 
 
 def test_metrics_of_the_current_attempt_renumbered_without_late_ones() -> None:
+    from nni.experiment import TrialMetricData
+
     stored = [
         _stored("PERIODICAL", 0, attempt=1),  # the lost attempt's curve
         _stored("PERIODICAL", 1, attempt=1),
@@ -197,6 +202,9 @@ def _status_is(url: str, status: str) -> bool:
 
 
 def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes: Processes) -> None:
+    from nni.experiment import TrialJob, TrialMetricData
+    from nni.experiment.data import TrialResult
+
     processes.worker(args=("--concurrency", "3"))
     url = processes.manager()
     experiment_id = _experiment(url, tmp_path / "code", trials=3, concurrency=3, released=True)
@@ -303,6 +311,8 @@ def test_trial_files_serve_output_and_stay_in_the_trial_directory(tmp_path: Path
 
 
 def test_writes_change_the_running_experiment(tmp_path: Path, processes: Processes) -> None:
+    from nni.experiment import TrialJob
+
     processes.worker(args=("--concurrency", "4"))
     url = processes.manager()
     experiment_id = _experiment(url, tmp_path / "code", trials=1, concurrency=1, released=False)
@@ -452,6 +462,8 @@ def test_any_url_prefix_routes_the_apis_the_ui_and_the_login(
 
 def test_hundreds_of_trials_listed_under_a_url_prefix(processes: Processes, make_service: ServiceFactory) -> None:
     """(Streaming of large experiments: tests/test_listings.py; at 100,000 trials, bench/api.py.)"""
+    from nni.experiment import TrialJob, TrialMetricData
+
     service = make_service()
     for sequence_id in range(400):
         service.submit_trial_job(form(sequence_id, x=sequence_id))
