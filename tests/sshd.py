@@ -516,12 +516,15 @@ class SshHost:
         _sh(*enter, "mount", "-t", "tmpfs", "-o", f"{options},{owner}", "tmpfs", f"{self.user.home}/{path}")
 
     def destroy(self) -> None:
-        """Teardown: stop, delete the namespace (and with it the veth pair), remove the host's files."""
+        """Teardown: stop, delete the veth pair and the namespace, remove the host's files. The pair is deleted
+        by name: a deleted namespace takes its end with it only when the kernel gets round to it."""
         try:
             self.stop()
         finally:
             if self.netns is not None:
                 _kill_all([int(pid) for pid in _sh("ip", "netns", "pids", self.netns, check=False).stdout.split()])
+                if self.veth is not None:
+                    _sh("ip", "link", "del", self.veth, check=False)
                 _sh("ip", "netns", "del", self.netns, check=False)
             if self.subnet is not None:
                 _sh("ip", "route", "del", "unreachable", self.subnet, check=False)
