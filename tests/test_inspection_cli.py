@@ -319,4 +319,8 @@ def test_a_bad_log_file_is_refused_naming_the_line_and_nothing_is_written(
     path.write_text("".join(line + "\n" for line in corrupt(V1_LOG.read_text().splitlines())))
     fails(trialstream("import", str(path), env=env), message.format(path=path))
     assert client.dbsize() == 0
+
+
+def test_a_log_file_that_cannot_be_read_is_named(client: redis.Redis, env: dict[str, str], tmp_path: Path) -> None:
     fails(trialstream("import", str(tmp_path / "absent.jsonl"), env=env), f"cannot read {tmp_path / 'absent.jsonl'}")
+    assert client.dbsize() == 0
