@@ -6,6 +6,7 @@ Trials are gated: each waits for a file named after its trial id (or `all`) in t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -36,6 +37,8 @@ nni.report_final_result(params.get("x", 0))
 """
 
 TERMINAL = {"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"}
+
+pytestmark = pytest.mark.xdist_group("api")  # one manager and worker for the module, started once
 
 
 def write_trial(code: Path) -> Path:
@@ -106,13 +109,34 @@ class Api:
         (self.code / "gates" / "all").touch()
 
 
-@pytest.fixture
-def api(processes: Processes, tmp_path: Path) -> Iterator[Api]:
-    """A manager (with its own projector) and a worker running up to 4 trials at once."""
+def start_api(processes: Processes) -> str:
+    """A manager (with its own projector) and a worker running up to 4 trials at once: the manager's URL."""
     processes.worker(args=("--concurrency", "4"))
-    url = processes.manager()
+    return processes.manager()
+
+
+@contextlib.contextmanager
+def api_client(url: str, code: Path) -> Iterator[Api]:
+    """A client of the manager at `url` whose trials run `code`; their gates open when it closes, so
+    nothing of the test is left holding the worker."""
     with httpx.Client(base_url=f"{url}/api/v1", timeout=30) as http:
-        yield Api(http, write_trial(tmp_path / "code"))
+        api = Api(http, write_trial(code))
+        try:
+            yield api
+        finally:
+            api.release_all()
+
+
+@pytest.fixture(scope="module")
+def manager_url(module_processes: Processes) -> str:
+    return start_api(module_processes)
+
+
+@pytest.fixture
+def api(manager_url: str, tmp_path: Path) -> Iterator[Api]:
+    """The module's manager and worker; a test isolates by the experiments it creates and its own trial code."""
+    with api_client(manager_url, tmp_path / "code") as client:
+        yield client
 
 
 def in_flight_at_submissions(events: list[dict[str, Any]], after_index: int) -> list[int]:
@@ -139,11 +163,14 @@ def parameters_of(trial: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_create_list_get_and_refusals_name_what_is_wrong(api: Api, tmp_path: Path) -> None:
+    def listed() -> set[str]:
+        return {state["id"] for state in api.http.get("/experiments").json()}
+
+    before = listed()
     good = experiment_config(api.code, trials=1)
     experiment_id = api.create(good)
     api.release_all()
-    listed = api.http.get("/experiments").json()
-    assert [state["id"] for state in listed] == [experiment_id]
+    assert listed() == before | {experiment_id}
     state = api.wait_status(experiment_id, "DONE")
     assert state["trialCounts"] == {"SUCCEEDED": 1} and state["config"]["maxTrialNumber"] == 1
 
@@ -158,8 +185,7 @@ def test_create_list_get_and_refusals_name_what_is_wrong(api: Api, tmp_path: Pat
     assert no_code.status_code == 422 and str(missing) in no_code.json()["error"], no_code.text
     no_upload = api.http.post("/experiments", json={"config": good, "codeId": "0" * 64})
     assert no_upload.status_code == 422 and "codeId" in no_upload.json()["error"], no_upload.text
-    # nothing was created by any refused request
-    assert [state["id"] for state in api.http.get("/experiments").json()] == [experiment_id]
+    assert listed() == before | {experiment_id}  # nothing was created by any refused request
 
     assert api.http.get("/experiments/nope").status_code == 404
     assert api.http.get("/experiments/-bad").status_code == 422
@@ -194,7 +220,7 @@ def test_stop_cancels_running_trials_resume_runs_to_the_budget_and_delete_waits_
     assert deleted.status_code == 200 and deleted.json()["deletedKeys"] > 0, deleted.text
     assert api.http.get(f"/experiments/{experiment_id}").status_code == 404
     assert api.http.get(f"/experiments/{experiment_id}/trials").status_code == 404
-    assert api.http.get("/experiments").json() == []
+    assert experiment_id not in {state["id"] for state in api.http.get("/experiments").json()}
     assert api.http.delete(f"/experiments/{experiment_id}").status_code == 404
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
+import pytest
 import redis
 
 from core.event_store import EventStore
@@ -28,14 +30,21 @@ from schemas.events import (
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form
 from tests.sshd import process_gone
-from tests.test_api import Api, api  # noqa: F401  (the fixture)
+from tests.test_api import Api, api_client, start_api
 from tests.test_api_smoke import experiment_config
 from tests.test_tuner_driving import write_experiment
 from tests.waiting import wait_until
 
 
+@pytest.fixture
+def api(processes: Processes, tmp_path: Path) -> Iterator[Api]:
+    """A manager and worker of the test's own: the first test kills its manager."""
+    with api_client(start_api(processes), tmp_path / "code") as client:
+        yield client
+
+
 def test_a_stop_logged_while_no_runner_acts_on_it_is_carried_out_by_the_next_runner(
-    api: Api,  # noqa: F811
+    api: Api,
     processes: Processes,
     client: redis.Redis,
 ) -> None:
@@ -57,7 +66,7 @@ def test_a_stop_logged_while_no_runner_acts_on_it_is_carried_out_by_the_next_run
     assert statuses == {"SYS_CANCELED"}, statuses  # the two that ran; none submitted after the stop
 
 
-def test_a_customized_trial_is_answered_with_its_own_sequence_id(api: Api) -> None:  # noqa: F811
+def test_a_customized_trial_is_answered_with_its_own_sequence_id(api: Api) -> None:
     experiment_id = api.create(experiment_config(api.code, trials=5, concurrency=1))
     api.wait_running(experiment_id, 1)
     first = api.http.post(f"/experiments/{experiment_id}/trials", json={"parameters": {"x": 0.25}})
