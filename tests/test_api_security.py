@@ -27,6 +27,8 @@ TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
 TOKEN = "tok-3c1f0e9a-do-not-leak"
 NO_TOKEN = {TOKEN_ENV: ""}  # whatever the environment running the tests holds
 
+pytestmark = pytest.mark.xdist_group("api-security")  # the token-guarded manager is started once
+
 
 def refused_start(processes: Processes, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Start a manager that must refuse to start: its exit status and its output."""
@@ -68,13 +70,14 @@ def test_a_url_prefix_the_web_ui_would_misread_and_unsafe_host_or_origin_options
         assert code != 0 and f"{arguments[0]} {arguments[1]}: " in message and reason in message, message
 
 
-@pytest.fixture
-def guarded(processes: Processes) -> str:
-    """A manager bound to every address (allowed: it has a token), reached through loopback."""
-    return processes.manager("--host", "0.0.0.0", env={TOKEN_ENV: TOKEN})
+@pytest.fixture(scope="module")
+def guarded(module_processes: Processes) -> str:
+    """A manager bound to every address (allowed: it has a token), reached through loopback; its tests only
+    read, so they share it."""
+    return module_processes.manager("--host", "0.0.0.0", env={TOKEN_ENV: TOKEN})
 
 
-def test_the_token_is_required_everywhere_but_health(guarded: str, processes: Processes) -> None:
+def test_the_token_is_required_everywhere_but_health(guarded: str, module_processes: Processes) -> None:
     api = f"{guarded}/api/v1"
     assert web.get(f"{api}/health").status_code == 200  # open: a container health check has no token
     for path in ("/experiments", "/ready", "/experiments/x/trials", "/openapi.json", "/docs"):
@@ -95,7 +98,7 @@ def test_the_token_is_required_everywhere_but_health(guarded: str, processes: Pr
     cookie = login.headers["set-cookie"]
     assert cookie.startswith(f"{TOKEN_COOKIE}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert web.get(f"{api}/experiments", cookies=login.cookies).status_code == 200
-    assert TOKEN not in processes.logs()
+    assert TOKEN not in module_processes.logs()
 
 
 def test_the_web_ui_manifest_alone_is_served_without_the_token(guarded: str) -> None:
