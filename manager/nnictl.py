@@ -21,13 +21,16 @@ from dataclasses import dataclass
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from manager.api.nni import PINNED_EXPERIMENT
 from manager.host import ManagerHost
 from manager.nnictl_registry import NnictlRegistry
 from schemas.nni_rest import experiment_metadata
 
 log = logging.getLogger(__name__)
 
+# ASGI scope key: the experiment every request of a connection is about. nnictl reaches an experiment at
+# `localhost:<port>` with no prefix: the per-experiment listeners below set it, NNI's API (manager.api.nni)
+# reads it.
+PINNED_EXPERIMENT = "trialstream.experiment"
 _NNI_STATUS = {"RUNNING": "RUNNING", "DONE": "DONE", "STOPPED": "STOPPED", "ERROR": "ERROR"}
 
 

@@ -30,6 +30,7 @@ from manager.api.listings import ListingCache
 from manager.api.native import Experiment, Host, check_changes, get_host
 from manager.experiments import ExperimentNotFound, resolve_experiment
 from manager.host import ExperimentNotRunning, ManagerHost
+from manager.nnictl import PINNED_EXPERIMENT
 from manager.runner import RunnerError
 from manager.training_service import TrainingService, TrialNotFound
 from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
@@ -38,9 +39,6 @@ from schemas import nni_rest
 from schemas.events import ExperimentChanges
 from schemas.trial import ExperimentView, TrialJobDetail
 
-# ASGI scope key: the experiment every request of a connection is about. nnictl reaches an experiment at
-# `localhost:<port>` with no prefix: the manager's per-experiment listeners (manager/nnictl.py) set it.
-PINNED_EXPERIMENT = "trialstream.experiment"
 JSON_TYPE = "application/json"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -490,4 +488,4 @@ def trial_output(
     return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=_NOT_SNIFFED)
 
 
-__all__ = ["PINNED_EXPERIMENT", "nni_experiment", "router", "trial_output_router"]
+__all__ = ["nni_experiment", "router", "trial_output_router"]
