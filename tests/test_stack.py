@@ -285,7 +285,9 @@ def test_a_redis_restart_mid_experiment_loses_no_acknowledged_event(
         out = finish(run)
         log = events(api, experiment_id)
         views = trials(api, experiment_id)
-    assert [trial["status"] for trial in json.loads(out)["trials"]] == ["SUCCEEDED"] * 12
+    result = json.loads(out)
+    ended = [(e["type"], e.get("status"), e.get("message")) for e in log if e["type"].startswith("Experiment")]
+    assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED"] * 12, (result.get("status"), ended)
     assert sorted(view["sequenceId"] for view in views) == list(range(12))
     for view in views:  # 3 intermediate results and a final one, each once
         reported = [e for e in log if e["type"] == "TrialMetricReported" and e["trialId"] == view["id"]]
