@@ -34,16 +34,7 @@ class Azurite:
             self.port = probe.getsockname()[1]
         self._log = (self.root / "azurite.log").open("wb")
         self._process = subprocess.Popen(
-            [
-                executable,
-                "--silent",
-                "--skipApiVersionCheck",  # the SDK may speak a newer storage API version than this Azurite knows
-                f"--location={self.root / 'data'}",
-                "--blobHost=127.0.0.1",
-                f"--blobPort={self.port}",
-                f"--cert={self.cert}",
-                f"--key={self.key}",
-            ],
+            [executable, "--silent", *self._options()],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -59,8 +50,9 @@ class Azurite:
         raise RuntimeError(f"azurite did not listen on port {self.port} within {START_TIMEOUT_S} s: {self.log_tail()}")
 
     def _options(self) -> list[str]:
-        """--skipApiVersionCheck (above): the SDK may speak a newer storage API version than this Azurite knows."""
+        """--skipApiVersionCheck: the SDK may speak a newer storage API version than this Azurite knows."""
         return [
+            "--skipApiVersionCheck",
             f"--location={self.root / 'data'}",
             "--blobHost=127.0.0.1",
             f"--blobPort={self.port}",
