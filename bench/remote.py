@@ -445,7 +445,7 @@ def worker_footprint(directory: Path, hosts: Hosts) -> Footprint:
         maxTrialNumber=QUIET_TRIALS,
     )
     with scratch_redis(directory) as (client, url):
-        settings = Settings(redis_url=url, known_hosts=hosts.known_hosts)
+        settings = Settings.from_environment({"TRIALSTREAM_KNOWN_HOSTS": str(hosts.known_hosts)}, redis_url=url)
         services = ServiceProcesses(settings, directory / "logs")
         try:
             services.start("worker", "--platform", "remote", "--concurrency", str(QUIET_TRIALS), log_name="worker")

@@ -29,9 +29,9 @@ from core import keys
 from core.event_store import EventStore, StoredEvent
 from schemas.events import ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
 
-RUN_TRIAL = "workers.job.run_trial"  # by name: the core never imports the workers that execute it
-RELEASE_ATTEMPT = "workers.job.release_attempt"
-CLEAN_UP_EXPERIMENT = "workers.job.clean_up_experiment"
+RUN_TRIAL = "workers.runtime.job.run_trial"  # by name: the core never imports the workers that execute it
+RELEASE_ATTEMPT = "workers.runtime.job.release_attempt"
+CLEAN_UP_EXPERIMENT = "workers.runtime.job.clean_up_experiment"
 SERIALIZER = JSONSerializer  # never pickle: whoever can write a job must not run code on the workers
 RECHECK_FIRST_S = 1.0
 RECHECK_CAP_S = 30.0

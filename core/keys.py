@@ -72,17 +72,6 @@ def parked(platform: str) -> str:
     return f"{LOG_PREFIX}:parked:{platform}"
 
 
-def doomed_attempts(machine: str) -> str:
-    """Set: directories of lost attempts on a remote machine that could not be killed when they were
-    released (it was unreachable): the next worker to reach it kills them."""
-    return f"{LOG_PREFIX}:doomed:{machine}"
-
-
-def gpu_holders(host: str) -> str:
-    """Hash: `<exp>/<trial>` -> the GPU indices it holds on `host` (the local platform's ledger)."""
-    return f"{LOG_PREFIX}:gpu:{host}:holders"
-
-
 @dataclass(frozen=True)
 class ViewKeys:
     """Keys of the disposable views of one experiment in one namespace."""

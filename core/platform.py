@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 import redis
 
@@ -27,14 +27,18 @@ class ParsedMetric:
     data: str  # NNI's `data`: the JSON encoding of the (already JSON-encoded) value string
 
 
+ConfigT = TypeVar("ConfigT", bound=PlatformConfig)
+"""A platform's own config model: what its methods are given, so none of them checks the type it got."""
+
+
 @dataclass(frozen=True)
-class TrialAssignment:
+class TrialAssignment(Generic[ConfigT]):
     experiment_id: str
     trial_id: str
     form: JobApplicationForm
     launch: TrialLaunchSpec
     working_directory: str
-    platform_config: PlatformConfig
+    platform_config: ConfigT  # validated with the platform's config_model
     attempt: int = 1  # > 1 when the trial is retried after its worker was lost
 
 
@@ -120,8 +124,8 @@ class TrialControl(Protocol):
         """End a wait() early (from another thread): the platform has news of its own, e.g. its trial exited."""
 
 
-class Platform(Protocol):
-    """A platform adapter: one module in `workers/`, found by name (core.registry).
+class Platform(Protocol[ConfigT]):
+    """A platform adapter: in its folder under `workers/platforms/`, found by name (core.registry).
 
     One instance per worker process, made with that process's settings: long-lived clients (an SSH
     connection, a Kubernetes API client) belong to it. Its methods may be called from several
@@ -140,33 +144,37 @@ class Platform(Protocol):
     def __init__(self, settings: Settings, client: redis.Redis) -> None: ...
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: ConfigT, code_directory: Path, settings: Settings) -> list[str]:
         """Before an experiment starts: can its trials run there (hosts reachable, credentials right,
         code directory within what can be shipped)? One line per problem, naming what and why."""
         ...
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: ConfigT) -> None:
         """Make the experiment's code available where its trials run. Called before every trial (and
         before every re-attachment): cheap when the code is staged already."""
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
+    def run_trial(
+        self, trial: TrialAssignment[ConfigT], control: TrialControl
+    ) -> TrialOutcome | Deferred | Lost | Abandoned:
         """Run the trial to its end (blocking); a stop request must end it promptly."""
         ...
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
+    def reattach(
+        self, trial: TrialAssignment[ConfigT], control: TrialControl
+    ) -> TrialOutcome | Lost | Abandoned | None:
         """Follow to its end an attempt that a worker, since lost, launched; None when nothing of it
         runs any more (its worker took it along: the attempt is lost)."""
         ...
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(self, trial: TrialAssignment[ConfigT], url: str, stream: OutputStream, offset: int) -> bytes:
         """What the trial wrote to `stream` from byte `offset` on (b"" when nothing more, so far), wherever
         it ran; `url` is where its latest attempt ran (TrialStarted.url). Raises OutputUnavailable."""
         ...
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+    def clean_up(self, experiment_id: str, config: ConfigT) -> None:
         """The experiment ended: remove what its trials left where they ran (unless the config keeps it)."""
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[ConfigT]) -> None:
         """Free what a lost attempt still holds (GPUs, a process on a host, a pod). Runs as a job of
         this platform's queue, so on a worker that has the platform's settings and clients."""
 

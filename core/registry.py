@@ -1,7 +1,8 @@
 """Which platforms exist: a name -> the adapter class, imported only when asked for by name.
 
-Built-in platforms are listed here; others plug in through the `trialstream.platforms` entry-point
-group of an installed package, or the `platforms` setting (`TRIALSTREAM_PLATFORMS=name=module:Class`)
+Built-in platforms are named in the table beside them (`workers/platforms/__init__.py`, read here by
+module name, so core never imports the workers); others plug in through the `trialstream.platforms`
+entry-point group of an installed package, or the `platforms` setting (`TRIALSTREAM_PLATFORMS=name=module:Class`)
 for a module on the path: adding a platform never touches the manager.
 """
 
@@ -16,15 +17,7 @@ from typing import cast
 from core.platform import Platform
 
 ENTRY_POINT_GROUP = "trialstream.platforms"
-BUILTIN_PLATFORMS = {
-    "local": "workers.local:LocalPlatform",
-    "remote": "workers.remote:RemotePlatform",
-    "kubeflow": "workers.kubeflow:KubeflowPlatform",
-    "frameworkcontroller": "workers.frameworkcontroller:FrameworkControllerPlatform",
-    "dlts": "workers.dlts:DltsPlatform",
-    "openpai": "workers.openpai:OpenpaiPlatform",
-    "aml": "workers.aml:AmlPlatform",
-}
+BUILTIN_TABLE = "workers.platforms"  # its PLATFORMS: name -> "module:Class"
 
 
 class UnknownPlatform(LookupError):
@@ -35,7 +28,7 @@ class UnknownPlatform(LookupError):
 @functools.cache
 def _targets() -> dict[str, str]:
     """Scanning the installed packages' entry points takes ~20 ms: once per process, not once per trial."""
-    targets = dict(BUILTIN_PLATFORMS)
+    targets = dict(importlib.import_module(BUILTIN_TABLE).PLATFORMS)
     targets.update({point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)})
     return targets
 

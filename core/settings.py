@@ -3,34 +3,21 @@
 They are read once, where a process starts (`Settings.from_environment`, from `TRIALSTREAM_*`
 variables and the CLI's flags), and passed down explicitly: no module reads the environment for a
 setting of its own, and none of them reaches a trial (`trial_environment` strips them).
+
+A platform's own settings are its own model (its folder's settings.py), read from the variables
+these were read from (`Settings.of`): core names none of them.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
 from core.variables import PREFIX
-
-_MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
-
-
-def default_machine_id() -> str:
-    """The machine, not the process or the container: GPU workers in several containers on one
-    machine must share one ledger. /etc/machine-id where it is set, else the host name."""
-    for path in _MACHINE_ID_FILES:
-        try:
-            machine_id = path.read_text().strip()
-        except OSError:
-            continue
-        if machine_id:
-            return machine_id
-    return socket.gethostname()
 
 
 def _platform_targets(value: object) -> object:
@@ -50,35 +37,14 @@ class SettingError(ValueError):
     """A setting that is not valid; the message names its variable (TRIALSTREAM_...)."""
 
 
-class Settings(BaseModel):
+class EnvironmentSettings(BaseModel):
+    """Settings read from `TRIALSTREAM_<FIELD>` variables: trialstream's own (`Settings`) and each platform's."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    redis_url: str | None = Field(default=None, repr=False)  # may hold a password
-    trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
-    redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
-    kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
-    machine_id: str = Field(default_factory=default_machine_id, min_length=1, description="the GPU ledger's host")
-    fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")
-    experiments_dir: Path = Path("~/trialstream-experiments")
-    known_hosts: Path = Field(
-        default=Path("~/.ssh/known_hosts"), description="host keys the remote platform trusts (OpenSSH format)"
-    )
-    ssh_timeout_s: float = Field(default=10.0, gt=0, description="connecting to a remote host, and each SSH step")
-    kubernetes_service_account_dir: Path = Field(
-        default=Path("/var/run/secrets/kubernetes.io/serviceaccount"),
-        description="the in-cluster account the Kubernetes platforms use when no kubeconfig is found",
-    )
-    manager_token: SecretStr | None = Field(
-        default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"
-    )
-    manager_url: str | None = Field(default=None, description="talk to this `trialstream manager` instead of Redis")
-    platforms: Annotated[dict[str, str], BeforeValidator(_platform_targets)] = Field(
-        default_factory=dict, description="extra platform adapters: name=module:Class, comma-separated"
-    )
-
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """`TRIALSTREAM_<NAME>` for each field (TRIALSTREAM_LEASE_S, ...), then `overrides` (CLI flags)."""
+    def from_environment(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
+        """`TRIALSTREAM_<NAME>` for each field (TRIALSTREAM_TRIAL_LEASE_S, ...), then `overrides` (CLI flags)."""
         environ = os.environ if environ is None else environ
         values: dict[str, object] = {}
         for name in cls.model_fields:
@@ -86,6 +52,7 @@ class Settings(BaseModel):
             if raw:
                 values[name] = raw
         values.update({name: value for name, value in overrides.items() if value is not None})
+        values.update(cls._unread(environ))
         try:
             return cls.model_validate(values)
         except ValidationError as invalid:
@@ -93,12 +60,49 @@ class Settings(BaseModel):
             name = PREFIX + "_".join(str(part) for part in first["loc"][:1]).upper()
             raise SettingError(f"{name}: {first['msg']}") from None
 
+    @classmethod
+    def _unread(cls, environ: Mapping[str, str]) -> dict[str, object]:
+        """Values for fields that are not settings of their own (`Settings.platform_variables`)."""
+        return {}
+
+
+class Settings(EnvironmentSettings):
+    redis_url: str | None = Field(default=None, repr=False)  # may hold a password
+    trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
+    redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
+    kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
+    experiments_dir: Path = Path("~/trialstream-experiments")
+    manager_token: SecretStr | None = Field(
+        default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"
+    )
+    manager_url: str | None = Field(default=None, description="talk to this `trialstream manager` instead of Redis")
+    platforms: Annotated[dict[str, str], BeforeValidator(_platform_targets)] = Field(
+        default_factory=dict, description="extra platform adapters: name=module:Class, comma-separated"
+    )
+    platform_variables: dict[str, str] = Field(
+        default_factory=dict, exclude=True, repr=False, description="the other TRIALSTREAM_* variables, for `of`"
+    )
+
+    @classmethod
+    def _unread(cls, environ: Mapping[str, str]) -> dict[str, object]:
+        own = {PREFIX + name.upper() for name in cls.model_fields}
+        return {"platform_variables": {k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in own}}
+
+    def of(self, model: type[PlatformSettings]) -> PlatformSettings:
+        """A platform's own settings, from the variables these settings were read from."""
+        return model.from_environment(self.platform_variables)
+
     def as_environment(self) -> dict[str, str]:
-        """The variables that give a child process these settings (the processes of the embedded stack)."""
+        """The variables that give a child process these settings (the processes of the embedded stack), the
+        platforms' with them."""
         values = self.model_dump(exclude_defaults=True, exclude={"manager_token", "manager_url"})  # not a service's
         if "platforms" in values:
             values["platforms"] = ",".join(f"{name}={target}" for name, target in self.platforms.items())
-        return {PREFIX + name.upper(): str(value) for name, value in values.items() if value is not None}
+        own = {PREFIX + name.upper(): str(value) for name, value in values.items() if value is not None}
+        return {**self.platform_variables, **own}
+
+
+PlatformSettings = TypeVar("PlatformSettings", bound=EnvironmentSettings)
 
 
 def trial_environment(environ: Mapping[str, str]) -> dict[str, str]:

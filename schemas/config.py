@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -64,6 +64,28 @@ def _int_list(value: Any) -> Any:
 IndexList = Annotated[list[Annotated[int, Field(ge=0)]], BeforeValidator(_int_list)]
 
 
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|tb|ki|mi|gi|ti|k|m|g|t)?\s*$", re.IGNORECASE)
+_MIB_PER_UNIT = {
+    "b": 1 / 2**20, "k": 1 / 1024, "kb": 1 / 1024, "ki": 1 / 1024, "m": 1, "mb": 1, "mi": 1,
+    "g": 1024, "gb": 1024, "gi": 1024, "t": 2**20, "tb": 2**20, "ti": 2**20,
+}  # fmt: skip
+
+
+def parse_memory_mib(value: Any) -> Any:
+    """NNI's memorySize: a number of MiB, or '8gb', '512mb', '2Gi' (NNI's units are binary)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a memory size: use a number of MiB or a size such as '8gb'")
+    if isinstance(value, str):
+        match = _MEMORY.match(value)
+        if not match:
+            raise ValueError(f"{value!r} is not a memory size: use a number of MiB or a size such as '8gb'")
+        return max(1, round(float(match.group(1)) * _MIB_PER_UNIT[(match.group(2) or "m").lower()]))
+    return value
+
+
+MemoryMib = Annotated[int, BeforeValidator(parse_memory_mib), Field(ge=1)]
+
+
 class AlgorithmConfig(NniConfigModel):
     """A tuner, assessor or advisor: a built-in `name`, or NNI v2's customized algorithm, a
     `className` (module.Class) found in `codeDirectory`."""
@@ -91,74 +113,6 @@ class PlatformConfig(NniConfigModel):
 
     def problems_with(self, experiment: ExperimentConfig) -> dict[str, str]:
         """What is wrong with this section given the rest of the config: key -> what to change."""
-        return {}
-
-
-class LocalConfig(PlatformConfig):
-    platform: Literal["local"] = "local"
-    use_active_gpu: bool | None = None
-    max_trial_number_per_gpu: int = Field(default=1, ge=1)
-    gpu_indices: IndexList | None = None
-
-    def problems_with(self, experiment: ExperimentConfig) -> dict[str, str]:
-        if (experiment.trial_gpu_number or 0) > 0 and self.use_active_gpu is None:
-            return {
-                "useActiveGpu": "required when trialGpuNumber > 0; set true to share GPUs with other processes, "
-                "false to use only idle GPUs"
-            }
-        return {}
-
-
-class RemoteMachine(NniConfigModel):
-    """One machine of NNI's remote `machineList`. `password` and `sshPassphrase` are secrets: they
-    serialize as '**********' (events, views, answers) and reach the workers outside the log."""
-
-    host: str = Field(min_length=1)
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str = Field(min_length=1)
-    password: SecretStr | None = None
-    ssh_key_file: str | None = None
-    ssh_passphrase: SecretStr | None = None
-    use_active_gpu: bool | None = None
-    max_trial_number_per_gpu: int = Field(default=1, ge=1)
-    gpu_indices: IndexList | None = None
-    python_path: str | None = None
-    check_host_key: bool = True  # trialstream: false trusts whatever key the host shows (not recommended)
-
-    @model_validator(mode="after")
-    def _one_way_in(self) -> RemoteMachine:
-        if self.password is not None and self.ssh_key_file is not None:
-            raise ValueError("give either 'password' or 'sshKeyFile', not both")
-        if self.password is None and self.ssh_key_file is None:
-            raise ValueError("give 'password' or 'sshKeyFile' (a private key; add 'sshPassphrase' if it has one)")
-        if self.ssh_passphrase is not None and self.ssh_key_file is None:
-            raise ValueError("sshPassphrase: only used with 'sshKeyFile'")
-        return self
-
-    @property
-    def label(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-
-class RemoteConfig(PlatformConfig):
-    platform: Literal["remote"] = "remote"
-    machine_list: list[RemoteMachine] = Field(min_length=1)
-    reuse_mode: bool | None = None  # accepted as NNI has it; trialstream keeps one connection per host anyway
-    unreachable_timeout: Duration = 300.0  # trialstream: a trial whose host is unreachable this long is lost
-    keep_trial_files: bool = False  # trialstream: leave the trials' directories on the hosts after clean-up
-
-    def problems_with(self, experiment: ExperimentConfig) -> dict[str, str]:
-        if (experiment.trial_gpu_number or 0) > 0:
-            unset = [str(index) for index, machine in enumerate(self.machine_list) if machine.use_active_gpu is None]
-            if unset:
-                return {
-                    f"machineList.{unset[0]}.useActiveGpu": "required when trialGpuNumber > 0; set true to share "
-                    "GPUs with other processes, false to use only idle GPUs"
-                }
-        labels = [machine.label for machine in self.machine_list]
-        twice = sorted({label for label in labels if labels.count(label) > 1})
-        if twice:
-            return {"machineList": f"{twice[0]} is listed twice"}
         return {}
 
 

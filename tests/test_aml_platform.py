@@ -19,11 +19,11 @@ from core.registry import platform_class
 from core.settings import Settings
 from manager.config import load_experiment_config
 from manager.training_service import TrainingService
-from schemas.aml import AmlConfig
 from schemas.trial import TrialJobStatus
 from tests.aml_setup import AmlWorkers, aml_storage, aml_workspace  # noqa: F401  (the simulated workspace fixtures)
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.gated_trial import GATED_TRIAL
+from workers.platforms.aml.config import AmlConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def test_the_example_is_a_valid_config() -> None:
 
 def test_job_names_are_one_per_attempt_and_what_azure_ml_allows() -> None:
     from core.platform import TrialAssignment
-    from workers.aml import job_name
+    from workers.platforms.aml.adapter import job_name
 
     def name(trial: str, attempt: int) -> str:
         return job_name(TrialAssignment("Exp-1", trial, form(0), None, "", None, attempt))  # type: ignore[arg-type]
@@ -174,7 +174,7 @@ def test_release_and_clean_up_cancel_the_jobs_a_lost_worker_left_running(
 
     from core.assignments import load_assignment
     from core.registry import platform_class
-    from workers.aml import AmlPlatform
+    from workers.platforms.aml.adapter import AmlPlatform
 
     service = aml()
     worker = AmlWorkers(processes, aml_workspace).start(args=("--concurrency", "2"))

@@ -1,4 +1,5 @@
-"""workers.code_package on real directories: what NNI's remote platforms would upload, byte for byte."""
+"""The code package (workers/platforms/shared) on real directories: what NNI's remote platforms would upload,
+byte for byte."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.code_package import (
+from workers.platforms.shared.code_package import (
     MAX_BYTES,
     MAX_FILES,
     CodeDirectoryError,

@@ -301,9 +301,8 @@ def test_the_image_copies_everything_pip_install_needs() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     setuptools = project["tool"]["setuptools"]
     needed = {"pyproject.toml", project["project"]["readme"]}
-    needed |= {
-        package.split(".")[0] for package in setuptools.get("packages", [])
-    }  # a subpackage comes with its parent
+    found = setuptools["packages"]["find"]["include"]  # "workers*": the package and its subpackages
+    needed |= {pattern.rstrip("*").split(".")[0] for pattern in found}
     needed |= {f"{module}.py" for module in setuptools.get("py-modules", [])}
     assert needed <= copied, f"the Dockerfile does not COPY {sorted(needed - copied)}"
 

@@ -12,7 +12,8 @@ import yaml
 
 from core.registry import available_platforms
 from manager.config import ExperimentSpec, load_experiment_config
-from schemas.config import ConfigError, ExperimentConfig, LocalConfig, parse_duration
+from schemas.config import ConfigError, ExperimentConfig, parse_duration
+from workers.platforms.local.config import LocalConfig
 
 SEARCH_SPACE: dict[str, Any] = {
     "lr": {"_type": "loguniform", "_value": [0.0001, 0.1]},

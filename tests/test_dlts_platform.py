@@ -23,7 +23,6 @@ from manager.config import load_experiment_config
 from manager.projector import Projector
 from manager.runner import ExperimentRunner
 from manager.training_service import TrainingService
-from schemas.dlts import DltsConfig
 from schemas.events import TrialReattached
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
@@ -32,7 +31,8 @@ from tests.dlts_setup import CLUSTER, EMAIL, TEAM, DltsWorkers, dlts_cluster_fix
 from tests.dltssim import DltsSimulator
 from tests.gated_trial import GATED_TRIAL
 from tests.test_remote_config import redis_values
-from workers.dlts import DltsPlatform
+from workers.platforms.dlts.adapter import DltsPlatform
+from workers.platforms.dlts.config import DltsConfig
 
 
 def check(config: dict[str, Any], code_dir: Path) -> list[str]:

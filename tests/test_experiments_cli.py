@@ -13,6 +13,7 @@ from core.event_store import EventStore
 from manager.views import ViewStore
 from tests.conftest import Processes, wait_until
 from tests.test_cli import SDK_TRIAL, trialstream, write_config
+from workers.platforms.shared.gpu import gpu_holders
 
 
 def keys_of(client: redis.Redis, experiment_id: str) -> set[str]:
@@ -61,7 +62,7 @@ def test_list_and_delete_on_a_shared_redis(tmp_path: Path, processes: Processes,
     for experiment_id in (gone, kept):  # state of attempts that a crash could leave behind
         client.zadd(keys.LEASES, {f"{experiment_id}/t0001/1": 1})
         client.zadd(keys.parked("local"), {json.dumps([experiment_id, "t0001", 1, 0, ""]): 1})
-        client.hset(keys.gpu_holders("host"), f"{experiment_id}/t0001", "[0]")
+        client.hset(gpu_holders("host"), f"{experiment_id}/t0001", "[0]")
 
     listed = trialstream("experiments", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr

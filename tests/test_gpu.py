@@ -20,8 +20,8 @@ import pynvml
 import pytest
 import redis
 
-from workers import gpu
-from workers.gpu import (
+from workers.platforms.shared import gpu
+from workers.platforms.shared.gpu import (
     FakeGpuSource,
     GpuInfo,
     GpuLedger,

@@ -18,7 +18,7 @@ from core.event_store import StoredEvent
 from schemas.events import TrialEnded, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
-from workers.gpu import NvidiaSmiGpuSource, NvmlGpuSource
+from workers.platforms.shared.gpu import NvidiaSmiGpuSource, NvmlGpuSource
 
 
 def _gpu_count() -> int:

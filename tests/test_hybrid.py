@@ -297,7 +297,7 @@ def test_an_experiment_on_local_and_remote_runs_to_its_end_on_both(
         "trainingService": [{"platform": "local"}, remote_section(ssh_hosts, ssh_user)],
     }
     (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
-    settings = Settings(known_hosts=remote_workers.known_hosts)
+    settings = Settings.from_environment({"TRIALSTREAM_KNOWN_HOSTS": str(remote_workers.known_hosts)})
     runner = ExperimentRunner.create(
         load_experiment_config(tmp_path / "config.yml"), client, rq_connection, settings=settings
     )

@@ -28,15 +28,16 @@ from manager.experiments import finish_experiment
 from manager.projector import Projector
 from manager.training_service import TrainingService
 from schemas.events import TrialLaunchSpec, TrialReattached
-from schemas.kubernetes import FrameworkControllerConfig, KubeflowConfig
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.gated_trial import GATED_TRIAL
 from tests.kube_setup import KubeWorkers, frameworkcontroller_section, kubeflow_section
 from tests.kubesim import Capacity, SimulatedCluster
-from workers.kubeflow import KubeflowPlatform
-from workers.kubernetes import resource_name
+from workers.platforms.kubernetes.adapter import resource_name
+from workers.platforms.kubernetes.frameworkcontroller.config import FrameworkControllerConfig
+from workers.platforms.kubernetes.kubeflow.adapter import KubeflowPlatform
+from workers.platforms.kubernetes.kubeflow.config import KubeflowConfig
 
 PLATFORMS = ["kubeflow", "frameworkcontroller"]
 PLURALS = {"kubeflow": "tfjobs", "frameworkcontroller": "frameworks"}
@@ -174,7 +175,7 @@ def test_in_a_pod_the_service_account_is_used(
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.kube/config
-    settings = Settings(kubernetes_service_account_dir=account)
+    settings = Settings.from_environment({"TRIALSTREAM_KUBERNETES_SERVICE_ACCOUNT_DIR": str(account)})
     config = {"platform": "kubeflow", "operator": "tf-operator", "worker": {}}
     assert check("kubeflow", config, code_dir, settings) == []
     (account / "token").write_text("a-token-the-cluster-never-issued")

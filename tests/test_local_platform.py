@@ -16,7 +16,7 @@ from manager.projector import Projector
 from schemas.events import TrialMetricRejected
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
-from workers import local
+from workers.platforms.local import adapter as local
 
 
 def script(code_dir: Path, name: str, body: str) -> str:
@@ -331,7 +331,7 @@ def test_rq_default_job_timeout_never_kills_a_trial(make_service, redis_url: str
         rq.defaults.DEFAULT_JOB_TIMEOUT = 1
         rq.queue.Queue.DEFAULT_TIMEOUT = 1
         from core.settings import Settings
-        from workers.worker import serve
+        from workers.runtime.worker import serve
         serve(Settings(redis_url={redis_url!r}), "local", burst=True)
         """
     )

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from schemas.trial import MetricRecord
-from workers import metric_framing
-from workers.metrics import (
+from workers.platforms.shared import metric_framing
+from workers.platforms.shared.metrics import (
     MAX_RECORD_BYTES,
     MetricFileReader,
     MetricRejected,
@@ -22,7 +22,7 @@ from workers.metrics import (
     parse_record,
     parse_stdout_line,
 )
-from workers.trial_contract import StdoutMetricPump
+from workers.platforms.shared.trial_contract import StdoutMetricPump
 
 # The verified hexdump of a record written by NNI's SDK (the length counts the closing newline).
 NNI_RECORD = b'ME000091{"parameter_id": 3, "trial_job_id": "abc", "type": "FINAL", "sequence": 0, "value": "0.5"}\n'

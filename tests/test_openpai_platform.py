@@ -36,7 +36,6 @@ from manager.runner import ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
 from schemas.config import ConfigError
 from schemas.events import TrialMetricReported, TrialReattached, TrialStarted
-from schemas.openpai import OpenpaiConfig
 from schemas.trial import TrialJobStatus
 from tests.conformance import history
 from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status
@@ -44,7 +43,8 @@ from tests.pai_setup import PAI_TOKEN, PAI_USER, PaiWorkers, pai_cluster, pai_se
 from tests.paisim import SimulatedOpenpai
 from tests.test_remote_config import redis_values
 from tests.waiting import wait_until
-from workers.openpai import OpenpaiPlatform, job_name, trial_status
+from workers.platforms.openpai.adapter import OpenpaiPlatform, job_name, trial_status
+from workers.platforms.openpai.config import OpenpaiConfig
 
 MASK = "**********"
 HEADER = "trainingService: cannot run trials there:"

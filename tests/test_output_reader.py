@@ -16,8 +16,8 @@ from core.event_store import EventStore
 from core.leases import AttemptRef, Lease
 from schemas.events import TrialMetricReported
 from tests.conftest import ServiceFactory, form
-from workers.control import LogTrialControl
-from workers.output_reader import METRICS_FILE, OutputReader
+from workers.platforms.shared.output_reader import METRICS_FILE, OutputReader
+from workers.runtime.control import LogTrialControl
 
 RECORDS = 3000
 

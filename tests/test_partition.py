@@ -25,7 +25,7 @@ from schemas.events import TrialAttemptLost, TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.test_local_platform import script
-from workers.control import LOCAL_DEADLINE_LEASES, STOP_MARGIN_S
+from workers.runtime.control import LOCAL_DEADLINE_LEASES, STOP_MARGIN_S
 
 LEASE_S = 1.0
 LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": str(LEASE_S)}

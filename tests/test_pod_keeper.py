@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import wait_until
-from workers import pod_keeper
-from workers.metrics import MetricRejected, parse_stdout_line
+from workers.platforms.shared import pod_keeper
+from workers.platforms.shared.metrics import MetricRejected, parse_stdout_line
 
 TRIAL = """
 import json, os, sys, time

@@ -103,7 +103,8 @@ def rejection(path: Path) -> list[str]:
 
 
 def settings_for(tmp_path: Path, known_hosts: Path) -> Settings:
-    return Settings(known_hosts=known_hosts, ssh_timeout_s=TIMEOUT_S, experiments_dir=tmp_path / "experiments")
+    remote = {"TRIALSTREAM_KNOWN_HOSTS": str(known_hosts), "TRIALSTREAM_SSH_TIMEOUT_S": str(TIMEOUT_S)}
+    return Settings.from_environment(remote, experiments_dir=tmp_path / "experiments")
 
 
 def refused_machines(

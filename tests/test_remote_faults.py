@@ -29,7 +29,7 @@ from tests.conftest import ServiceFactory, form, wait_for_status, wait_until
 from tests.remote_setup import RemoteWorkers, machine
 from tests.sshd import CuttingProxy, SshHost, SshUser, process_gone
 from tests.test_remote_platform import _cut, _heal, attempt_dir, host_of, periodical
-from workers.remote_host import PYTHON_MONITOR, SHELL_MONITOR, script
+from workers.platforms.remote.machine import PYTHON_MONITOR, SHELL_MONITOR, script
 
 FAST_LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
 
@@ -223,7 +223,7 @@ def test_a_lost_attempt_on_a_host_cut_off_at_its_release_is_killed_once_the_host
     gate.touch()
     trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60)
     assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 2, trial.message
-    assert not client.exists(keys.doomed_attempts(f"remote:{ssh_hosts[0].user.name}@{cut.address}:{cut.port}"))
+    assert not client.exists(f"{keys.LOG_PREFIX}:doomed:remote:{ssh_hosts[0].user.name}@{cut.address}:{cut.port}")
 
 
 def test_a_trial_canceled_while_its_host_is_cut_off_is_killed_once_the_host_is_back(

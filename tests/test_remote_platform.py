@@ -408,7 +408,7 @@ def test_logs_of_a_remote_trial_are_read_from_its_host_and_a_failure_carries_its
 
 def test_the_shell_monitor_sees_what_the_python_monitor_sees(tmp_path: Path) -> None:
     """Hosts without python get the shell monitor: the same snapshot, from real processes here."""
-    from workers.remote_host import PYTHON_MONITOR, SHELL_MONITOR, RemoteHost, script
+    from workers.platforms.remote.machine import PYTHON_MONITOR, SHELL_MONITOR, RemoteHost, script
 
     watch = tmp_path / "watch"
     for key, files in {

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import SettingError, Settings, default_machine_id, trial_environment
+from core.settings import SettingError, Settings, trial_environment
+from workers.platforms.local.settings import LocalSettings, default_machine_id
+from workers.platforms.remote.settings import RemoteSettings
 
 
 def test_variables_then_flags_make_the_settings() -> None:
@@ -27,10 +29,20 @@ def test_child_processes_get_the_same_settings() -> None:
     settings = Settings.from_environment(
         {"TRIALSTREAM_PLATFORMS": "a=x.y:A, b=z:B", "TRIALSTREAM_FAKE_GPUS": "/tmp/gpus.json"},
         redis_url="redis://:secret@localhost/0",
-        machine_id="m1",
     )
-    assert settings.platforms == {"a": "x.y:A", "b": "z:B"} and settings.fake_gpus == Path("/tmp/gpus.json")
-    assert Settings.from_environment(settings.as_environment()) == settings
+    assert settings.platforms == {"a": "x.y:A", "b": "z:B"} and settings.of(LocalSettings).fake_gpus == Path(
+        "/tmp/gpus.json"
+    )
+    again = Settings.from_environment(settings.as_environment())
+    assert again == settings and again.of(LocalSettings) == settings.of(LocalSettings)  # the platforms' too
+
+
+def test_a_platform_reads_its_own_settings_and_a_bad_one_names_its_variable() -> None:
+    settings = Settings.from_environment({"TRIALSTREAM_SSH_TIMEOUT_S": "3", "TRIALSTREAM_TRIAL_LEASE_S": "2"})
+    assert settings.of(RemoteSettings).ssh_timeout_s == 3 and settings.trial_lease_s == 2
+    assert "ssh_timeout_s" not in Settings.model_fields  # core names no platform's setting
+    with pytest.raises(SettingError, match=r"TRIALSTREAM_SSH_TIMEOUT_S: .*greater than 0"):
+        Settings.from_environment({"TRIALSTREAM_SSH_TIMEOUT_S": "0"}).of(RemoteSettings)
 
 
 def test_the_redis_password_never_shows_in_a_repr() -> None:
@@ -47,4 +59,4 @@ def test_the_machine_id_is_the_machine_s() -> None:
     machine_id = Path("/etc/machine-id")
     if machine_id.exists() and machine_id.read_text().strip():
         assert default_machine_id() == machine_id.read_text().strip()
-    assert Settings().machine_id == default_machine_id()
+    assert Settings().of(LocalSettings).machine_id == default_machine_id()

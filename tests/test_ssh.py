@@ -19,7 +19,7 @@ from paramiko.message import Message
 
 from tests.sshd import MuteHost, SshHost, SshUser, write_known_hosts
 from tests.waiting import wait_until
-from workers.ssh import SshConnection, SshError, SshPool, SshTarget
+from workers.platforms.remote.ssh import SshConnection, SshError, SshPool, SshTarget
 
 pytest.importorskip("paramiko")
 

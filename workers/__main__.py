@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from core.connections import RedisUnavailable
 from core.registry import UnknownPlatform
 from core.settings import Settings
-from workers.worker import alive_here, serve
+from workers.runtime.worker import alive_here, serve
 
 
 def parser() -> argparse.ArgumentParser:

@@ -21,9 +21,9 @@ from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers.local import read_output_file
-from workers.metrics import MetricFileReader
-from workers.trial_contract import (
+from workers.platforms.local.adapter import read_output_file
+from workers.platforms.shared.metrics import MetricFileReader
+from workers.platforms.shared.trial_contract import (
     StdoutMetricPump,
     TrialPaths,
     failure_message,

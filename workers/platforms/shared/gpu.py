@@ -27,6 +27,11 @@ NVIDIA_SMI_TIMEOUT_S = 15.0
 _MIB = 1024 * 1024
 
 
+def gpu_holders(host: str) -> str:
+    """Hash: `<exp>/<trial>` -> the GPU indices it holds on `host` (the machine's ledger)."""
+    return f"{keys.LOG_PREFIX}:gpu:{host}:holders"
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     index: int
@@ -258,7 +263,7 @@ class GpuLedger:
     def __init__(self, redis: Redis, host: str, source: GpuSource) -> None:
         self._redis = redis
         self._source = source
-        self.holders_key = keys.gpu_holders(host)
+        self.holders_key = gpu_holders(host)
 
     def occupancy(self) -> dict[int, int]:
         return _occupancy(self._redis.hgetall(self.holders_key))
@@ -299,5 +304,5 @@ class GpuLedger:
     def release_everywhere(self, trial_key: str) -> None:
         """Release `trial_key` on every machine's ledger: whoever frees a lost attempt's GPUs may not
         know on which machine it ran."""
-        for holders in self._redis.scan_iter(match=keys.gpu_holders("*"), count=1000):
+        for holders in self._redis.scan_iter(match=gpu_holders("*"), count=1000):
             self._redis.hdel(holders, trial_key)

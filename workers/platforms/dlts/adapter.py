@@ -59,12 +59,18 @@ from core.platform import (
 )
 from core.settings import Settings
 from schemas.config import PlatformConfig
-from schemas.dlts import DltsAccess, DltsConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers import pod_keeper
-from workers.code_package import CodeDirectoryError, CodePackage, check_size, pack
-from workers.trial_contract import MetricBatch, StdoutMetricPump, TrialPaths, failure_message, nni_environment
+from workers.platforms.dlts.config import DltsAccess, DltsConfig
+from workers.platforms.shared import pod_keeper
+from workers.platforms.shared.code_package import CodeDirectoryError, CodePackage, check_size, pack
+from workers.platforms.shared.trial_contract import (
+    MetricBatch,
+    StdoutMetricPump,
+    TrialPaths,
+    failure_message,
+    nni_environment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +220,13 @@ class Dashboard:
         return next((job for job in self.jobs() if job.get("jobName") == name), None)
 
 
-def job_name(trial: TrialAssignment) -> str:
+def job_name(trial: TrialAssignment[DltsConfig]) -> str:
     """NNI's job name; a later attempt of the same trial is its own job."""
     name = f"nni_exp_{trial.experiment_id}_trial_{trial.trial_id}"
     return name if trial.attempt == 1 else f"{name}_attempt_{trial.attempt}"
 
 
-def work_dir_name(trial: TrialAssignment) -> str:
+def work_dir_name(trial: TrialAssignment[DltsConfig]) -> str:
     return f"nni-{trial.experiment_id}-{trial.trial_id}-{trial.attempt}"
 
 
@@ -438,10 +444,9 @@ class DltsPlatform:
         self._cache = Path(tempfile.mkdtemp(prefix="trialstream-dlts-"))
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: DltsConfig, code_directory: Path, settings: Settings) -> list[str]:
         """The code within what a job's command carries, the keys NNI needs, then the dashboard: reachable,
         the password right, the cluster and team there and the user's. One line per problem."""
-        assert isinstance(config, DltsConfig)
         problems: list[str] = []
         try:
             check_size(code_directory)
@@ -465,16 +470,17 @@ class DltsPlatform:
                 problems.append(_access_problem(access, error))
         return problems
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: DltsConfig) -> None:
         """The code, packed once per experiment and worker; it travels in each job's command."""
         with self._lock:
             if experiment_id not in self._packages:
                 package = pack(Path(launch.code_directory), self._cache / f"{experiment_id}.tgz")
                 self._packages[experiment_id] = package
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
+    def run_trial(
+        self, trial: TrialAssignment[DltsConfig], control: TrialControl
+    ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        assert isinstance(config, DltsConfig)
         access, missing = config.resolved()
         if access is None:
             return TrialOutcome(TrialJobStatus.FAILED, message="; ".join(missing))
@@ -493,9 +499,10 @@ class DltsPlatform:
             return Deferred(f"the DLTS dashboard cannot be reached: {describe(error)}")
         return _Follow(dashboard, config, control, job_id, trial).run()
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
+    def reattach(
+        self, trial: TrialAssignment[DltsConfig], control: TrialControl
+    ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        assert isinstance(config, DltsConfig)
         access, missing = config.resolved()
         if access is None:
             return Lost("; ".join(missing))
@@ -505,10 +512,9 @@ class DltsPlatform:
             return None
         return _Follow(dashboard, config, control, str(found["jobId"]), trial).run()
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[DltsConfig]) -> None:
         """Kill what a lost attempt left running."""
         config = trial.platform_config
-        assert isinstance(config, DltsConfig)
         access, _ = config.resolved()
         if access is None:
             return
@@ -520,9 +526,8 @@ class DltsPlatform:
         except (httpx.HTTPError, DashboardError, ValueError) as error:
             log.warning("release of %s: %s", job_name(trial), describe(error))
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(self, trial: TrialAssignment[DltsConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         config = trial.platform_config
-        assert isinstance(config, DltsConfig)
         if stream == "stderr":
             raise OutputUnavailable("DLTS keeps a job's stdout and stderr as one log: it is all under stdout")
         access, missing = config.resolved()
@@ -544,9 +549,8 @@ class DltsPlatform:
             raise OutputUnavailable(f"the log of DLTS job {job_id}: {describe(error)}") from None
         return bytes(text[offset : offset + (1 << 20)])
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+    def clean_up(self, experiment_id: str, config: DltsConfig) -> None:
         """Kill every job of the experiment still queued or running."""
-        assert isinstance(config, DltsConfig)
         access, _ = config.resolved()
         if access is None:
             return
@@ -570,7 +574,9 @@ class DltsPlatform:
         with contextlib.suppress(OSError):
             self._cache.rmdir()
 
-    def _job(self, trial: TrialAssignment, config: DltsConfig, dashboard: Dashboard, name: str) -> dict[str, Any]:
+    def _job(
+        self, trial: TrialAssignment[DltsConfig], config: DltsConfig, dashboard: Dashboard, name: str
+    ) -> dict[str, Any]:
         """NNI's DLTSJobConfig, with trialstream's command (NNI's `env`, a TMPDIR the pod never got, left out)."""
         access = dashboard.access
         key = (access.dashboard, access.cluster, access.team)

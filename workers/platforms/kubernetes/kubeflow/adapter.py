@@ -1,6 +1,6 @@
 """The kubeflow platform (NNI's `kubeflow` training service): each trial attempt is one Kubeflow
 training job, a `kubeflow.org/v1` TFJob (`operator: tf-operator`) or PyTorchJob (`pytorch-operator`),
-run by the cluster's training-operator. How it is followed is workers.kubernetes'.
+run by the cluster's training-operator. How it is followed is workers.platforms.kubernetes.adapter'.
 """
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from core.platform import TrialAssignment
-from schemas.kubernetes import KubeflowConfig, KubernetesConfig
 from schemas.trial import TrialJobStatus
-from workers.kubernetes import JobState, KubernetesPlatform, ResourceKind, trial_labels
+from workers.platforms.kubernetes.adapter import JobState, KubernetesPlatform, ResourceKind, trial_labels
+from workers.platforms.kubernetes.config import KubernetesConfig
+from workers.platforms.kubernetes.kubeflow.config import KubeflowConfig
 
 _KINDS = {
     "tf-operator": ResourceKind("kubeflow.org", "v1", "tfjobs", "TFJob"),
@@ -25,17 +26,15 @@ _CONTAINERS = {"tf-operator": "tensorflow", "pytorch-operator": "pytorch"}  # th
 _SPEC_KEYS = {"tf-operator": "tfReplicaSpecs", "pytorch-operator": "pytorchReplicaSpecs"}
 
 
-class KubeflowPlatform(KubernetesPlatform):
+class KubeflowPlatform(KubernetesPlatform[KubeflowConfig]):
     name: ClassVar[str] = "kubeflow"
     config_model: ClassVar[type[KubernetesConfig]] = KubeflowConfig
 
     @classmethod
-    def resource_kind(cls, config: KubernetesConfig) -> ResourceKind:
-        assert isinstance(config, KubeflowConfig)
+    def resource_kind(cls, config: KubeflowConfig) -> ResourceKind:
         return _KINDS[config.operator]
 
-    def manifest(self, trial: TrialAssignment, config: KubernetesConfig, name: str) -> dict[str, Any]:
-        assert isinstance(config, KubeflowConfig)
+    def manifest(self, trial: TrialAssignment[KubeflowConfig], config: KubeflowConfig, name: str) -> dict[str, Any]:
         kind = self.resource_kind(config)
         replicas = {
             _REPLICA_TYPES[config.operator][role_name]: {
@@ -86,8 +85,7 @@ class KubeflowPlatform(KubernetesPlatform):
         return JobState("waiting")
 
     @classmethod
-    def primary_pod(cls, name: str, config: KubernetesConfig) -> str:
-        assert isinstance(config, KubeflowConfig)
+    def primary_pod(cls, name: str, config: KubeflowConfig) -> str:
         if config.master is not None:
             return f"{name}-{_REPLICA_TYPES[config.operator]['master'].lower()}-0"
         return f"{name}-worker-0"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.platform import ParsedMetric
-from workers.metric_framing import (
+from workers.platforms.shared.metric_framing import (
     MAX_RECORD_BYTES,
     READ_LIMIT_BYTES,
     REJECTED_NOTICE,

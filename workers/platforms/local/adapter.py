@@ -28,10 +28,11 @@ from core.platform import (
     TrialOutcome,
 )
 from core.settings import Settings
-from schemas.config import LocalConfig, PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers.gpu import (
+from workers.platforms.local.config import LocalConfig
+from workers.platforms.local.settings import LocalSettings
+from workers.platforms.shared.gpu import (
     FakeGpuSource,
     GpuLedger,
     GpuPolicy,
@@ -39,7 +40,7 @@ from workers.gpu import (
     cuda_visible_devices,
     detect_gpu_source,
 )
-from workers.trial_contract import (
+from workers.platforms.shared.trial_contract import (
     MetricFileReader,
     StdoutMetricPump,
     TrialPaths,
@@ -158,38 +159,38 @@ class LocalPlatform:
     trials_outlive_worker: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
-        source = FakeGpuSource(settings.fake_gpus) if settings.fake_gpus else detect_gpu_source()
-        self.ledger = GpuLedger(client, settings.machine_id, source)
+        own = settings.of(LocalSettings)
+        source = FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
+        self.ledger = GpuLedger(client, own.machine_id, source)
         self.kill_grace_s = settings.kill_grace_s
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: LocalConfig, code_directory: Path, settings: Settings) -> list[str]:
         """Nothing to reach: trials run on the workers' own machines."""
         return []
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: LocalConfig) -> None:
         """Nothing to copy: trials run in the code directory itself, on the machine that has it."""
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | None:
+    def reattach(self, trial: TrialAssignment[LocalConfig], control: TrialControl) -> TrialOutcome | None:
         return None  # the trial's processes died with the worker that launched them
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[LocalConfig]) -> None:
         """The GPUs the lost attempt held, on whichever machine's ledger holds them."""
         self.ledger.release_everywhere(attempt_member(trial))
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(self, trial: TrialAssignment[LocalConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         """From `<url>/stdout|stderr`: `url` is the trial's working directory on the machine that ran it."""
         return read_output_file(Path(url) / stream, offset, f"trial {trial.trial_id}")
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+    def clean_up(self, experiment_id: str, config: LocalConfig) -> None:
         """Nothing to remove: a local trial's files live in the experiment's own directory."""
 
     def close(self) -> None:
         pass
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred:
+    def run_trial(self, trial: TrialAssignment[LocalConfig], control: TrialControl) -> TrialOutcome | Deferred:
         config = trial.platform_config
-        assert isinstance(config, LocalConfig)
         policy = GpuPolicy(
             gpu_number=trial.launch.gpu_number,
             gpu_indices=tuple(config.gpu_indices) if config.gpu_indices is not None else None,
@@ -213,7 +214,9 @@ class LocalPlatform:
 class _TrialProcess:
     """One launch of a trial command under its keeper, watched until it ends."""
 
-    def __init__(self, trial: TrialAssignment, control: TrialControl, cuda: str | None, grace_s: float) -> None:
+    def __init__(
+        self, trial: TrialAssignment[LocalConfig], control: TrialControl, cuda: str | None, grace_s: float
+    ) -> None:
         self.trial = trial
         self.control = control
         self.cuda = cuda
@@ -361,7 +364,7 @@ def read_output_file(path: Path, offset: int, whose: str) -> bytes:
         raise OutputUnavailable(f"the {path.name} of {whose} at {path} cannot be read: {error.strerror}") from None
 
 
-def attempt_member(trial: TrialAssignment) -> str:
+def attempt_member(trial: TrialAssignment[LocalConfig]) -> str:
     """The attempt's name in the GPU ledger: as in the lease set."""
     return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
 

@@ -40,11 +40,11 @@ from core.platform import (
 from core.settings import Settings
 from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
-from schemas.openpai import OpenpaiConfig
 from schemas.trial import TrialJobStatus
-from workers.code_package import CodeDirectoryError, check_size, pack
-from workers.output_reader import READ_LIMIT, OutputReader
-from workers.trial_contract import failure_message, read_tail, write_parameters
+from workers.platforms.openpai.config import OpenpaiConfig
+from workers.platforms.shared.code_package import CodeDirectoryError, check_size, pack
+from workers.platforms.shared.output_reader import READ_LIMIT, OutputReader
+from workers.platforms.shared.trial_contract import failure_message, read_tail, write_parameters
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ class OpenpaiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-def job_name(trial: TrialAssignment) -> str:
+def job_name(trial: TrialAssignment[OpenpaiConfig]) -> str:
     """NNI's job name; a retry (attempt > 1) is a new job, since OpenPAI refuses a name twice."""
     name = f"nni_exp_{trial.experiment_id}_trial_{trial.trial_id}"
     return name if trial.attempt == 1 else f"{name}_attempt_{trial.attempt}"
 
 
-def attempt_directory(trial: TrialAssignment) -> str:
+def attempt_directory(trial: TrialAssignment[OpenpaiConfig]) -> str:
     """The attempt's directory on the storage, relative to its mount point: NNI's `<exp>/<trial>`."""
     name = trial.trial_id if trial.attempt == 1 else f"{trial.trial_id}_attempt_{trial.attempt}"
     return f"{trial.experiment_id}/{name}"
@@ -90,7 +90,7 @@ def trial_status(state: str) -> TrialJobStatus | None:
     }.get(state)
 
 
-def job_command(trial: TrialAssignment, config: OpenpaiConfig, command: str) -> str:
+def job_command(trial: TrialAssignment[OpenpaiConfig], config: OpenpaiConfig, command: str) -> str:
     """The one command line the job's container runs (NNI's PAI trial command, without its keeper):
     NNI's environment, the code copied from the storage, the trial run with its stdout, stderr and exit
     code written to its directory on the storage. It exits with the trial's exit code."""
@@ -116,7 +116,7 @@ def job_command(trial: TrialAssignment, config: OpenpaiConfig, command: str) -> 
     )
 
 
-def job_protocol(trial: TrialAssignment, config: OpenpaiConfig) -> dict[str, Any]:
+def job_protocol(trial: TrialAssignment[OpenpaiConfig], config: OpenpaiConfig) -> dict[str, Any]:
     """The protocol v2 job of one attempt: NNI's own, or the user's openpaiConfig with NNI's name and
     each task role's commands wrapped (as NNI does)."""
     gpus = config.trial_gpu_number if config.trial_gpu_number is not None else trial.launch.gpu_number or 0
@@ -220,10 +220,9 @@ class OpenpaiPlatform:
         self._lock = threading.Lock()
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: OpenpaiConfig, code_directory: Path, settings: Settings) -> list[str]:
         """One line per problem: the code within NNI's limits, the local mount point, then the cluster
         (reachable, the token accepted, the virtual cluster and the storage there)."""
-        assert isinstance(config, OpenpaiConfig)
         problems: list[str] = []
         try:
             check_size(code_directory)
@@ -239,10 +238,9 @@ class OpenpaiPlatform:
             problem = _cluster_problem(OpenpaiClient(http, config), config)
         return [*problems, problem] if problem else problems
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: OpenpaiConfig) -> None:
         """The code on the storage once per experiment (`<exp>/nni-code`): unpacked beside it, then renamed,
         so a job never copies half of it and two workers staging at once leave one whole copy."""
-        assert isinstance(config, OpenpaiConfig)
         target = Path(config.local_storage_mount_point).expanduser() / experiment_id / CODE_DIR
         key = (str(target), experiment_id)
         if key in self._staged or target.is_dir():
@@ -260,9 +258,10 @@ class OpenpaiPlatform:
                 unpacked.rename(target)
         self._staged.add(key)
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
+    def run_trial(
+        self, trial: TrialAssignment[OpenpaiConfig], control: TrialControl
+    ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        assert isinstance(config, OpenpaiConfig)
         attempt = _Attempt(self, trial, control, config)
         attempt.directory.mkdir(parents=True, exist_ok=True)
         write_parameters(attempt.directory, trial.form.hyper_parameters.value)
@@ -278,9 +277,10 @@ class OpenpaiPlatform:
             return Deferred(f"OpenPAI at {config.host} cannot be reached: {describe(error)}")
         return attempt.follow()
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
+    def reattach(
+        self, trial: TrialAssignment[OpenpaiConfig], control: TrialControl
+    ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        assert isinstance(config, OpenpaiConfig)
         attempt = _Attempt(self, trial, control, config)
         try:
             attempt.api.job(attempt.name)
@@ -291,16 +291,14 @@ class OpenpaiPlatform:
             pass  # unreachable now: followed (UNKNOWN) until it answers
         return attempt.follow()
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[OpenpaiConfig]) -> None:
         """Stop what a lost attempt left running (its job)."""
         config = trial.platform_config
-        assert isinstance(config, OpenpaiConfig)
         _Attempt(self, trial, None, config).stop()
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(self, trial: TrialAssignment[OpenpaiConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         """From the local mount of the storage, where the job's wrapper writes it."""
         config = trial.platform_config
-        assert isinstance(config, OpenpaiConfig)
         path = _Attempt(self, trial, None, config).directory / OUTPUT_FILES[stream]
         try:
             with path.open("rb") as file:
@@ -311,10 +309,9 @@ class OpenpaiPlatform:
         except OSError as error:
             raise OutputUnavailable(f"{path}: {error}") from None
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+    def clean_up(self, experiment_id: str, config: OpenpaiConfig) -> None:
         """Stop every job of the experiment still waiting or running, and remove its staged code; the trials'
         directories (their output) stay on the storage, as under NNI."""
-        assert isinstance(config, OpenpaiConfig)
         api = OpenpaiClient(self._http, config)
         prefix = f"nni_exp_{experiment_id}_trial_"
         try:
@@ -370,7 +367,11 @@ class _Attempt:
     """One attempt of a trial: its job, followed to its end, and its directory on the local mount."""
 
     def __init__(
-        self, platform: OpenpaiPlatform, trial: TrialAssignment, control: TrialControl | None, config: OpenpaiConfig
+        self,
+        platform: OpenpaiPlatform,
+        trial: TrialAssignment[OpenpaiConfig],
+        control: TrialControl | None,
+        config: OpenpaiConfig,
     ) -> None:
         self.trial, self.control, self.config = trial, control, config
         self.api = OpenpaiClient(platform._http, config)
@@ -456,7 +457,7 @@ class _Attempt:
         return int(code) if isinstance(code, int) else None
 
     def pull(self, final: bool) -> None:
-        """Read what the trial wrote since the committed offsets (see workers.output_reader)."""
+        """Read what the trial wrote since the committed offsets (see workers.platforms.shared.output_reader)."""
         assert self.output is not None
         self.output.pull(final)
 

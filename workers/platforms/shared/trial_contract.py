@@ -1,5 +1,5 @@
 """NNI's trial-side contract, the same on every platform: what a trial finds (its environment and
-`parameter.cfg` files), how its metrics come back (the two wire formats of `workers.metrics`), and
+`parameter.cfg` files), how its metrics come back (the two wire formats of `workers.platforms.shared.metrics`), and
 how its failure is told. A platform adds only how it runs processes where its trials live.
 """
 
@@ -13,7 +13,13 @@ from typing import BinaryIO, Protocol
 
 from core.platform import ParsedMetric, TrialAssignment, TrialControl
 from core.settings import trial_environment
-from workers.metrics import MAX_RECORD_BYTES, STDOUT_PREFIX, MetricFileReader, MetricRejected, parse_stdout_line
+from workers.platforms.shared.metrics import (
+    MAX_RECORD_BYTES,
+    STDOUT_PREFIX,
+    MetricFileReader,
+    MetricRejected,
+    parse_stdout_line,
+)
 
 __all__ = [
     "MetricBatch",

@@ -1,9 +1,9 @@
-"""What the Kubernetes platforms (workers.kubeflow, workers.frameworkcontroller) share: reaching the
-cluster, shipping the code, one watch per namespace and kind, following a pod's log, and the loop that
-follows one attempt (one custom resource) to its end.
+"""What the Kubernetes platforms (kubeflow/ and frameworkcontroller/, below) share: reaching the cluster,
+shipping the code, one watch per namespace and kind, following a pod's log, and the loop that follows one
+attempt (one custom resource) to its end.
 
 Nothing in a pod reaches back to trialstream. The code goes to the pods in ConfigMaps (no volume on
-the manager's host), mounted as one projected volume; `workers/pod_keeper.py`, shipped with it,
+the manager's host), mounted as one projected volume; `workers/platforms/shared/pod_keeper.py`, shipped with it,
 unpacks it, runs the trial and prints every metric on the pod's stdout, which the worker reads through
 the API (`read_namespaced_pod_log`, following, with timestamps). The timestamp of the last metric line
 read is committed with the metrics, so a restarted worker or a broken stream resumes after it: no
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import redis
 import urllib3
@@ -47,13 +47,19 @@ from core.platform import (
     TrialOutcome,
 )
 from core.settings import Settings
-from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
-from schemas.kubernetes import KubernetesConfig
 from schemas.trial import TrialJobStatus
-from workers import pod_keeper
-from workers.code_package import CodeDirectoryError, CodePackage, check_size, pack
-from workers.trial_contract import MetricBatch, StdoutMetricPump, TrialPaths, failure_message, nni_environment
+from workers.platforms.kubernetes.config import KubernetesConfig
+from workers.platforms.kubernetes.settings import KubernetesSettings
+from workers.platforms.shared import pod_keeper
+from workers.platforms.shared.code_package import CodeDirectoryError, CodePackage, check_size, pack
+from workers.platforms.shared.trial_contract import (
+    MetricBatch,
+    StdoutMetricPump,
+    TrialPaths,
+    failure_message,
+    nni_environment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +126,7 @@ def api_client(config: KubernetesConfig, settings: Settings) -> k8s.ApiClient:
                 raise ClusterError(f"kubeconfig: {path} does not exist")
             return kube_config.new_client_from_config(config_file=path, context=config.context)
         configuration = k8s.Configuration()
-        account = settings.kubernetes_service_account_dir
+        account = settings.of(KubernetesSettings).kubernetes_service_account_dir
         kube_config.incluster_config.InClusterConfigLoader(
             token_filename=str(account / "token"), cert_filename=str(account / "ca.crt")
         ).load_and_set(configuration)
@@ -405,12 +411,15 @@ def _lines(response: urllib3.HTTPResponse) -> Iterator[bytes]:
 # the platform
 
 
-class KubernetesPlatform:
+KubernetesConfigT = TypeVar("KubernetesConfigT", bound=KubernetesConfig)
+
+
+class KubernetesPlatform(Generic[KubernetesConfigT]):
     """Shared by the Kubernetes platforms; a subclass says which resource a trial is, and how its
     status reads (`resource_kind`, `manifest`, `state_of`, `primary_pod`)."""
 
     name: ClassVar[str]
-    config_model: ClassVar[type[KubernetesConfig]]
+    config_model: ClassVar[type[KubernetesConfig]]  # the subclass's KubernetesConfigT
     trials_per_process: ClassVar[int] = 256
     trials_outlive_worker: ClassVar[bool] = True
 
@@ -426,10 +435,12 @@ class KubernetesPlatform:
     # what a platform says
 
     @classmethod
-    def resource_kind(cls, config: KubernetesConfig) -> ResourceKind:
+    def resource_kind(cls, config: KubernetesConfigT) -> ResourceKind:
         raise NotImplementedError
 
-    def manifest(self, trial: TrialAssignment, config: KubernetesConfig, name: str) -> dict[str, Any]:
+    def manifest(
+        self, trial: TrialAssignment[KubernetesConfigT], config: KubernetesConfigT, name: str
+    ) -> dict[str, Any]:
         """The custom resource of one attempt; its pods' templates come from `pod_template`."""
         raise NotImplementedError
 
@@ -438,17 +449,16 @@ class KubernetesPlatform:
         raise NotImplementedError
 
     @classmethod
-    def primary_pod(cls, name: str, config: KubernetesConfig) -> str:
+    def primary_pod(cls, name: str, config: KubernetesConfigT) -> str:
         """The pod whose log is the trial's (its metrics, and `trialstream trials logs`)."""
         raise NotImplementedError
 
     # the port
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: KubernetesConfigT, code_directory: Path, settings: Settings) -> list[str]:
         """The code within limits, then the cluster: reachable, the CRD installed, the namespace there and
         ours to use. One line per problem; the cluster's checks stop at the first that fails."""
-        assert isinstance(config, KubernetesConfig)
         problems: list[str] = []
         try:
             check_size(code_directory)
@@ -464,9 +474,8 @@ class KubernetesPlatform:
             problem = _cluster_problem(api, config, cls.resource_kind(config))
         return [*problems, problem] if problem else problems
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: KubernetesConfigT) -> None:
         """The code, packed once per experiment and worker, in ConfigMaps of the experiment's namespace."""
-        assert isinstance(config, KubernetesConfig)
         key = (self._cluster_key(config), config.namespace, experiment_id)
         if key in self._staged:
             return
@@ -491,9 +500,10 @@ class KubernetesPlatform:
                     raise
         self._staged.add(key)
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
+    def run_trial(
+        self, trial: TrialAssignment[KubernetesConfigT], control: TrialControl
+    ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        assert isinstance(config, KubernetesConfig)
         attempt = _Attempt(self, trial, control, config)
         try:
             attempt.create()
@@ -505,23 +515,24 @@ class KubernetesPlatform:
             return Deferred(f"the cluster cannot be reached: {describe(error)}")
         return attempt.follow()
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
+    def reattach(
+        self, trial: TrialAssignment[KubernetesConfigT], control: TrialControl
+    ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        assert isinstance(config, KubernetesConfig)
         attempt = _Attempt(self, trial, control, config)
         if not attempt.exists():
             return None
         return attempt.follow()  # started again once the watch says so: the same TrialStarted, not a second
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[KubernetesConfigT]) -> None:
         """Delete what a lost attempt left (its resource, and with it its pods)."""
         config = trial.platform_config
-        assert isinstance(config, KubernetesConfig)
         _Attempt(self, trial, None, config).delete()
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(
+        self, trial: TrialAssignment[KubernetesConfigT], url: str, stream: OutputStream, offset: int
+    ) -> bytes:
         config = trial.platform_config
-        assert isinstance(config, KubernetesConfig)
         if stream == "stderr":
             raise OutputUnavailable("Kubernetes keeps a pod's stdout and stderr as one log: it is all under stdout")
         pod = url.rsplit("/", 1)[-1]
@@ -537,9 +548,8 @@ class KubernetesPlatform:
             raise OutputUnavailable(f"the cluster cannot be reached: {describe(error)}") from None
         return bytes(text.data[offset : offset + (1 << 20)])
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+    def clean_up(self, experiment_id: str, config: KubernetesConfigT) -> None:
         """Every resource of the experiment (pods go with them: background propagation) and its code."""
-        assert isinstance(config, KubernetesConfig)
         api = self._api(config)
         kind = self.resource_kind(config)
         selector = f"expId={experiment_id}"
@@ -575,7 +585,7 @@ class KubernetesPlatform:
 
     def pod_template(
         self,
-        trial: TrialAssignment,
+        trial: TrialAssignment[KubernetesConfigT],
         config: KubernetesConfig,
         name: str,
         *,
@@ -647,7 +657,7 @@ class KubernetesPlatform:
                 api = self._clients[key] = api_client(config, self.settings)
             return api
 
-    def watched(self, config: KubernetesConfig, what: Literal["resources", "pods"]) -> WatchedKind:
+    def watched(self, config: KubernetesConfigT, what: Literal["resources", "pods"]) -> WatchedKind:
         """The one watch of this namespace's trial resources (or their pods), started when first needed."""
         key = (self._cluster_key(config), config.namespace, what)
         api = self._api(config)
@@ -679,11 +689,11 @@ def _in(call: Callable[..., Any], *args: str) -> Callable[..., Any]:
     return bound
 
 
-def trial_labels(trial: TrialAssignment) -> dict[str, str]:
+def trial_labels(trial: TrialAssignment[KubernetesConfigT]) -> dict[str, str]:
     return {"app": APP_LABEL, "expId": trial.experiment_id, "trialId": trial.trial_id}
 
 
-def resource_name(trial: TrialAssignment) -> str:
+def resource_name(trial: TrialAssignment[KubernetesConfigT]) -> str:
     return kubernetes_name(trial.experiment_id, trial.trial_id, str(trial.attempt))
 
 
@@ -768,7 +778,7 @@ class _Attempt:
     def __init__(
         self,
         platform: KubernetesPlatform,
-        trial: TrialAssignment,
+        trial: TrialAssignment[KubernetesConfigT],
         control: TrialControl | None,
         config: KubernetesConfig,
     ) -> None:

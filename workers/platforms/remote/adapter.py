@@ -2,7 +2,7 @@
 
 A trial goes to a machine of the list with free capacity (GPU-aware, by the local platform's rules,
 with each host's GPUs read from its own `nvidia-smi`), in its own directory there, detached from the
-SSH session. The worker follows it through its files (workers.remote_host): metrics from its stdout
+SSH session. The worker follows it through its files (workers.platforms.remote.machine): metrics from its stdout
 and metrics file, read from offsets committed with the metric events, so neither a dropped connection
 nor a restarted worker loses or repeats one. The host never connects back to anything.
 """
@@ -38,11 +38,14 @@ from core.platform import (
     TrialOutcome,
 )
 from core.settings import Settings
-from schemas.config import PlatformConfig, RemoteConfig, RemoteMachine
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers.code_package import CodeDirectoryError, CodePackage, check_size, pack
-from workers.gpu import (
+from workers.platforms.remote.config import RemoteConfig, RemoteMachine
+from workers.platforms.remote.machine import PROCESS_FUNCTIONS, RemoteHost, probe, script
+from workers.platforms.remote.settings import RemoteSettings
+from workers.platforms.remote.ssh import SshError, SshPool
+from workers.platforms.shared.code_package import CodeDirectoryError, CodePackage, check_size, pack
+from workers.platforms.shared.gpu import (
     GpuLedger,
     GpuPolicy,
     GpuQueryError,
@@ -50,10 +53,8 @@ from workers.gpu import (
     NoGpuSource,
     cuda_visible_devices,
 )
-from workers.output_reader import READ_LIMIT, OutputReader
-from workers.remote_host import PROCESS_FUNCTIONS, RemoteHost, probe, script
-from workers.ssh import SshError, SshPool
-from workers.trial_contract import (
+from workers.platforms.shared.output_reader import READ_LIMIT, OutputReader
+from workers.platforms.shared.trial_contract import (
     TrialPaths,
     failure_message,
     nni_environment,
@@ -184,6 +185,7 @@ class RemotePlatform:
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
+        self.own = settings.of(RemoteSettings)
         self.client = client
         self.pool = SshPool()
         self.watcher = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -196,28 +198,29 @@ class RemotePlatform:
         self._closed = threading.Event()
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: RemoteConfig, code_directory: Path, settings: Settings) -> list[str]:
         """Every machine connected and probed at once (auth, host key, a shell, the tools, pythonPath),
         and the code directory within what NNI lets a platform copy."""
-        assert isinstance(config, RemoteConfig)
         problems: list[str] = []
         try:
             check_size(code_directory)
         except (CodeDirectoryError, OSError) as error:
             problems.append(f"trialCodeDirectory: {error}")
-        known_hosts = str(settings.known_hosts.expanduser())
+        own = settings.of(RemoteSettings)
+        known_hosts = str(own.known_hosts.expanduser())
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(config.machine_list))) as pool:
-            found = pool.map(lambda machine: probe(machine, known_hosts, settings.ssh_timeout_s), config.machine_list)
+            found = pool.map(lambda machine: probe(machine, known_hosts, own.ssh_timeout_s), config.machine_list)
             problems += [problem for problem in found if problem]
         return problems
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: RemoteConfig) -> None:
         """Pack the code directory once per experiment and worker; hosts get it when a trial goes there."""
         self._packages[experiment_id] = pack(Path(launch.code_directory), self._cache / f"{experiment_id}.tgz")
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
+    def run_trial(
+        self, trial: TrialAssignment[RemoteConfig], control: TrialControl
+    ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        assert isinstance(config, RemoteConfig)
         not_started: dict[str, NotStarted] = {}  # host label -> why the trial could not start there
         while True:
             placed = self._place(trial, config, not_started)
@@ -234,9 +237,10 @@ class RemotePlatform:
                 return Deferred(f"could not launch on {placed.label}: {error}")
             return self._followed(placed, follower)
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
+    def reattach(
+        self, trial: TrialAssignment[RemoteConfig], control: TrialControl
+    ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        assert isinstance(config, RemoteConfig)
         host = self._host_holding(trial, config)
         if host is None:
             return None  # never placed, or its end was already recorded
@@ -270,11 +274,10 @@ class RemotePlatform:
             if not isinstance(outcome, Lost | Abandoned):
                 self._ledger(host).release(attempt_member(follower.trial))
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[RemoteConfig]) -> None:
         """Kill what is left of a lost attempt on its host and free its place. A host that cannot be reached
         now has the attempt put on its list of attempts to kill, which the next worker to reach it kills."""
         config = trial.platform_config
-        assert isinstance(config, RemoteConfig)
         host = self._host_holding(trial, config)
         if host is not None:
             directory = host.attempt_dir(trial.experiment_id, trial.trial_id, trial.attempt)
@@ -285,9 +288,8 @@ class RemotePlatform:
                 self._doom(host, directory)
         GpuLedger(self.client, "", NoGpuSource()).release_everywhere(attempt_member(trial))
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(self, trial: TrialAssignment[RemoteConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         config = trial.platform_config
-        assert isinstance(config, RemoteConfig)
         for machine in config.machine_list:
             prefix = f"ssh://{machine.user}@{machine.host}:{machine.port}"
             if url.startswith(prefix + "/"):
@@ -303,8 +305,7 @@ class RemotePlatform:
                     raise OutputUnavailable(str(error)) from None
         raise OutputUnavailable(f"{url} is not on a machine of the experiment's machineList")
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
-        assert isinstance(config, RemoteConfig)
+    def clean_up(self, experiment_id: str, config: RemoteConfig) -> None:
         keep = "keep" if config.keep_trial_files else "remove"
         for machine in config.machine_list:
             host = self._host(machine)
@@ -329,8 +330,8 @@ class RemotePlatform:
         with self._hosts_lock:
             host = self._hosts.get(key)
             if host is None:
-                known_hosts = str(self.settings.known_hosts.expanduser())
-                host = RemoteHost(machine, self.pool, known_hosts, self.settings.ssh_timeout_s, self.watcher)
+                known_hosts = str(self.own.known_hosts.expanduser())
+                host = RemoteHost(machine, self.pool, known_hosts, self.own.ssh_timeout_s, self.watcher)
                 self._hosts[key] = host
             return host
 
@@ -338,7 +339,7 @@ class RemotePlatform:
         return GpuLedger(self.client, f"remote:{host.label}", host)
 
     def _place(
-        self, trial: TrialAssignment, config: RemoteConfig, not_started: Mapping[str, NotStarted]
+        self, trial: TrialAssignment[RemoteConfig], config: RemoteConfig, not_started: Mapping[str, NotStarted]
     ) -> RemoteHost | Deferred | TrialOutcome:
         """The machine with the fewest of our trials among those that can take this one now (and where it
         has not failed to start in this delivery), its GPUs reserved in the machine's ledger; else wait
@@ -384,12 +385,12 @@ class RemotePlatform:
             return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''} on any machine")
         return Deferred("no machine can be reached: " + "; ".join(unreachable))
 
-    def _held_gpus(self, host: RemoteHost, trial: TrialAssignment) -> list[int]:
+    def _held_gpus(self, host: RemoteHost, trial: TrialAssignment[RemoteConfig]) -> list[int]:
         held = self.client.hget(self._ledger(host).holders_key, attempt_member(trial))
         return [int(index) for index in json.loads(held)] if held else []
 
     def _host_holding(
-        self, trial: TrialAssignment, config: RemoteConfig, search_hosts: bool = True
+        self, trial: TrialAssignment[RemoteConfig], config: RemoteConfig, search_hosts: bool = True
     ) -> RemoteHost | None:
         """Where the attempt was placed: its ledger entry, written before it was launched; else (its
         worker died between freeing the entry and recording the end) the host that has its directory."""
@@ -409,7 +410,9 @@ class RemotePlatform:
 
     @staticmethod
     def _doomed_key(host: RemoteHost) -> str:
-        return keys.doomed_attempts(f"remote:{host.label}")
+        """Set: directories of lost attempts on the host that could not be killed when they were released (it
+        was unreachable): the next worker to reach it kills them."""
+        return f"{keys.LOG_PREFIX}:doomed:remote:{host.label}"
 
     def _doom(self, host: RemoteHost, directory: str) -> None:
         """The attempt in `directory` must not run on, but its host cannot be reached now: kill it when it can."""
@@ -450,7 +453,7 @@ class RemotePlatform:
             self._sweeping.discard(host.label)
 
 
-def _policy(trial: TrialAssignment, machine: RemoteMachine) -> GpuPolicy:
+def _policy(trial: TrialAssignment[RemoteConfig], machine: RemoteMachine) -> GpuPolicy:
     return GpuPolicy(
         gpu_number=trial.launch.gpu_number,
         gpu_indices=tuple(machine.gpu_indices) if machine.gpu_indices is not None else None,
@@ -459,7 +462,7 @@ def _policy(trial: TrialAssignment, machine: RemoteMachine) -> GpuPolicy:
     )
 
 
-def attempt_member(trial: TrialAssignment) -> str:
+def attempt_member(trial: TrialAssignment[RemoteConfig]) -> str:
     return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
 
 
@@ -470,7 +473,7 @@ class _RemoteAttempt:
         self,
         platform: RemotePlatform,
         host: RemoteHost,
-        trial: TrialAssignment,
+        trial: TrialAssignment[RemoteConfig],
         control: TrialControl,
         config: RemoteConfig,
     ) -> None:

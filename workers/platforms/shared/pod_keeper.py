@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 try:
-    from workers.metric_framing import REJECTED_NOTICE, FramingProblem, RecordTail
+    from workers.platforms.shared.metric_framing import REJECTED_NOTICE, FramingProblem, RecordTail
 except ImportError:  # in the pod: shipped beside this file (KEEPER_FILES)
     from metric_framing import REJECTED_NOTICE, FramingProblem, RecordTail  # type: ignore[no-redef]
 

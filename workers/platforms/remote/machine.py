@@ -19,10 +19,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.config import RemoteMachine
-from workers.code_package import CodePackage
-from workers.gpu import NVIDIA_SMI_APPS, NVIDIA_SMI_FORMAT, NVIDIA_SMI_GPUS, GpuInfo, GpuQueryError, parse_nvidia_smi
-from workers.ssh import RunResult, SshConnection, SshError, SshPool, SshTarget
+from workers.platforms.remote.config import RemoteMachine
+from workers.platforms.remote.ssh import RunResult, SshConnection, SshError, SshPool, SshTarget
+from workers.platforms.shared.code_package import CodePackage
+from workers.platforms.shared.gpu import (
+    NVIDIA_SMI_APPS,
+    NVIDIA_SMI_FORMAT,
+    NVIDIA_SMI_GPUS,
+    GpuInfo,
+    GpuQueryError,
+    parse_nvidia_smi,
+)
 
 log = logging.getLogger(__name__)
 

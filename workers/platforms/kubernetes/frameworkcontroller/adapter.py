@@ -1,6 +1,6 @@
 """The frameworkcontroller platform (NNI's `frameworkcontroller` training service): each trial attempt
 is one `frameworkcontroller.microsoft.com/v1` Framework, one task role per `taskRoles` entry, run by
-the cluster's FrameworkController. How it is followed is workers.kubernetes'.
+the cluster's FrameworkController. How it is followed is workers.platforms.kubernetes.adapter'.
 """
 
 from __future__ import annotations
@@ -8,25 +8,27 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from core.platform import TrialAssignment
-from schemas.kubernetes import FrameworkControllerConfig, KubernetesConfig
 from schemas.trial import TrialJobStatus
-from workers.kubernetes import JobState, KubernetesPlatform, ResourceKind, trial_labels
+from workers.platforms.kubernetes.adapter import JobState, KubernetesPlatform, ResourceKind, trial_labels
+from workers.platforms.kubernetes.config import KubernetesConfig
+from workers.platforms.kubernetes.frameworkcontroller.config import FrameworkControllerConfig
 
 FRAMEWORK = ResourceKind("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
 _NO_RETRY = {"fancyRetryPolicy": False, "maxRetryCount": 0}  # one attempt is one run: retries are maxTrialRetries'
 _RUNNING_STATES = {"AttemptRunning", "AttemptDeletionPending", "AttemptDeletionRequested", "AttemptDeleting"}
 
 
-class FrameworkControllerPlatform(KubernetesPlatform):
+class FrameworkControllerPlatform(KubernetesPlatform[FrameworkControllerConfig]):
     name: ClassVar[str] = "frameworkcontroller"
     config_model: ClassVar[type[KubernetesConfig]] = FrameworkControllerConfig
 
     @classmethod
-    def resource_kind(cls, config: KubernetesConfig) -> ResourceKind:
+    def resource_kind(cls, config: FrameworkControllerConfig) -> ResourceKind:
         return FRAMEWORK
 
-    def manifest(self, trial: TrialAssignment, config: KubernetesConfig, name: str) -> dict[str, Any]:
-        assert isinstance(config, FrameworkControllerConfig)
+    def manifest(
+        self, trial: TrialAssignment[FrameworkControllerConfig], config: FrameworkControllerConfig, name: str
+    ) -> dict[str, Any]:
         roles = [
             {
                 "name": role.name,
@@ -78,8 +80,7 @@ class FrameworkControllerPlatform(KubernetesPlatform):
         return JobState("waiting")
 
     @classmethod
-    def primary_pod(cls, name: str, config: KubernetesConfig) -> str:
-        assert isinstance(config, FrameworkControllerConfig)
+    def primary_pod(cls, name: str, config: FrameworkControllerConfig) -> str:
         return f"{name}-{config.task_roles[0].name}-0"
 
 

@@ -24,7 +24,7 @@ from core.placement import WORKER_SLOTS_FIELD
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
-from workers.job import WorkerRuntime, install
+from workers.runtime.job import WorkerRuntime, install
 
 log = logging.getLogger(__name__)
 

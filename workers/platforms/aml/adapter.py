@@ -43,13 +43,18 @@ from core.platform import (
     TrialOutcome,
 )
 from core.settings import Settings
-from schemas.aml import AmlConfig
-from schemas.config import PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
-from workers import pod_keeper
-from workers.code_package import CodeDirectoryError, CodePackage, check_size, pack
-from workers.trial_contract import MetricBatch, StdoutMetricPump, TrialPaths, failure_message, nni_environment
+from workers.platforms.aml.config import AmlConfig
+from workers.platforms.shared import pod_keeper
+from workers.platforms.shared.code_package import CodeDirectoryError, CodePackage, check_size, pack
+from workers.platforms.shared.trial_contract import (
+    MetricBatch,
+    StdoutMetricPump,
+    TrialPaths,
+    failure_message,
+    nni_environment,
+)
 
 if TYPE_CHECKING:  # the SDK takes seconds to import: a worker imports it with its first trial, not at start
     from azure.ai.ml import MLClient
@@ -79,7 +84,7 @@ UNREACHABLE_AFTER_S = 10.0  # the workspace failing this long makes the trial UN
 LOG_DRAIN_S = 30.0  # how long an ended job's std_log is waited for (it is uploaded as the job ends)
 
 
-def job_name(trial: TrialAssignment) -> str:
+def job_name(trial: TrialAssignment[AmlConfig]) -> str:
     """One job per attempt, named so that a second delivery or a re-attached worker finds it (letters,
     digits and underscores, as Azure ML allows); its tags, not its name, say which trial it is."""
     readable = "_".join(re.sub(r"[^a-z0-9]+", "", part.lower())[:12] for part in (trial.experiment_id, trial.trial_id))
@@ -198,9 +203,8 @@ class AmlPlatform:
         self._cache = Path(tempfile.mkdtemp(prefix="trialstream-aml-"))
 
     @classmethod
-    def check(cls, config: PlatformConfig, code_directory: Path, settings: Settings) -> list[str]:
+    def check(cls, config: AmlConfig, code_directory: Path, settings: Settings) -> list[str]:
         """The code within NNI's limits, then the workspace: signed in, found, and its compute target there."""
-        assert isinstance(config, AmlConfig)
         problems: list[str] = []
         try:
             check_size(code_directory)
@@ -212,10 +216,9 @@ class AmlPlatform:
             problem = f"cloud: {describe(error)}"
         return [*problems, problem] if problem else problems
 
-    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: PlatformConfig) -> None:
+    def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: AmlConfig) -> None:
         """The packed code and the keeper as one code asset, `nni-<experiment>` versioned by the code's hash:
         uploaded once (a worker finding it there already, by its hash, uploads nothing)."""
-        assert isinstance(config, AmlConfig)
         from azure.ai.ml.entities._assets import Code  # azure-ai-ml has no public class for a code asset
 
         workspace_key = _key(config)
@@ -244,9 +247,10 @@ class AmlPlatform:
                 raise error from None
         self._codes[(workspace_key, experiment_id)] = str(created.id)
 
-    def run_trial(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Deferred | Lost | Abandoned:
+    def run_trial(
+        self, trial: TrialAssignment[AmlConfig], control: TrialControl
+    ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        assert isinstance(config, AmlConfig)
         attempt = _Attempt(self, trial, control, config)
         try:
             if attempt.get() is None:  # else an earlier delivery of this attempt created it: it is followed
@@ -259,23 +263,22 @@ class AmlPlatform:
             return Deferred(f"the workspace could not create the job: {describe(error)}")
         return attempt.follow()
 
-    def reattach(self, trial: TrialAssignment, control: TrialControl) -> TrialOutcome | Lost | Abandoned | None:
+    def reattach(
+        self, trial: TrialAssignment[AmlConfig], control: TrialControl
+    ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        assert isinstance(config, AmlConfig)
         attempt = _Attempt(self, trial, control, config)
         if attempt.get() is None:
             return None
         return attempt.follow()
 
-    def release(self, trial: TrialAssignment) -> None:
+    def release(self, trial: TrialAssignment[AmlConfig]) -> None:
         """Cancel the job a lost attempt left running."""
         config = trial.platform_config
-        assert isinstance(config, AmlConfig)
         _Attempt(self, trial, None, config).cancel()
 
-    def read_output(self, trial: TrialAssignment, url: str, stream: OutputStream, offset: int) -> bytes:
+    def read_output(self, trial: TrialAssignment[AmlConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         config = trial.platform_config
-        assert isinstance(config, AmlConfig)
         if stream == "stderr":
             raise OutputUnavailable("Azure ML keeps a job's stdout and stderr as one std_log: it is all under stdout")
         name = url.rsplit("/", 1)[-1]
@@ -286,9 +289,8 @@ class AmlPlatform:
         except (HttpResponseError, ServiceRequestError, ServiceResponseError) as error:
             raise OutputUnavailable(f"the workspace's datastore: {describe(error)}") from None
 
-    def clean_up(self, experiment_id: str, config: PlatformConfig) -> None:
+    def clean_up(self, experiment_id: str, config: AmlConfig) -> None:
         """Cancel every job of the experiment still running (their std_logs stay in the workspace)."""
-        assert isinstance(config, AmlConfig)
         client = self._workspace(config).client
         try:
             for job in client.jobs.list():
@@ -314,7 +316,7 @@ class AmlPlatform:
                 workspace = self._workspaces[key] = _Workspace(ml_client(config, credential), credential)
             return workspace
 
-    def job_environment(self, trial: TrialAssignment) -> dict[str, str]:
+    def job_environment(self, trial: TrialAssignment[AmlConfig]) -> dict[str, str]:
         """NNI's environment for the trial, and what the keeper needs: never this worker's own variables."""
         paths = TrialPaths(sys_dir="", output_dir="", code_dir="")  # the keeper sets them where it lays the trial out
         environment = nni_environment({}, self.name, trial, paths, None)
@@ -343,7 +345,9 @@ def _read(blob: BlobClient, offset: int, length: int) -> bytes:
 class _Attempt:
     """One attempt of a trial: its command job, created, then followed to its end."""
 
-    def __init__(self, platform: AmlPlatform, trial: TrialAssignment, control: TrialControl | None, config: AmlConfig):
+    def __init__(
+        self, platform: AmlPlatform, trial: TrialAssignment[AmlConfig], control: TrialControl | None, config: AmlConfig
+    ):
         self.platform, self.trial, self.control, self.config = platform, trial, control, config
         self.name = job_name(trial)
         self.workspace = platform._workspace(config)

@@ -32,7 +32,7 @@ from schemas.events import (
     TrialSubmitted,
 )
 from schemas.trial import TrialJobStatus
-from workers.control import LogTrialControl
+from workers.runtime.control import LogTrialControl
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from schemas.config import ExperimentConfig, PlatformConfig
-from schemas.kubernetes import MemoryMib
+from schemas.config import ExperimentConfig, MemoryMib, PlatformConfig
 
 
 class OpenpaiConfig(PlatformConfig):

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.platform import ParsedMetric, TrialControl
-from workers.metrics import parse_records
-from workers.trial_contract import MetricBatch, StdoutMetricPump
+from workers.platforms.shared.metrics import parse_records
+from workers.platforms.shared.trial_contract import MetricBatch, StdoutMetricPump
 
 READ_LIMIT = 1 << 20  # bytes of one file per read
 METRICS_FILE = ".nni/metrics"

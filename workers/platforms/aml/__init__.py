@@ -1,0 +1,1 @@
+"""The `aml` platform: a command job per trial in an Azure Machine Learning workspace."""

@@ -1,0 +1,1 @@
+"""The `dlts` platform: a job per trial on DLTS (Microsoft's DLWorkspace)."""

@@ -1,0 +1,1 @@
+"""What the two Kubernetes platforms, `kubeflow` and `frameworkcontroller` (one folder each, below), share."""

@@ -1,0 +1,1 @@
+"""The `frameworkcontroller` platform: a Framework per trial (Microsoft's FrameworkController)."""

@@ -1,0 +1,1 @@
+"""The `kubeflow` platform: a TFJob or PyTorchJob per trial (Kubeflow's training operator)."""

@@ -1,0 +1,1 @@
+"""The `local` platform: trials as processes on the worker's machine."""

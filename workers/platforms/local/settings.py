@@ -1,0 +1,30 @@
+"""The local platform's own settings (`TRIALSTREAM_MACHINE_ID`, `TRIALSTREAM_FAKE_GPUS`)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field
+
+from core.settings import EnvironmentSettings
+
+_MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+
+
+def default_machine_id() -> str:
+    """The machine, not the process or the container: GPU workers in several containers on one
+    machine must share one ledger. /etc/machine-id where it is set, else the host name."""
+    for path in _MACHINE_ID_FILES:
+        try:
+            machine_id = path.read_text().strip()
+        except OSError:
+            continue
+        if machine_id:
+            return machine_id
+    return socket.gethostname()
+
+
+class LocalSettings(EnvironmentSettings):
+    machine_id: str = Field(default_factory=default_machine_id, min_length=1, description="the GPU ledger's host")
+    fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")

@@ -1,0 +1,1 @@
+"""The `remote` platform: trials on SSH hosts, followed from the worker."""
