@@ -23,7 +23,7 @@ from rq import Queue, Worker
 
 from core import keys
 from core.connections import connect
-from core.dispatch import queue_name
+from core.queueing import queue_name
 from core.settings import Settings
 from manager.config import load_experiment_config
 from manager.runner import ExperimentResult, ExperimentRunner

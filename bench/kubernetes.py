@@ -53,8 +53,8 @@ from bench.ingestion import sent_time
 from bench.overhead import form
 from core import keys
 from core.connections import connect
-from core.dispatch import queue_name
 from core.event_store import StoredEvent
+from core.queueing import queue_name
 from core.settings import Settings
 from manager.config import load_experiment_config
 from manager.runner import ExperimentRunner
@@ -506,7 +506,7 @@ def run_baseline(
 # --- the section ---------------------------------------------------------------------------------------------
 
 
-def _p(samples: Sequence[float], q: float) -> float | None:
+def percentile_or_none(samples: Sequence[float], q: float) -> float | None:
     return percentile(samples, q) if samples else None
 
 
@@ -628,37 +628,43 @@ def run(root: Path, runs: int, trials: int | None = None, concurrency: int | Non
             ),
             Figure(
                 "submit -> RUNNING p50",
-                _p(ours.submit_to_started_ms, 50),
+                percentile_or_none(ours.submit_to_started_ms, 50),
                 "ms",
                 detail="TrialSubmitted -> TrialStarted, log (stream id) times",
             ),
-            Figure("submit -> RUNNING p95", _p(ours.submit_to_started_ms, 95), "ms"),
+            Figure("submit -> RUNNING p95", percentile_or_none(ours.submit_to_started_ms, 95), "ms"),
             Figure(
                 "submit -> pod running (startedAt) p50",
-                _p(ours.submit_to_pod_started_ms, 50),
+                percentile_or_none(ours.submit_to_pod_started_ms, 50),
                 "ms",
                 detail="TrialSubmitted -> the pod's containerStatuses[0] startedAt, which has whole seconds: "
                 "up to 1 s early",
             ),
-            Figure("submit -> pod running (startedAt) p95", _p(ours.submit_to_pod_started_ms, 95), "ms"),
+            Figure(
+                "submit -> pod running (startedAt) p95", percentile_or_none(ours.submit_to_pod_started_ms, 95), "ms"
+            ),
             Figure(
                 "submit -> pod running seen on a watch p50",
-                _p(ours.submit_to_pod_seen_ms, 50),
+                percentile_or_none(ours.submit_to_pod_seen_ms, 50),
                 "ms",
                 detail="TrialSubmitted -> a pod watch in the bench process receives the pod running",
             ),
-            Figure("submit -> pod running seen on a watch p95", _p(ours.submit_to_pod_seen_ms, 95), "ms"),
+            Figure(
+                "submit -> pod running seen on a watch p95", percentile_or_none(ours.submit_to_pod_seen_ms, 95), "ms"
+            ),
             Figure(
                 "pod running seen on a watch -> RUNNING p50 (the platform's own delay)",
-                _p(ours.pod_seen_to_started_ms, 50),
+                percentile_or_none(ours.pod_seen_to_started_ms, 50),
                 "ms",
                 detail="the bench's watch receives the pod running -> TrialStarted's log time; "
                 "negative where a worker was faster than the bench's watch",
             ),
-            Figure("pod running seen on a watch -> RUNNING p95", _p(ours.pod_seen_to_started_ms, 95), "ms"),
+            Figure(
+                "pod running seen on a watch -> RUNNING p95", percentile_or_none(ours.pod_seen_to_started_ms, 95), "ms"
+            ),
             Figure(
                 "baseline: create -> pod running seen on the watch p50",
-                _p(baseline.create_to_pod_seen_ms, 50) if baseline else None,
+                percentile_or_none(baseline.create_to_pod_seen_ms, 50) if baseline else None,
                 "ms",
                 detail="the loop's create call -> its watch receives the pod running"
                 if baseline
@@ -666,22 +672,22 @@ def run(root: Path, runs: int, trials: int | None = None, concurrency: int | Non
             ),
             Figure(
                 "baseline: create -> pod running seen on the watch p95",
-                _p(baseline.create_to_pod_seen_ms, 95) if baseline else None,
+                percentile_or_none(baseline.create_to_pod_seen_ms, 95) if baseline else None,
                 "ms",
             ),
             Figure(
                 "baseline: create -> pod running (startedAt) p50",
-                _p(baseline.create_to_pod_started_ms, 50) if baseline else None,
+                percentile_or_none(baseline.create_to_pod_started_ms, 50) if baseline else None,
                 "ms",
             ),
             Figure(
                 "metric printed in the pod -> in the log p50",
-                _p(ours.metric_ms, 50),
+                percentile_or_none(ours.metric_ms, 50),
                 "ms",
                 detail=f"{ours.metrics:,} metrics: `sent` (the trial's time.time() as it printed the line) -> "
                 "TrialMetricReported's stream id",
             ),
-            Figure("metric printed in the pod -> in the log p99", _p(ours.metric_ms, 99), "ms"),
+            Figure("metric printed in the pod -> in the log p99", percentile_or_none(ours.metric_ms, 99), "ms"),
         )
         section.notes.append(
             "CPU while the trials ran (utime + stime): "

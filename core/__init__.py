@@ -1,1 +1,1 @@
-"""The core every layer builds on: the event log, keys, connections, dispatch, leases and the platform port."""
+"""The core every layer builds on: the event log, keys, connections, queueing, leases and the platform port."""

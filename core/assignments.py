@@ -8,9 +8,9 @@ from typing import Any
 import redis
 
 from core import keys
-from core.dispatch import load_submission
 from core.event_store import EventStore, StoredEvent
 from core.platform import Platform, TrialAssignment
+from core.queueing import load_submission
 from schemas.events import TrialSubmitted
 from schemas.secrets import with_secrets
 

@@ -23,9 +23,9 @@ from rq import Worker
 from rq.registry import StartedJobRegistry
 
 from core import keys
-from core.dispatch import trial_queue
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef
+from core.queueing import trial_queue
 from schemas.events import TrialAttemptLost, TrialSubmitted
 
 WORKER_SLOTS_FIELD = "trialstream_slots"  # in RQ's hash of a worker: how many trials it follows at once

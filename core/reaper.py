@@ -21,18 +21,18 @@ from redis.client import Pipeline
 
 from core import keys
 from core.connections import RETRY_CAP_S
-from core.dispatch import (
+from core.event_store import EventStore, StoredEvent
+from core.leases import LOST, ORPHANED, AttemptRef
+from core.placement import attempt_platform, listed_platforms, place
+from core.queueing import (
     RELEASE_ATTEMPT,
     TrialJob,
     attempt_job_prefix,
-    dispatch,
+    enqueue,
     load_submission,
     parked_attempts,
     queued_attempts,
 )
-from core.event_store import EventStore, StoredEvent
-from core.leases import LOST, ORPHANED, AttemptRef
-from core.placement import attempt_platform, listed_platforms, place
 from core.registry import platform_class
 from schemas.events import TrialAttemptLost, TrialCancelRequested, TrialRequeued, TrialSubmitted
 from schemas.trial import TrialJobDetail, TrialJobStatus
@@ -189,7 +189,7 @@ def lose_attempt(
                 update={"retry_platform": place(store.client, rq_connection, ref.experiment_id, listed)}
             )
         jobs.append(TrialJob(verdict.retry_platform or platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
-    dispatch(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
+    enqueue(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
     ref.release(pipe, LOST)
     return verdict
 
@@ -212,7 +212,7 @@ def _orphan(
         reason=f"{who} stopped renewing the lease of attempt {ref.attempt}; another worker takes it up",
     )
     job = TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, reattach=True)
-    dispatch(pipe, rq_connection, store, record, [job])
+    enqueue(pipe, rq_connection, store, record, [job])
     ref.release(pipe, ORPHANED)
     return record
 

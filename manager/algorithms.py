@@ -216,7 +216,9 @@ def find_builtin(name: str, role: Role) -> Builtin:
     for builtin in BUILTINS:
         if wanted in (builtin.name.lower(), *(alias.lower() for alias in builtin.aliases)):
             if (builtin.kind == "assessor") != (role == "assessor"):
-                raise AlgorithmError("name", f"{builtin.name} is {_a(builtin.kind)}, not {_a(role)}")
+                raise AlgorithmError(
+                    "name", f"{builtin.name} is {with_article(builtin.kind)}, not {with_article(role)}"
+                )
             return builtin
     raise AlgorithmError("name", f"unknown {role} {name!r}: supported {role}s are {', '.join(names(role))}")
 
@@ -246,7 +248,7 @@ def resolve(section: AlgorithmConfig, role: Role, files_dir: Path | None = None)
     return Algorithm(builtin.name, cls, checked, builtin.kind, builtin.own_space, space, builtin.default_mode)
 
 
-def _a(kind: str) -> str:
+def with_article(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
@@ -310,7 +312,7 @@ def _check_versions(builtin: Builtin) -> None:
             installed = metadata.version(distribution)
         except metadata.PackageNotFoundError:
             continue
-        if _release(installed) >= _release(limit):
+        if version_tuple(installed) >= version_tuple(limit):
             raise AlgorithmError(
                 "name",
                 f"{builtin.name} fails with {distribution} {installed} (NNI 3.0's code needs "
@@ -318,7 +320,7 @@ def _check_versions(builtin: Builtin) -> None:
             )
 
 
-def _release(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
 

@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 
 from core import keys
 from core.connections import same_server
-from core.dispatch import ExperimentJob, dispatch
 from core.event_store import EventStore
+from core.queueing import ExperimentJob, enqueue
 from manager.training_service import TrainingService
 from schemas.events import ExperimentCreated, ExperimentFinished
 
@@ -82,7 +82,7 @@ def finish_experiment(
                 if store.last_id() != read_up_to:
                     return False
             pipe.multi()
-            dispatch(pipe, rq_connection, store, event, jobs)
+            enqueue(pipe, rq_connection, store, event, jobs)
             pipe.execute()
         except redis.WatchError:
             return False

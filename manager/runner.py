@@ -25,8 +25,8 @@ from rq import Queue, Worker
 
 from core import keys
 from core.assignments import experiment_secrets
-from core.dispatch import queue_name
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
+from core.queueing import queue_name
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.registry import platform_class
 from core.settings import Settings

@@ -19,10 +19,10 @@ from typing import Any
 
 import redis
 
-from core.dispatch import TrialJob, dispatch, submission_key
 from core.event_store import EventStore, StoredEvent
 from core.keys import LOG_PREFIX
 from core.placement import place
+from core.queueing import TrialJob, enqueue, submission_key
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
 from schemas.events import (
@@ -160,7 +160,7 @@ class TrainingService:
         job = TrialJob(event.platform, self.experiment_id, trial_id, 1)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            dispatch(pipe, self._rq_connection, self.store, event, [job], idempotency_key=submission_key(trial_id))
+            enqueue(pipe, self._rq_connection, self.store, event, [job], idempotency_key=submission_key(trial_id))
             pipe.execute()
         view = apply_to_trial(None, event)
         assert view is not None
@@ -194,7 +194,7 @@ class TrainingService:
         )
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            dispatch(pipe, self._rq_connection, self.store, record, [job])
+            enqueue(pipe, self._rq_connection, self.store, record, [job])
             pipe.execute()
 
     # metric listeners and the main loop

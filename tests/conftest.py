@@ -21,7 +21,7 @@ from rq import Queue, Worker
 
 from core import keys
 from core.connections import connect
-from core.dispatch import queue_name
+from core.queueing import queue_name
 from core.variables import REDIS_URL_ENV
 from manager.experiments import create_experiment
 from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService

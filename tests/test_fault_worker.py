@@ -15,9 +15,9 @@ from typing import cast
 import redis
 
 from core import keys
-from core.dispatch import TrialJob, dispatch, queue_name
 from core.event_store import StoredEvent
 from core.leases import AttemptRef, Lease
+from core.queueing import TrialJob, enqueue, queue_name
 from core.reaper import pause_grace_s, reap_lost_attempts
 from schemas.events import TrialAttemptLost, TrialEnded, TrialRequeued, TrialStarted
 from schemas.trial import TrialJobStatus
@@ -187,7 +187,7 @@ def test_a_retry_of_a_trial_canceled_meanwhile_ends_it_as_canceled(
     with client.pipeline(transaction=True) as pipe:
         pipe.multi()
         record = TrialRequeued(experiment_id=experiment_id, trial_id=trial_id, attempt=2, reason="a test")
-        dispatch(pipe, rq_connection, service.store, record, [TrialJob("local", experiment_id, trial_id, 2)])
+        enqueue(pipe, rq_connection, service.store, record, [TrialJob("local", experiment_id, trial_id, 2)])
         pipe.execute()
 
     processes.worker()

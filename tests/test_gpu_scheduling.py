@@ -13,7 +13,7 @@ import pytest
 from rq import Queue, Worker
 
 from core.connections import connect
-from core.dispatch import queue_name
+from core.queueing import queue_name
 from core.variables import REDIS_URL_ENV
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until

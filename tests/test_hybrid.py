@@ -25,8 +25,8 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 
 from core import keys
-from core.dispatch import queue_name
 from core.event_store import StoredEvent
+from core.queueing import queue_name
 from core.settings import Settings
 from core.variables import REDIS_URL_ENV
 from manager.config import load_experiment_config

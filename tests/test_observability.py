@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rq import Worker
 
 from core import keys
-from core.dispatch import trial_queue
 from core.event_store import EventStore, StoredEvent
+from core.queueing import trial_queue
 from manager.api.observability import TrialstreamCollector
 from manager.projector import Projector
 from manager.views import ViewStore

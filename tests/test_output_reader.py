@@ -11,9 +11,9 @@ from pathlib import Path
 import redis
 
 from core import keys
-from core.dispatch import load_submission
 from core.event_store import EventStore
 from core.leases import AttemptRef, Lease
+from core.queueing import load_submission
 from schemas.events import TrialMetricReported
 from tests.conftest import ServiceFactory, form
 from workers.platforms.shared.output_reader import METRICS_FILE, OutputReader

@@ -10,8 +10,8 @@ from typing import TypeVar
 
 from rq.registry import FinishedJobRegistry
 
-from core.dispatch import attempt_job_prefix, recheck_delay_s, trial_queue
 from core.event_store import StoredEvent
+from core.queueing import attempt_job_prefix, recheck_delay_s, trial_queue
 from manager.training_service import TrainingService
 from schemas.events import TrialDeferred, TrialEvent, TrialRequeued, TrialStarted
 from schemas.trial import TrialJobStatus

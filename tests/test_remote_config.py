@@ -28,7 +28,7 @@ import yaml
 from rq import Queue
 
 from core import keys
-from core.dispatch import queue_name
+from core.queueing import queue_name
 from core.settings import Settings
 from core.variables import REDIS_URL_ENV
 from manager.config import ExperimentSpec, load_experiment_config

@@ -20,7 +20,7 @@ from rq import Queue
 
 from core import keys
 from core.connections import same_server
-from core.dispatch import SERIALIZER, queue_name
+from core.queueing import SERIALIZER, queue_name
 from manager.training_service import TrainingService
 from schemas.events import TrialReattached, TrialStarted
 from schemas.trial import TrialJobStatus

@@ -231,7 +231,7 @@ def test_clean_up_removes_the_experiment_s_files_on_the_hosts_unless_kept(
 def _clean_up_ran(client: redis.Redis, service: TrainingService) -> bool:
     from rq import Queue
 
-    from core.dispatch import SERIALIZER, queue_name
+    from core.queueing import SERIALIZER, queue_name
 
     queue = Queue(queue_name("remote"), connection=same_server(client, decode=False), serializer=SERIALIZER)
     return any(

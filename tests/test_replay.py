@@ -15,8 +15,8 @@ from redis.typing import EncodableT, FieldT
 from rq import Queue
 
 from core import keys
-from core.dispatch import queue_name
 from core.event_store import EventStore, StoredEvent
+from core.queueing import queue_name
 from manager.experiments import finish_experiment
 from manager.projector import Projector
 from manager.replay import (

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from rq import Queue, Worker
 
 from core import keys
-from core.dispatch import SERIALIZER, queue_name
+from core.queueing import SERIALIZER, queue_name
 from manager.host import ManagerHost
 from manager.training_service import PLATFORM_CONFIG
 from schemas.trial import ExperimentView, TrialJobStatus

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.connections import connect, redact_url
-from core.logs import configure_logging
+from core.logging_setup import configure_logging
 from core.settings import Settings
 from core.variables import MANAGER_TOKEN_ENV as TOKEN_ENV
 from manager.cli.access import required_url

@@ -7,7 +7,7 @@ import json
 
 from core.settings import Settings
 from manager.algorithms import optimize_mode_of
-from manager.cli import logs, render
+from manager.cli import render, trial_output
 from manager.cli.access import opened
 from manager.replay import describe
 from schemas.config import ExperimentConfig
@@ -37,7 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                 help="metric: best first, in the tuner's optimize_mode (trials without a result last)",
             )
         sub.set_defaults(handler=handler)
-    logs.register(trials)
+    trial_output.register(trials)
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,4 +1,4 @@
-"""The RQ job that runs one trial: the only entry point workers execute (queued by core.dispatch)."""
+"""The RQ job that runs one trial: the only entry point workers execute (queued by core.queueing)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from redis.client import Pipeline
 from core import keys
 from core.assignments import assignment_of, experiment_secrets, load_assignment, platform_section
 from core.connections import until_redis_answers
-from core.dispatch import TrialJob, load_submission, park, wake_parked, worker_name
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
 from core.placement import attempt_platform
 from core.platform import Abandoned, Deferred, Lost, Platform, TrialAssignment, TrialOutcome
+from core.queueing import TrialJob, load_submission, park, wake_parked, worker_name
 from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
@@ -216,7 +216,7 @@ def _lose(runtime: WorkerRuntime, store: EventStore, submitted: StoredEvent, lea
 def _park(
     runtime: WorkerRuntime, store: EventStore, lease: Lease, deferred: Deferred, deferrals: int, last_deferral: str
 ) -> str:
-    """Give the attempt up until what it waits for may be free (core.dispatch.park); TrialDeferred
+    """Give the attempt up until what it waits for may be free (core.queueing.park); TrialDeferred
     records it when the reason is new, so a long wait writes one event, not one per re-check."""
     ref = lease.ref
     job = TrialJob(

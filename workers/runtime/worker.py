@@ -18,9 +18,9 @@ from rq.timeouts import BaseDeathPenalty
 from rq.worker import WorkerStatus
 
 from core.connections import connect, same_server
-from core.dispatch import SERIALIZER, trial_queue, wake_parked
-from core.logs import configure_logging
+from core.logging_setup import configure_logging
 from core.placement import WORKER_SLOTS_FIELD
+from core.queueing import SERIALIZER, trial_queue, wake_parked
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
 from core.registry import add_platforms, platform_class
 from core.settings import Settings

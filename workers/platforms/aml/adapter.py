@@ -251,7 +251,7 @@ class AmlPlatform:
         self, trial: TrialAssignment[AmlConfig], control: TrialControl
     ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        attempt = _Attempt(self, trial, control, config)
+        attempt = _AttemptFollower(self, trial, control, config)
         try:
             if attempt.get() is None:  # else an earlier delivery of this attempt created it: it is followed
                 attempt.create()
@@ -267,7 +267,7 @@ class AmlPlatform:
         self, trial: TrialAssignment[AmlConfig], control: TrialControl
     ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        attempt = _Attempt(self, trial, control, config)
+        attempt = _AttemptFollower(self, trial, control, config)
         if attempt.get() is None:
             return None
         return attempt.follow()
@@ -275,7 +275,7 @@ class AmlPlatform:
     def release(self, trial: TrialAssignment[AmlConfig]) -> None:
         """Cancel the job a lost attempt left running."""
         config = trial.platform_config
-        _Attempt(self, trial, None, config).cancel()
+        _AttemptFollower(self, trial, None, config).cancel()
 
     def read_output(self, trial: TrialAssignment[AmlConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         config = trial.platform_config
@@ -342,7 +342,7 @@ def _read(blob: BlobClient, offset: int, length: int) -> bytes:
     return bytes(blob.download_blob(offset=offset, length=min(length, size - offset)).readall())
 
 
-class _Attempt:
+class _AttemptFollower:
     """One attempt of a trial: its command job, created, then followed to its end."""
 
     def __init__(

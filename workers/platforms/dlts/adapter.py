@@ -316,7 +316,7 @@ class _LogReader:
                 self.line, self.too_long = bytearray(), False
 
 
-class _Follow:
+class _AttemptFollower:
     """One attempt's job, followed to its end by polling its status and reading its log."""
 
     def __init__(
@@ -497,7 +497,7 @@ class DltsPlatform:
             return Deferred(f"the DLTS dashboard could not take the job: {describe(error)}")
         except (httpx.HTTPError, ValueError) as error:  # it may exist: the next delivery finds it by name
             return Deferred(f"the DLTS dashboard cannot be reached: {describe(error)}")
-        return _Follow(dashboard, config, control, job_id, trial).run()
+        return _AttemptFollower(dashboard, config, control, job_id, trial).run()
 
     def reattach(
         self, trial: TrialAssignment[DltsConfig], control: TrialControl
@@ -510,7 +510,7 @@ class DltsPlatform:
         found = dashboard.find(job_name(trial))
         if found is None:
             return None
-        return _Follow(dashboard, config, control, str(found["jobId"]), trial).run()
+        return _AttemptFollower(dashboard, config, control, str(found["jobId"]), trial).run()
 
     def release(self, trial: TrialAssignment[DltsConfig]) -> None:
         """Kill what a lost attempt left running."""

@@ -504,7 +504,7 @@ class KubernetesPlatform(Generic[KubernetesConfigT]):
         self, trial: TrialAssignment[KubernetesConfigT], control: TrialControl
     ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        attempt = _Attempt(self, trial, control, config)
+        attempt = _AttemptFollower(self, trial, control, config)
         try:
             attempt.create()
         except ApiException as error:
@@ -519,7 +519,7 @@ class KubernetesPlatform(Generic[KubernetesConfigT]):
         self, trial: TrialAssignment[KubernetesConfigT], control: TrialControl
     ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        attempt = _Attempt(self, trial, control, config)
+        attempt = _AttemptFollower(self, trial, control, config)
         if not attempt.exists():
             return None
         return attempt.follow()  # started again once the watch says so: the same TrialStarted, not a second
@@ -527,7 +527,7 @@ class KubernetesPlatform(Generic[KubernetesConfigT]):
     def release(self, trial: TrialAssignment[KubernetesConfigT]) -> None:
         """Delete what a lost attempt left (its resource, and with it its pods)."""
         config = trial.platform_config
-        _Attempt(self, trial, None, config).delete()
+        _AttemptFollower(self, trial, None, config).delete()
 
     def read_output(
         self, trial: TrialAssignment[KubernetesConfigT], url: str, stream: OutputStream, offset: int
@@ -668,18 +668,18 @@ class KubernetesPlatform(Generic[KubernetesConfigT]):
                 if what == "pods":
                     list_pods = k8s.CoreV1Api(api).list_namespaced_pod
                     watched = WatchedKind(
-                        f"pods-{config.namespace}", _in(list_pods, config.namespace), selector, RESOURCE_LABEL
+                        f"pods-{config.namespace}", bound_call(list_pods, config.namespace), selector, RESOURCE_LABEL
                     )
                 else:
                     kind = self.resource_kind(config)
                     list_call = k8s.CustomObjectsApi(api).list_namespaced_custom_object
-                    bound = _in(list_call, kind.group, kind.version, config.namespace, kind.plural)
+                    bound = bound_call(list_call, kind.group, kind.version, config.namespace, kind.plural)
                     watched = WatchedKind(f"{kind.plural}-{config.namespace}", bound, selector, None)
                 self._watches[key] = watched
             return watched
 
 
-def _in(call: Callable[..., Any], *args: str) -> Callable[..., Any]:
+def bound_call(call: Callable[..., Any], *args: str) -> Callable[..., Any]:
     """`call` with its positional arguments bound; keeps the docstring the client's Watch reads its return type from."""
 
     def bound(**kwargs: Any) -> Any:
@@ -772,7 +772,7 @@ def _cluster_problem(api: k8s.ApiClient, config: KubernetesConfig, kind: Resourc
     return None
 
 
-class _Attempt:
+class _AttemptFollower:
     """One attempt of a trial: its custom resource, created, then followed to its end."""
 
     def __init__(

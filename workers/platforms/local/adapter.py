@@ -203,7 +203,7 @@ class LocalPlatform:
             if gpus is None:
                 count = policy.gpu_number
                 return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
-            return _TrialProcess(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
+            return _AttemptFollower(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
         except GpuRequestImpossible as error:
             return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
         finally:
@@ -211,7 +211,7 @@ class LocalPlatform:
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")
 
 
-class _TrialProcess:
+class _AttemptFollower:
     """One launch of a trial command under its keeper, watched until it ends."""
 
     def __init__(

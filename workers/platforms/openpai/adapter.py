@@ -262,7 +262,7 @@ class OpenpaiPlatform:
         self, trial: TrialAssignment[OpenpaiConfig], control: TrialControl
     ) -> TrialOutcome | Deferred | Lost | Abandoned:
         config = trial.platform_config
-        attempt = _Attempt(self, trial, control, config)
+        attempt = _AttemptFollower(self, trial, control, config)
         attempt.directory.mkdir(parents=True, exist_ok=True)
         write_parameters(attempt.directory, trial.form.hyper_parameters.value)
         try:
@@ -281,7 +281,7 @@ class OpenpaiPlatform:
         self, trial: TrialAssignment[OpenpaiConfig], control: TrialControl
     ) -> TrialOutcome | Lost | Abandoned | None:
         config = trial.platform_config
-        attempt = _Attempt(self, trial, control, config)
+        attempt = _AttemptFollower(self, trial, control, config)
         try:
             attempt.api.job(attempt.name)
         except OpenpaiError as error:
@@ -294,12 +294,12 @@ class OpenpaiPlatform:
     def release(self, trial: TrialAssignment[OpenpaiConfig]) -> None:
         """Stop what a lost attempt left running (its job)."""
         config = trial.platform_config
-        _Attempt(self, trial, None, config).stop()
+        _AttemptFollower(self, trial, None, config).stop()
 
     def read_output(self, trial: TrialAssignment[OpenpaiConfig], url: str, stream: OutputStream, offset: int) -> bytes:
         """From the local mount of the storage, where the job's wrapper writes it."""
         config = trial.platform_config
-        path = _Attempt(self, trial, None, config).directory / OUTPUT_FILES[stream]
+        path = _AttemptFollower(self, trial, None, config).directory / OUTPUT_FILES[stream]
         try:
             with path.open("rb") as file:
                 file.seek(offset)
@@ -363,7 +363,7 @@ def _cluster_problem(api: OpenpaiClient, config: OpenpaiConfig) -> str | None:
     return None
 
 
-class _Attempt:
+class _AttemptFollower:
     """One attempt of a trial: its job, followed to its end, and its directory on the local mount."""
 
     def __init__(

@@ -226,7 +226,7 @@ class RemotePlatform:
             placed = self._place(trial, config, not_started)
             if not isinstance(placed, RemoteHost):
                 return placed
-            follower = _RemoteAttempt(self, placed, trial, control, config)
+            follower = _AttemptFollower(self, placed, trial, control, config)
             try:
                 follower.launch(self._packages[trial.experiment_id])
             except NotStarted as error:  # its place there is freed, and another machine tried
@@ -244,7 +244,7 @@ class RemotePlatform:
         host = self._host_holding(trial, config)
         if host is None:
             return None  # never placed, or its end was already recorded
-        follower = _RemoteAttempt(self, host, trial, control, config)
+        follower = _AttemptFollower(self, host, trial, control, config)
         follower.gpus = self._held_gpus(host, trial)
         try:
             state = follower.state()
@@ -258,7 +258,7 @@ class RemotePlatform:
         follower.unknown = True  # its view may say UNKNOWN (its last worker lost the host): RUNNING once reached
         return self._followed(host, follower)
 
-    def _followed(self, host: RemoteHost, follower: _RemoteAttempt) -> TrialOutcome | Lost | Abandoned:
+    def _followed(self, host: RemoteHost, follower: _AttemptFollower) -> TrialOutcome | Lost | Abandoned:
         """Follow the attempt to its end, then free its place on the host. A lost attempt keeps it (its
         release, queued with the loss, kills what may still run there); so does an abandoned one (the
         worker that took it over follows it). Any other failure kills the trial: nobody would follow it."""
@@ -466,7 +466,7 @@ def attempt_member(trial: TrialAssignment[RemoteConfig]) -> str:
     return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
 
 
-class _RemoteAttempt:
+class _AttemptFollower:
     """One attempt of a trial on its host: launched, then followed to its end."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """Dispatch: the one path by which a job reaches a platform's queue, always recorded in the log.
 
-`dispatch` appends the event that says why (TrialSubmitted, TrialAttemptLost, TrialRequeued) and
+`enqueue` appends the event that says why (TrialSubmitted, TrialAttemptLost, TrialRequeued) and
 queues the job on the same transaction: a job is never queued without its record, nor recorded
 without being queued. A job's arguments are ids only; what to run is read from the trial's
 TrialSubmitted event, so the log stays the single source of truth and a re-delivery is safe.
@@ -72,7 +72,7 @@ class ExperimentJob:
     function: str = CLEAN_UP_EXPERIMENT
 
 
-def dispatch(
+def enqueue(
     pipe: Pipeline,
     rq_connection: redis.Redis,
     store: EventStore,
@@ -180,7 +180,7 @@ def wake_parked(client: redis.Redis, rq_connection: redis.Redis, platform: str, 
         record = TrialRequeued(experiment_id=experiment_id, trial_id=trial_id, attempt=attempt, reason=reason)
         with client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            dispatch(pipe, rq_connection, store, record, [job])
+            enqueue(pipe, rq_connection, store, record, [job])
             pipe.execute()
         woken += 1
     return woken
