@@ -1,4 +1,4 @@
-"""Kubernetes (issue 14): 1,000 kubeflow trials on the simulated cluster (tests/kubesim), supervised by 4 workers.
+"""Kubernetes (issue 14): 1,000 kubeflow trials on the simulated cluster (simulators/kubesim), supervised by 4 workers.
 
 The simulated API server runs in this process (HTTPS on 127.0.0.1; its pods are local processes). A private
 redis-server, a `trialstream projector` and 4 `trialstream worker --platform kubeflow --concurrency 256` processes
@@ -81,7 +81,7 @@ SELECTOR = f"app={APP_LABEL}"
 def simulated_cluster(directory: Path, trials: int) -> Iterator[Any]:
     """A started SimulatedCluster with room for every trial's pod at once (a pod asks for NNI's default 1 CPU and
     1 GiB): what is measured is following trials, not waiting for room."""
-    from tests.kubesim import Capacity, SimulatedCluster
+    from simulators.kubesim import Capacity, SimulatedCluster
 
     cluster = SimulatedCluster(directory, capacity=Capacity(cpu=2 * trials, memory_mib=2 * trials * 1024, gpu=0))
     cluster.start()

@@ -1,7 +1,7 @@
 """NNI 3.0's remote mode against trialstream's remote platform, on real OpenSSH hosts on loopback addresses.
 
 Each host is an unprivileged `/usr/sbin/sshd -D` on its own 127.0.0.N address and a free port, in its own mount
-namespace with its own copy of the trial user's home (as tests/sshd.py sets hosts up, without pytest). Trials log
+namespace with its own copy of the trial user's home (as simulators/sshd.py sets hosts up, without pytest). Trials log
 in as the plain user `tstrial` with an ed25519 key; sshd sets their PATH (`SetEnv`): the directory of this
 python (which has `nni`) first, so NNI's "install nni on the host" finds it already there.
 

@@ -1,4 +1,4 @@
-"""What the aml platform's tests share: a simulated Azure ML workspace (tests/amlsim: the real azure-ai-ml
+"""What the aml platform's tests share: a simulated Azure ML workspace (simulators/amlsim: the real azure-ai-ml
 SDK speaks to its control plane over HTTPS, Azurite is its blob store, its compute runs each job as a local
 process), the environment that points the SDK and DefaultAzureCredential at it, and workers for it."""
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from tests.amlsim import SimulatedWorkspace
-    from tests.amlsim.azurite import Azurite
+    from simulators.amlsim import SimulatedWorkspace
+    from simulators.amlsim.azurite import Azurite
     from tests.conftest import Processes
 
 
@@ -23,7 +23,7 @@ def aml_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
     pytest.importorskip("azure.ai.ml", reason="the aml platform needs azure-ai-ml: pip install .[aml]")
     if shutil.which("azurite-blob") is None:
         pytest.skip("Azurite is not installed: npm install -g azurite")
-    from tests.amlsim import storage_service
+    from simulators.amlsim import storage_service
 
     storage = storage_service(tmp_path_factory.mktemp("aml-storage"))
     storage.start()
@@ -36,7 +36,7 @@ def aml_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 @pytest.fixture
 def aml_workspace(aml_storage: Azurite, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatedWorkspace]:
     """A workspace of the test's own, its environment set in this process too (the platform's check() runs here)."""
-    from tests.amlsim import SimulatedWorkspace
+    from simulators.amlsim import SimulatedWorkspace
 
     workspace = SimulatedWorkspace(aml_storage)
     workspace.start()

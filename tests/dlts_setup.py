@@ -1,4 +1,4 @@
-"""What the dlts platform's tests share: a simulated DLTS cluster (tests/dltssim: a real HTTP server on
+"""What the dlts platform's tests share: a simulated DLTS cluster (simulators/dltssim: a real HTTP server on
 loopback speaking the dashboard's API; each job runs as a local process), the trainingService section
 for it, and workers serving the platform's queue."""
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.dltssim import DltsSimulator
+from simulators.dltssim import DltsSimulator
 
 if TYPE_CHECKING:
     from tests.conftest import Processes

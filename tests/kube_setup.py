@@ -1,4 +1,4 @@
-"""What the Kubernetes platforms' tests share: a simulated cluster (tests/kubesim: the real client
+"""What the Kubernetes platforms' tests share: a simulated cluster (simulators/kubesim: the real client
 speaks to it over HTTPS; its operators run each pod's command as a local process), a kubeconfig for
 it, the trainingService sections, and workers serving the platforms' queues."""
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.kubesim import SimulatedCluster
+from simulators.kubesim import SimulatedCluster
 
 if TYPE_CHECKING:
     from tests.conftest import Processes

@@ -1,4 +1,4 @@
-"""What the openpai platform's tests share: a simulated OpenPAI cluster (tests/paisim) with a user, two
+"""What the openpai platform's tests share: a simulated OpenPAI cluster (simulators/paisim) with a user, two
 virtual clusters and one storage config whose share is a directory of the test (the "local mount point";
 jobs see it at /mnt/<storage>), the trainingService section for it, and workers serving the platform."""
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.paisim import SimulatedOpenpai, Storage
+from simulators.paisim import SimulatedOpenpai, Storage
 
 if TYPE_CHECKING:
     from tests.conftest import Processes

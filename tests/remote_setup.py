@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from simulators.sshd import SshHost, SshUser, write_known_hosts
 from tests.gated_trial import GATED_TRIAL
-from tests.sshd import SshHost, SshUser, write_known_hosts
 
 if TYPE_CHECKING:
     from manager.training_service import TrainingService

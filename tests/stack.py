@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from simulators.waiting import wait_until
 from tests.conftest import free_port
-from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "trialstream-base:bookworm"

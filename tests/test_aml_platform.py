@@ -1,5 +1,5 @@
 """The aml platform beyond the conformance suite, through the real azure-ai-ml SDK and DefaultAzureCredential
-against the simulated workspace (tests/amlsim, Azurite behind its datastore): the section's keys, the checks
+against the simulated workspace (simulators/amlsim, Azurite behind its datastore): the section's keys, the checks
 before an experiment starts, job names, a job the compute has not started yet, a job canceled in the
 workspace, the code uploaded once, a failure's message and logs from std_log, and no secret in the log."""
 
@@ -133,7 +133,7 @@ def test_one_code_asset_a_failure_tells_its_stderr_and_no_secret_reaches_the_log
     processes: Processes,
     redis_url: str,
 ) -> None:
-    from tests.amlsim.azurite import ACCOUNT_KEY
+    from simulators.amlsim.azurite import ACCOUNT_KEY
 
     service = aml()
     workers = AmlWorkers(processes, aml_workspace)
@@ -204,7 +204,7 @@ def test_metrics_are_read_once_across_a_killed_worker_from_the_committed_std_log
     from core import keys
     from manager.projector import Projector
     from schemas.events import TrialReattached
-    from tests.amlsim.compute import std_log_path
+    from simulators.amlsim.compute import std_log_path
     from tests.conformance import history
 
     service = aml()

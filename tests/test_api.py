@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes
 from tests.test_api_smoke import experiment_config
-from tests.waiting import wait_until
 
 GATED_TRIAL = """\
 import json, os, sys, time

@@ -25,10 +25,10 @@ from schemas.trial import (
     TrialJobDetail,
     TrialJobStatus,
 )
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes, ServiceFactory, form, free_port, metric
 from tests.test_api_smoke import experiment_config
-from tests.waiting import wait_until
 
 # unit: the conversions
 

@@ -22,10 +22,10 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes
 from tests.test_api import experiment_config, write_trial
-from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ import redis
 
 from core.variables import PREFIX
 from manager.api.app import MAX_BODY_BYTES, TOKEN_COOKIE
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes, RedisServer, free_port
 from tests.test_api import experiment_config, write_trial
-from tests.waiting import wait_until
 
 TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
 TOKEN = "tok-3c1f0e9a-do-not-leak"

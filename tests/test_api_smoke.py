@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes
-from tests.waiting import wait_until
 
 TRIAL = "import trialstream_sdk as nni\nnni.report_final_result(nni.get_next_parameter()['x'])\n"
 

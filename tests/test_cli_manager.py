@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import REPO, Processes, free_port
-from tests.waiting import wait_until
 
 TRIAL = """
 import os

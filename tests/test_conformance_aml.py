@@ -1,4 +1,4 @@
-"""The conformance suite on the aml platform, against the simulated Azure ML workspace (tests/amlsim):
+"""The conformance suite on the aml platform, against the simulated Azure ML workspace (simulators/amlsim):
 each trial is a command job run by the real azure-ai-ml SDK, its std_log in Azurite; its trials outlive
 their worker (a lost worker's attempt is re-attached to its job)."""
 

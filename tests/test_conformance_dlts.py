@@ -1,4 +1,4 @@
-"""The conformance suite on the dlts platform, against the simulated DLTS cluster (tests/dltssim): each
+"""The conformance suite on the dlts platform, against the simulated DLTS cluster (simulators/dltssim): each
 trial is a DLTS job, submitted through the dashboard's API, whose command runs as a local process; its
 trials outlive their worker (a lost worker's attempt is re-attached to its job, found by name)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from simulators.dltssim import DltsSimulator
 from tests.conformance import PlatformConformance, PlatformHarness
 from tests.dlts_setup import DltsWorkers, dlts_cluster_fixture, dlts_section  # noqa: F401  (fixture)
-from tests.dltssim import DltsSimulator
 
 
 class TestDltsConformance(PlatformConformance):

@@ -1,5 +1,5 @@
 """The conformance suite on the frameworkcontroller platform, against the simulated cluster
-(tests/kubesim): each trial is a Framework whose task's pod runs as a local process."""
+(simulators/kubesim): each trial is a Framework whose task's pod runs as a local process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The conformance suite on the kubeflow platform, against the simulated cluster (tests/kubesim): each
+"""The conformance suite on the kubeflow platform, against the simulated cluster (simulators/kubesim): each
 trial is a TFJob whose pod runs as a local process; its trials outlive their worker (a lost worker's
 attempt is re-attached to its TFJob)."""
 

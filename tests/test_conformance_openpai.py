@@ -1,4 +1,4 @@
-"""The conformance suite on the openpai platform, against the simulated OpenPAI cluster (tests/paisim):
+"""The conformance suite on the openpai platform, against the simulated OpenPAI cluster (simulators/paisim):
 each trial is a job submitted over real HTTP whose task runs as a local process, its output read from the
 storage's local mount; its trials outlive their worker (a lost worker's attempt is re-attached to its job)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from simulators.paisim import SimulatedOpenpai
 from tests.conformance import PlatformConformance, PlatformHarness
 from tests.pai_setup import PaiWorkers, pai_cluster, pai_section  # noqa: F401  (pai_cluster: a fixture)
-from tests.paisim import SimulatedOpenpai
 
 
 class TestOpenpaiConformance(PlatformConformance):

@@ -1,4 +1,4 @@
-"""The conformance suite on the remote platform, against two real OpenSSH hosts (tests/sshd.py): trials
+"""The conformance suite on the remote platform, against two real OpenSSH hosts (simulators/sshd.py): trials
 run on the hosts as the hosts' user, and outlive their worker (a lost worker's attempt is re-attached)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from simulators.sshd import SshHost, SshUser
 from tests.conformance import PlatformConformance, PlatformHarness
 from tests.remote_setup import RemoteWorkers, remote_section
-from tests.sshd import SshHost, SshUser
 
 
 @pytest.fixture
@@ -25,5 +25,5 @@ class TestRemoteConformance(PlatformConformance):
         return PlatformHarness(
             platform_config=remote_section(ssh_hosts, ssh_user),
             start_worker=remote_workers.start,
-            python=sys.executable,  # reachable by the hosts' user (tests/sshd.py grants it)
+            python=sys.executable,  # reachable by the hosts' user (simulators/sshd.py grants it)
         )

@@ -1,5 +1,5 @@
 """The dlts platform beyond the conformance suite, through httpx against the simulated DLTS dashboard
-(tests/dltssim): NNI's keys and their checks, the wire format NNI's client used (query auth, the job's
+(simulators/dltssim): NNI's keys and their checks, the wire format NNI's client used (query auth, the job's
 body, the v2 status call), NNI's state mapping (queued, paused, killed outside), metrics read once across
 a re-attached worker by the committed log cursor, and the password kept out of events and logs."""
 
@@ -25,10 +25,10 @@ from manager.runner import ExperimentRunner
 from manager.training_service import TrainingService
 from schemas.events import TrialReattached
 from schemas.trial import TrialJobStatus
+from simulators.dltssim import DltsSimulator
 from tests.conformance import history
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.dlts_setup import CLUSTER, EMAIL, TEAM, DltsWorkers, dlts_cluster_fixture, dlts_section  # noqa: F401  (fixture)
-from tests.dltssim import DltsSimulator
 from tests.gated_trial import GATED_TRIAL
 from tests.test_remote_config import redis_values
 from workers.platforms.dlts.adapter import DltsPlatform

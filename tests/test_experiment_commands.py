@@ -28,12 +28,12 @@ from schemas.events import (
     TrialStarted,
 )
 from schemas.trial import TrialJobStatus
+from simulators.sshd import process_gone
+from simulators.waiting import wait_until
 from tests.conftest import Processes, ServiceFactory, form
-from tests.sshd import process_gone
 from tests.test_api import Api, api_client, start_api
 from tests.test_api_smoke import experiment_config
 from tests.test_tuner_driving import write_experiment
-from tests.waiting import wait_until
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ where workers have room (round robin among those that do, else the least loaded)
 log, the views, `trials list` and NNI's REST answers, and a retry after a lost worker is placed anew.
 
 Every platform here is real or speaks the real wire format: local trials are processes, remote trials run
-on real OpenSSH hosts (tests/sshd.py), kubeflow trials are TFJobs of the simulated cluster (tests/kubesim).
+on real OpenSSH hosts (simulators/sshd.py), kubeflow trials are TFJobs of the simulated cluster (simulators/kubesim).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from schemas.config import ConfigError
 from schemas.events import EVENT_ADAPTER, TrialAttemptLost, TrialSubmitted
 from schemas.trial import TrialJobStatus
 from schemas.upcasters import upcast
+from simulators.sshd import SshHost, SshUser
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status
 from tests.kube_setup import KubeWorkers, kubeflow_section
 from tests.remote_setup import RemoteWorkers, remote_section
-from tests.sshd import SshHost, SshUser
-from tests.waiting import wait_until
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """The Kubernetes platforms beyond the conformance suite, through the real `kubernetes` client against the
-simulated cluster (tests/kubesim): the checks before an experiment starts, the manifests the operators
+simulated cluster (simulators/kubesim): the checks before an experiment starts, the manifests the operators
 get, one watch per namespace and kind, pods the cluster cannot place, metrics read exactly once across
 broken streams and restarted workers, resources that vanish or that the cluster stops, cancel and
 clean-up deleting what they must."""
@@ -29,11 +29,11 @@ from manager.projector import Projector
 from manager.training_service import TrainingService
 from schemas.events import TrialLaunchSpec, TrialReattached
 from schemas.trial import TrialJobStatus
+from simulators.kubesim import Capacity, SimulatedCluster
 from tests.conformance import history
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
 from tests.gated_trial import GATED_TRIAL
 from tests.kube_setup import KubeWorkers, frameworkcontroller_section, kubeflow_section
-from tests.kubesim import Capacity, SimulatedCluster
 from workers.platforms.kubernetes.adapter import resource_name
 from workers.platforms.kubernetes.frameworkcontroller.config import FrameworkControllerConfig
 from workers.platforms.kubernetes.kubeflow.adapter import KubeflowPlatform

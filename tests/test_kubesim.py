@@ -17,8 +17,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3 import HTTPResponse
 
-from tests.kubesim import Capacity, SimulatedCluster
-from tests.waiting import wait_until
+from simulators.kubesim import Capacity, SimulatedCluster
+from simulators.waiting import wait_until
 
 TF = ("kubeflow.org", "v1")
 FC = ("frameworkcontroller.microsoft.com", "v1")

@@ -22,9 +22,9 @@ import redis
 from core import keys
 from core.connections import same_server
 from manager.training_service import TrainingService
+from simulators.waiting import wait_until
 from tests.conftest import Processes
 from tests.test_api import Api, experiment_config, write_trial
-from tests.waiting import wait_until
 
 TRIALS = 8
 CONCURRENCY = 2

@@ -22,12 +22,12 @@ from core.connections import connect
 from core.event_store import EventStore
 from core.keys import ViewKeys
 from schemas.events import ClusterMetadataSet
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes
 from tests.test_api import write_trial
 from tests.test_api_smoke import experiment_config
 from tests.test_nnictl import nnictl
-from tests.waiting import wait_until
 
 BUSY_EXPERIMENT = "0-busy"  # sorts before every generated id: the projector folds its log first in each round
 BUSY_EVENTS = 30_000

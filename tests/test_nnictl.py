@@ -18,11 +18,11 @@ import pytest
 from bench.nnictl import nnictl_environment
 from core.variables import PREFIX
 from manager.api.app import MAX_BODY_BYTES
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes
 from tests.test_api import write_trial
 from tests.test_api_smoke import experiment_config
-from tests.waiting import wait_until
 
 needs_nnictl = pytest.mark.skipif(shutil.which("nnictl") is None, reason="nnictl comes with the nni extra")
 TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"

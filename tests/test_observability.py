@@ -25,10 +25,10 @@ from manager.projector import Projector
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost
 from schemas.trial import TrialJobStatus
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import Processes, ServiceFactory, form
 from tests.test_api_smoke import TRIAL, experiment_config
-from tests.waiting import wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 FAST_LEASE = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}

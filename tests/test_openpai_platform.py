@@ -1,4 +1,4 @@
-"""The openpai platform against the simulated OpenPAI cluster (tests/paisim), point by point:
+"""The openpai platform against the simulated OpenPAI cluster (simulators/paisim), point by point:
 
 1. NNI v2's `openpai` keys load, bad ones are one line each, and the token never appears in events, logs
    or answers (it reaches OpenPAI only in the Authorization header).
@@ -37,12 +37,12 @@ from manager.training_service import TrainingService
 from schemas.config import ConfigError
 from schemas.events import TrialMetricReported, TrialReattached, TrialStarted
 from schemas.trial import TrialJobStatus
+from simulators.paisim import SimulatedOpenpai
+from simulators.waiting import wait_until
 from tests.conformance import history
 from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status
 from tests.pai_setup import PAI_TOKEN, PAI_USER, PaiWorkers, pai_cluster, pai_section  # noqa: F401
-from tests.paisim import SimulatedOpenpai
 from tests.test_remote_config import redis_values
-from tests.waiting import wait_until
 from workers.platforms.openpai.adapter import OpenpaiPlatform, job_name, trial_status
 from workers.platforms.openpai.config import OpenpaiConfig
 

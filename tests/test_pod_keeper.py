@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import wait_until
+from simulators.waiting import wait_until
 from workers.platforms.shared import pod_keeper
 from workers.platforms.shared.metrics import MetricRejected, parse_stdout_line
 

@@ -1,4 +1,4 @@
-"""The remote platform's config, its pre-start check and its secrets, on real sshd hosts (tests/sshd.py).
+"""The remote platform's config, its pre-start check and its secrets, on real sshd hosts (simulators/sshd.py).
 
 1. `trainingService: {platform: remote, machineList: [...]}` as NNI writes it loads; each mistake is
    reported as `path: key.path: problem`, naming what to change.
@@ -37,11 +37,11 @@ from manager.runner import ExperimentRunner, RunnerError
 from manager.training_service import TrainingService
 from schemas.config import ConfigError
 from schemas.trial import TrialJobStatus
+from simulators.sshd import MuteHost, SshHost, SshUser, write_known_hosts
+from simulators.waiting import wait_until
 from tests import web
 from tests.conftest import REPO, Processes
 from tests.remote_setup import RemoteWorkers
-from tests.sshd import MuteHost, SshHost, SshUser, write_known_hosts
-from tests.waiting import wait_until
 
 pytest.importorskip("paramiko")
 

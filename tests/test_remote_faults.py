@@ -24,10 +24,10 @@ from core.queueing import SERIALIZER, queue_name
 from manager.training_service import TrainingService
 from schemas.events import TrialReattached, TrialStarted
 from schemas.trial import TrialJobStatus
+from simulators.sshd import CuttingProxy, SshHost, SshUser, process_gone
 from tests.conformance import history
 from tests.conftest import ServiceFactory, form, wait_for_status, wait_until
 from tests.remote_setup import RemoteWorkers, machine
-from tests.sshd import CuttingProxy, SshHost, SshUser, process_gone
 from tests.test_remote_platform import _cut, _heal, attempt_dir, host_of, periodical
 from workers.platforms.remote.machine import PYTHON_MONITOR, SHELL_MONITOR, script
 

@@ -24,10 +24,10 @@ from manager.projector import Projector
 from manager.training_service import TrainingService
 from schemas.events import TrialEnded, TrialReattached, TrialStarted, TrialUnreachable
 from schemas.trial import TrialJobStatus
+from simulators.sshd import SshHost, SshUser
 from tests.conformance import history
 from tests.conftest import form, wait_for_status, wait_until
 from tests.remote_setup import RemoteWorkers
-from tests.sshd import SshHost, SshUser
 
 
 @pytest.fixture

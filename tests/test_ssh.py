@@ -1,4 +1,5 @@
-"""workers/ssh against real OpenSSH hosts (tests/sshd.py): authentication, host keys, failures, exec, SFTP, streams."""
+"""workers/ssh against real OpenSSH hosts (simulators/sshd.py): authentication, host keys, failures, exec, SFTP,
+streams."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import pytest
 from paramiko.common import MSG_CHANNEL_CLOSE, MSG_CHANNEL_DATA, MSG_CHANNEL_EOF
 from paramiko.message import Message
 
-from tests.sshd import MuteHost, SshHost, SshUser, write_known_hosts
-from tests.waiting import wait_until
+from simulators.sshd import MuteHost, SshHost, SshUser, write_known_hosts
+from simulators.waiting import wait_until
 from workers.platforms.remote.ssh import SshConnection, SshError, SshPool, SshTarget
 
 pytest.importorskip("paramiko")

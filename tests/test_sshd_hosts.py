@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.sshd import BOOT_ID, MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
-from tests.waiting import wait_until
+from simulators.sshd import BOOT_ID, MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
+from simulators.waiting import wait_until
 
 if TYPE_CHECKING:
     from paramiko import SSHClient

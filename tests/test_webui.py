@@ -15,12 +15,12 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from simulators.waiting import wait_until
 from tests import web
 from tests.browser import Browser, browser  # noqa: F401  (the fixture)
 from tests.conftest import Processes
 from tests.test_api_nni import TRIAL
 from tests.test_api_smoke import experiment_config
-from tests.waiting import wait_until
 
 UI_DEADLINE_S = 40  # the UI polls every 10 s: a change shows within one poll, or at once after a page load
 

@@ -22,8 +22,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from tests.kubesim import errors, schemas
-from tests.kubesim.errors import FieldError
+from simulators.kubesim import errors, schemas
+from simulators.kubesim.errors import FieldError
 
 _SUFFIX = {
     "n": Decimal("1e-9"),

@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from tests.paisim.protocol import ProtocolError, validate
+from simulators.paisim.protocol import ProtocolError, validate
 
 API = "/rest-server/api/v2"
 KILL_GRACE_S = 5.0

@@ -53,13 +53,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tests.kubesim import errors, resources, schemas
-from tests.kubesim.controller import Controller
-from tests.kubesim.errors import ApiError, FieldError
-from tests.kubesim.store import Event, Store, now_rfc3339
+from simulators.kubesim import errors, resources, schemas
+from simulators.kubesim.controller import Controller
+from simulators.kubesim.errors import ApiError, FieldError
+from simulators.kubesim.store import Event, Store, now_rfc3339
 
 if TYPE_CHECKING:
-    from tests.kubesim.cluster import SimulatedCluster
+    from simulators.kubesim.cluster import SimulatedCluster
 
 LABEL = "training.kubeflow.org/"
 

@@ -2,6 +2,6 @@
 (loopback), speaking OpenPAI's wire format to the real client (httpx in workers/openpai.py), and a
 "job runner" that runs each job's task commands as local processes."""
 
-from tests.paisim.cluster import SimulatedOpenpai, Storage
+from simulators.paisim.cluster import SimulatedOpenpai, Storage
 
 __all__ = ["SimulatedOpenpai", "Storage"]

@@ -4,6 +4,6 @@ FrameworkController (Framework) reconciling in threads, and a kubelet that runs 
 local process. Module docstrings name the real sources each behaviour was taken from.
 """
 
-from tests.kubesim.cluster import Capacity, SimulatedCluster
+from simulators.kubesim.cluster import Capacity, SimulatedCluster
 
 __all__ = ["Capacity", "SimulatedCluster"]

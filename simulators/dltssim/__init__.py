@@ -1,5 +1,5 @@
 """A protocol-level simulator of a DLTS (DLWorkspace) cluster's dashboard API, for the dlts platform's tests."""
 
-from tests.dltssim.server import DltsSimulator, SimJob, token_for
+from simulators.dltssim.server import DltsSimulator, SimJob, token_for
 
 __all__ = ["DltsSimulator", "SimJob", "token_for"]

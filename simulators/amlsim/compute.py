@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 
 from azure.storage.blob import BlobServiceClient
 
-from tests.amlsim.azurite import ACCOUNT_KEY
+from simulators.amlsim.azurite import ACCOUNT_KEY
 
 if TYPE_CHECKING:
-    from tests.amlsim.workspace import SimulatedWorkspace
+    from simulators.amlsim.workspace import SimulatedWorkspace
 
 
 def std_log_path(job_name: str) -> str:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
-    from tests.amlsim.workspace import SimulatedWorkspace
+    from simulators.amlsim.workspace import SimulatedWorkspace
 
 WORKSPACE = r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)"  # noqa: E501
 

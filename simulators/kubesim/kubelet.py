@@ -42,12 +42,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.kubesim import errors, pods, resources
-from tests.kubesim.controller import Controller
-from tests.kubesim.store import Event, Store, now_rfc3339
+from simulators.kubesim import errors, pods, resources
+from simulators.kubesim.controller import Controller
+from simulators.kubesim.store import Event, Store, now_rfc3339
 
 if TYPE_CHECKING:
-    from tests.kubesim.cluster import Capacity
+    from simulators.kubesim.cluster import Capacity
 
 NODE = "kubesim-node"
 NODE_LABELS = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}

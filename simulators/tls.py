@@ -1,4 +1,4 @@
-"""A self-signed certificate for the simulators that speak HTTPS (tests/kubesim, tests/amlsim): one
+"""A self-signed certificate for the simulators that speak HTTPS (simulators/kubesim, simulators/amlsim): one
 certificate that is both the CA a client is told to trust and the server's own."""
 
 from __future__ import annotations

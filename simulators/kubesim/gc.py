@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from tests.kubesim.controller import Controller
-from tests.kubesim.errors import ApiError
-from tests.kubesim.store import Event, Store
+from simulators.kubesim.controller import Controller
+from simulators.kubesim.errors import ApiError
+from simulators.kubesim.store import Event, Store
 
 
 class GarbageCollector(Controller):

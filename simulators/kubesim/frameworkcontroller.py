@@ -46,13 +46,13 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from tests.kubesim import resources
-from tests.kubesim.controller import Controller
-from tests.kubesim.errors import ApiError
-from tests.kubesim.store import Event, Store, now_rfc3339
+from simulators.kubesim import resources
+from simulators.kubesim.controller import Controller
+from simulators.kubesim.errors import ApiError
+from simulators.kubesim.store import Event, Store, now_rfc3339
 
 if TYPE_CHECKING:
-    from tests.kubesim.cluster import SimulatedCluster
+    from simulators.kubesim.cluster import SimulatedCluster
 
 FAILED, SUCCEEDED = "Failed", "Succeeded"
 TRANSIENT, PERMANENT, CONFLICT = "Transient", "Permanent", "Conflict"

@@ -45,14 +45,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.kubesim import errors, resources, schemas
-from tests.kubesim.errors import ApiError
-from tests.kubesim.resources import ResourceType
-from tests.kubesim.selectors import Selector
-from tests.kubesim.store import decode_continue, encode_continue
+from simulators.kubesim import errors, resources, schemas
+from simulators.kubesim.errors import ApiError
+from simulators.kubesim.resources import ResourceType
+from simulators.kubesim.selectors import Selector
+from simulators.kubesim.store import decode_continue, encode_continue
 
 if TYPE_CHECKING:
-    from tests.kubesim.cluster import SimulatedCluster
+    from simulators.kubesim.cluster import SimulatedCluster
 
 CONFIGMAP_SCHEMA = schemas.obj(
     {

@@ -1,6 +1,6 @@
 """SimulatedWorkspace: the control plane's state (workspace, datastore, code and environment assets, jobs),
 Azurite behind the datastore, the CONNECT proxy that stands in for the storage account's DNS name, and the
-compute that runs each command job (tests.amlsim.compute)."""
+compute that runs each command job (simulators.amlsim.compute)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-from tests.amlsim.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
-from tests.amlsim.compute import Compute
-from tests.amlsim.proxy import ConnectProxy
-from tests.amlsim.server import ControlPlane, HttpError, Request, not_found
-from tests.tls import make_self_signed
+from simulators.amlsim.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
+from simulators.amlsim.compute import Compute
+from simulators.amlsim.proxy import ConnectProxy
+from simulators.amlsim.server import ControlPlane, HttpError, Request, not_found
+from simulators.tls import make_self_signed
 
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000000a1"
 RESOURCE_GROUP = "nni-rg"

@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.kubesim import errors
-from tests.kubesim.resources import ResourceType
-from tests.kubesim.selectors import Selector
+from simulators.kubesim import errors
+from simulators.kubesim.resources import ResourceType
+from simulators.kubesim.selectors import Selector
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 

@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kubesim import errors
-from tests.kubesim.errors import FieldError
+from simulators.kubesim import errors
+from simulators.kubesim.errors import FieldError
 
 Schema = dict[str, Any]
 QUANTITY = (

@@ -1,4 +1,4 @@
-"""Waiting on a condition with a deadline: how every test waits, never sleep-and-hope."""
+"""Waiting on a condition with a deadline: how every test and simulator waits, never sleep-and-hope."""
 
 from __future__ import annotations
 

@@ -15,15 +15,15 @@ from typing import Any
 
 import yaml
 
-from tests.kubesim import errors, pods, resources
-from tests.kubesim.frameworkcontroller import FrameworkController
-from tests.kubesim.gc import GarbageCollector
-from tests.kubesim.kubelet import Kubelet
-from tests.kubesim.resources import Registry, ResourceType
-from tests.kubesim.server import ApiServer, Token
-from tests.kubesim.store import Store
-from tests.kubesim.training_operator import TrainingOperator, admit
-from tests.tls import make_self_signed
+from simulators.kubesim import errors, pods, resources
+from simulators.kubesim.frameworkcontroller import FrameworkController
+from simulators.kubesim.gc import GarbageCollector
+from simulators.kubesim.kubelet import Kubelet
+from simulators.kubesim.resources import Registry, ResourceType
+from simulators.kubesim.server import ApiServer, Token
+from simulators.kubesim.store import Store
+from simulators.kubesim.training_operator import TrainingOperator, admit
+from simulators.tls import make_self_signed
 
 ADMIN_TOKEN = "sim-admin-token"
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.kubesim.errors import ApiError, bad_request
+from simulators.kubesim.errors import ApiError, bad_request
 
 Matcher = Callable[[dict[str, Any]], bool]
 
