@@ -17,14 +17,14 @@ import json
 import re
 import secrets
 import ssl
-import threading
 import time
 import traceback
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+from simulators.httpserver import LoopbackServer, QuietHandler
 
 if TYPE_CHECKING:
     from simulators.amlsim.workspace import SimulatedWorkspace
@@ -56,13 +56,11 @@ class ControlPlane:
         self.tokens: dict[str, float] = {}  # bearer token -> expiry (epoch s)
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for the tests
         self.refuse_tokens = False  # the identity endpoint refuses (a credential that no longer works)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = LoopbackServer(_handler(self))
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(cert, key)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="amlsim-api", daemon=True)
+        self.port = self._server.port
         ws = self.workspace
         self.routes: list[Route] = [
             ("GET", re.compile(r"/metadata/endpoints"), lambda r, m: (200, self.cloud_metadata())),
@@ -94,11 +92,10 @@ class ControlPlane:
         return f"https://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.start("amlsim-api")
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
     def cloud_metadata(self) -> dict[str, Any]:
         """ARM's /metadata/endpoints for this cloud: the SDK takes its resource manager and storage suffix."""
@@ -141,17 +138,11 @@ class Request:
             raise HttpError(400, "BadRequest", f"the body is not JSON: {error}") from None
 
 
-def _handler(plane: ControlPlane) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the tests read `requests`
-            pass
-
+def _handler(plane: ControlPlane) -> type[QuietHandler]:
+    class Handler(QuietHandler):  # quiet: the tests read `plane.requests`
         def _serve(self) -> None:
             parts = urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            body = self.read_body()
             query = {key: values[0] for key, values in parse_qs(parts.query).items()}
             headers = {key.lower(): value for key, value in self.headers.items()}
             request = Request(self.command, parts.path, query, headers, body)
@@ -176,14 +167,7 @@ def _handler(plane: ControlPlane) -> type[BaseHTTPRequestHandler]:
             except Exception as error:  # a simulator bug: told to the client, and to the test's log
                 traceback.print_exc()
                 status, answer = 500, {"error": {"code": "InternalServerError", "message": repr(error)}}
-            data = b"" if answer is None else json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in extra.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
+            self.answer(status, b"" if answer is None else json.dumps(answer).encode(), headers=extra)
 
         do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _serve
 

@@ -31,10 +31,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from simulators.httpserver import JSON, LoopbackServer, QuietHandler
 
 LOG_PAGE = 100  # lines per log call: JobRestAPIUtils.GetJobLog's default size
 ENDED = ("finished", "failed", "killed", "error")
@@ -102,14 +103,14 @@ class DltsSimulator:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self._held = False
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackServer | None = None
 
     # the test's side
 
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/"
+        return f"{self._server.url()}/"
 
     def password(self, email: str) -> str:
         return token_for(email, self.master_token)
@@ -120,14 +121,12 @@ class DltsSimulator:
         class Handler(_Handler):
             sim = simulator
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="dltssim", daemon=True).start()
+        self._server = LoopbackServer(Handler)
+        self._server.start("dltssim")
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
         with self.lock:
             processes = [job.process for job in self.jobs.values() if job.process and job.process.poll() is None]
         for process in processes:
@@ -336,12 +335,8 @@ def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    sim: DltsSimulator
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the requests are kept in `sim.requests`."""
+class _Handler(QuietHandler):
+    sim: DltsSimulator  # the requests are kept in `sim.requests`
 
     def do_GET(self) -> None:
         self._serve("GET")
@@ -355,8 +350,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         split = urlsplit(self.path)
         query = {key: values[-1] for key, values in parse_qs(split.query, keep_blank_values=True).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self.read_body()
         with self.sim.lock:
             self.sim.requests.append((method, split.path, query))
         try:
@@ -364,11 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
             payload, kind = (body.encode(), "application/json") if isinstance(body, str) else _json(body)
         except HttpError as error:
             status, payload, kind = error.status, error.message.encode(), "text/plain; charset=utf-8"
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self.answer(status, payload, kind)
 
     def _route(self, method: str, parts: list[str], query: dict[str, str], raw: bytes) -> tuple[int, Any]:
         sim = self.sim
@@ -417,4 +407,4 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _json(body: Any) -> tuple[bytes, str]:
-    return json.dumps(body).encode(), "application/json; charset=utf-8"
+    return json.dumps(body).encode(), JSON

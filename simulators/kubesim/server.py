@@ -40,11 +40,11 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from simulators.httpserver import LoopbackServer, QuietHandler
 from simulators.kubesim import errors, resources, schemas
 from simulators.kubesim.errors import ApiError
 from simulators.kubesim.resources import ResourceType
@@ -128,8 +128,7 @@ class Stream:
         self.wake()
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Handler(QuietHandler):
     server: _HTTPServer
 
     def setup(self) -> None:
@@ -142,9 +141,6 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
     def _dispatch(self) -> None:
         self.server.api.dispatch(self)
 
@@ -153,14 +149,7 @@ class Handler(BaseHTTPRequestHandler):
     # ---- response helpers ----------------------------------------------------------------------------------
     def send_json(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Audit-Id", "kubesim")
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
+        self.answer(code, data, "application/json", {"Audit-Id": "kubesim", **(headers or {})})
 
     def start_chunked(self, content_type: str) -> None:
         self.send_response(200)
@@ -181,14 +170,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+class _HTTPServer(LoopbackServer):
     allow_reuse_address = True
 
     def __init__(self, api: ApiServer, context: ssl.SSLContext) -> None:
         self.api = api
         self.context = context
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = self.socket.accept()
@@ -215,19 +203,14 @@ class ApiServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(cert), str(key))
         self.httpd = _HTTPServer(self, context)
-        self.port = self.httpd.server_address[1]
-        self._thread: threading.Thread | None = None
+        self.port = self.httpd.port
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="kubesim-apiserver", daemon=True
-        )
-        self._thread.start()
+        self.httpd.start("kubesim-apiserver", poll_interval=0.05)
 
     def stop(self) -> None:
         self.cut_streams(None)
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()
 
     def cut_streams(self, kind: str | None) -> int:
         with self._streams_lock:
@@ -247,8 +230,7 @@ class ApiServer:
     # ---- entry ------------------------------------------------------------------------------------------------
     def dispatch(self, handler: Handler) -> None:
         parts = urlsplit(handler.path)
-        length = int(handler.headers.get("Content-Length") or 0)
-        body = handler.rfile.read(length) if length else b""
+        body = handler.read_body()
         req = Request(
             method=handler.command,
             path=parts.path.rstrip("/") or "/",

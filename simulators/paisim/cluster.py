@@ -30,13 +30,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
+from simulators.httpserver import LoopbackServer, QuietHandler
 from simulators.paisim.protocol import ProtocolError, validate
 
 API = "/rest-server/api/v2"
@@ -113,21 +113,17 @@ class SimulatedOpenpai:
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # method, path, headers: what clients sent
         self.hold = threading.Event()  # set: new jobs stay WAITING until released (a queue the cluster has)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackServer(_handler(self))
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._server.url()
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
         for job in list(self.jobs.values()):
             self._kill(job)
 
@@ -265,13 +261,8 @@ class SimulatedOpenpai:
                 process.wait()
 
 
-def _handler(cluster: SimulatedOpenpai) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the tests read no access log
-            return
-
+def _handler(cluster: SimulatedOpenpai) -> type[QuietHandler]:
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             self._serve("GET")
 
@@ -282,8 +273,7 @@ def _handler(cluster: SimulatedOpenpai) -> type[BaseHTTPRequestHandler]:
             self._serve("PUT")
 
         def _serve(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length).decode() if length else ""
+            body = self.read_body().decode()
             url = urlsplit(self.path)
             cluster.requests.append((method, url.path, dict(self.headers.items())))
             try:
@@ -293,12 +283,7 @@ def _handler(cluster: SimulatedOpenpai) -> type[BaseHTTPRequestHandler]:
                 status, answer = self._route(method, url.path.removeprefix(API), parse_qs(url.query), user, body)
             except PaiError as error:
                 status, answer = error.status, {"code": error.code, "message": error.message}
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.answer(status, json.dumps(answer).encode())
 
         def _route(
             self, method: str, path: str, query: dict[str, list[str]], user: str, body: str
