@@ -27,7 +27,7 @@ import yaml
 
 from bench.harness import REPO, BenchStack, Figure, Section, median_of, wait_until
 from bench.nnictl import free_port
-from tests.stack import Stack, build_images, docker_missing
+from tests.support.stack import Stack, build_images, docker_missing
 
 WORKER_COUNTS = (1, 2, 4)
 TRIALS = 200

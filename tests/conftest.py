@@ -28,10 +28,10 @@ from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingServ
 from schemas.events import TrialMetricReported
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
 from simulators.waiting import wait_until
-from tests import web
-from tests.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (simulated Kubernetes cluster fixtures)
-from tests.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
-from tests.sshd_setup import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
+from tests.support import web
+from tests.support.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (simulated Kubernetes cluster fixtures)
+from tests.support.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
+from tests.support.sshd_setup import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 

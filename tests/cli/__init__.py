@@ -1,0 +1,1 @@
+"""The trialstream command as a user runs it."""

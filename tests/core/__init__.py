@@ -1,0 +1,1 @@
+"""The event log, the schemas and their upcasters, and settings: what everything else stands on."""

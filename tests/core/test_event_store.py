@@ -1,0 +1,129 @@
+"""The event log on a real redis-server: order, idempotency, validation, unreadable entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from core import event_store, keys
+from core.event_store import EventStore, StoredEvent, UnreadableEvent, stream_position
+from schemas.events import (
+    EVENT_ADAPTER,
+    ClusterMetadataSet,
+    ExperimentImported,
+    TrialCancelRequested,
+    TrialMetricReported,
+)
+from schemas.trial import TrialJobStatus
+from tests.core.test_schemas import COMMON, EVENTS
+
+
+def metadata(key: str, value: str = "v") -> ClusterMetadataSet:
+    return ClusterMetadataSet(experiment_id="exp1", key=key, value=value)
+
+
+def test_appends_are_read_back_in_order(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    ids = [store.append(metadata(f"k{i}")) for i in range(5)]
+    entries = store.read()
+    assert [entry.id for entry in entries] == ids
+    stored = [entry.event for entry in entries if isinstance(entry, StoredEvent)]
+    assert [event.key for event in stored if isinstance(event, ClusterMetadataSet)] == [f"k{i}" for i in range(5)]
+    assert [stream_position(i) for i in ids] == sorted(stream_position(i) for i in ids)
+    assert [entry.id for entry in store.read(after=ids[1], until=ids[3])] == ids[2:4]
+    assert store.head() == ids[-1]
+
+
+def test_a_retried_append_with_the_same_key_is_stored_once(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    first = store.append(metadata("a"), idempotency_key="once")
+    again = store.append(metadata("a"), idempotency_key="once")
+    batch = store.append_all([metadata("a"), metadata("b")], ["once", "other"])
+    assert again == first == batch[0]
+    assert store.length() == 2
+    assert store.id_for_key("once") == first
+
+
+def test_appends_without_a_key_are_never_deduplicated(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    store.append(metadata("a"))
+    store.append(metadata("a"))
+    assert store.length() == 2
+
+
+def test_an_event_of_another_experiment_is_refused_at_append(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    with pytest.raises(ValueError, match="appended to exp1"):
+        store.append(ClusterMetadataSet(experiment_id="other", key="k", value="v"))
+    assert store.length() == 0
+
+
+def test_an_append_validates_nothing_twice(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pydantic validated the event when it was built: the append only serializes it."""
+    validations: list[object] = []
+
+    class CountingAdapter:
+        def validate_json(self, data: str) -> object:
+            validations.append(data)
+            return EVENT_ADAPTER.validate_json(data)
+
+        def validate_python(self, data: object) -> object:
+            validations.append(data)
+            return EVENT_ADAPTER.validate_python(data)
+
+    monkeypatch.setattr(event_store, "EVENT_ADAPTER", CountingAdapter())
+    store = EventStore(client, "exp1")
+    store.append(metadata("a"))
+    store.append_all([metadata("b"), metadata("c")])
+    assert validations == []
+
+
+@pytest.mark.parametrize("event", [*EVENTS, ExperimentImported(**COMMON)], ids=lambda event: event.type)
+def test_every_event_type_reads_back_as_appended(client: redis.Redis, event: Any) -> None:
+    """What is stored must read back: checked here for each type, not re-validated at each append."""
+    store = EventStore(client, event.experiment_id)
+    entry_id = store.append(event)
+    assert store.read_one(entry_id) == StoredEvent(entry_id, event)
+
+
+def test_an_unreadable_entry_is_returned_as_such_not_raised(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    good = store.append(metadata("a"))
+    client.xadd(keys.events("exp1"), {"type": "TrialEnded", "trial": "t", "json": "{not json"})
+    client.xadd(keys.events("exp1"), {"type": "Future", "json": '{"type": "FromTheFuture", "v": 9}'})
+    entries = store.read()
+    assert isinstance(entries[0], StoredEvent) and entries[0].id == good
+    assert [type(entry) for entry in entries[1:]] == [UnreadableEvent, UnreadableEvent]
+
+
+def cancel(trial_id: str) -> TrialCancelRequested:
+    return TrialCancelRequested(experiment_id="exp1", trial_id=trial_id, status=TrialJobStatus.USER_CANCELED)
+
+
+def test_a_batch_is_appended_whole_in_one_call_and_in_order(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    events = [metadata(f"k{i}") for i in range(2500)]  # more than one script call's batch
+    ids = store.append_all(events)
+    assert len(ids) == len(set(ids)) == 2500
+    assert [entry.id for entry in store.read()] == ids
+    with pytest.raises(ValueError, match="2 events but 1 idempotency keys"):
+        store.append_all([metadata("a"), metadata("b")], ["only-one"])
+
+
+def test_commands_to_a_trial_are_indexed_for_its_worker_and_nothing_else_is(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    metric = TrialMetricReported(
+        experiment_id="exp1", trial_id="t1", attempt=1, parameter_id="0", metric_type="FINAL", sequence=0, data="1"
+    )
+    store.append(metric)
+    first = store.append(cancel("t1"), idempotency_key="stop-once")
+    store.append(cancel("t1"), idempotency_key="stop-once")  # a retried command is indexed once, like it is stored
+    store.append(cancel("t2"))
+    cursor, commands = store.trial_commands("t1")
+    assert [entry.id for entry in commands] == [first]
+    assert isinstance(commands[0], StoredEvent) and isinstance(commands[0].event, TrialCancelRequested)
+    assert store.trial_commands("t1", after=cursor) == (cursor, [])
+    later = store.append(cancel("t1"))
+    assert [entry.id for entry in store.trial_commands("t1", after=cursor, block_ms=1000)[1]] == [later]

@@ -1,0 +1,1 @@
+"""Faults: Redis, projector and workers killed, paused or cut off, and poison input."""

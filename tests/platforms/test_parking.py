@@ -1,0 +1,65 @@
+"""A trial that cannot start yet (its GPUs are busy) is parked, not re-queued in a loop, and starts
+as soon as what it waits for is freed."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import TypeVar
+
+from rq.registry import FinishedJobRegistry
+
+from core.event_store import StoredEvent
+from core.queueing import attempt_job_prefix, recheck_delay_s, trial_queue
+from manager.training_service import TrainingService
+from schemas.events import TrialDeferred, TrialEvent, TrialRequeued, TrialStarted
+from schemas.trial import TrialJobStatus
+from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
+from tests.platforms.test_gpu_scheduling import GPU_TRIAL, gpu_file, release
+
+RECHECKS = 3
+EventT = TypeVar("EventT", bound=TrialEvent)
+
+
+def events_of(service: TrainingService, trial_id: str, kind: type[EventT]) -> list[EventT]:
+    return [
+        entry.event
+        for entry in service.store.read()
+        if isinstance(entry, StoredEvent) and isinstance(entry.event, kind) and entry.event.trial_id == trial_id
+    ]
+
+
+def deliveries(rq_connection, service, trial_id: str) -> int:
+    """How many times a worker ran a job of the trial's first attempt."""
+    registry = FinishedJobRegistry(queue=trial_queue("local", rq_connection))
+    prefix = attempt_job_prefix(service.experiment_id, trial_id, 1)
+    return sum(1 for job_id in registry.get_job_ids() if job_id.startswith(prefix))
+
+
+def test_a_waiting_trial_backs_off_then_starts_when_the_gpu_is_freed(
+    make_service: ServiceFactory, processes: Processes, code_dir: Path, tmp_path: Path, rq_connection
+) -> None:
+    (code_dir / "gpu_trial.py").write_text(textwrap.dedent(GPU_TRIAL))
+    service = make_service(
+        f"{sys.executable} gpu_trial.py", platform_config={"platform": "local", "useActiveGpu": False}, gpu_number=1
+    )
+    fake = {"TRIALSTREAM_FAKE_GPUS": str(gpu_file(tmp_path, [0]))}
+    for _ in range(2):
+        processes.worker(env=fake)
+    holder = service.submit_trial_job(form(0)).id
+    wait_for_status(service, holder, "RUNNING")
+    waiting = service.submit_trial_job(form(1)).id
+
+    rechecks = lambda: [e for e in events_of(service, waiting, TrialRequeued) if e.reason == "re-check"]  # noqa: E731
+    wait_until(lambda: len(rechecks()) >= RECHECKS, 10 + sum(map(recheck_delay_s, range(RECHECKS + 1))))
+    # Before parking, a waiting trial's job ran again twice a second: ~14 times by now.
+    assert deliveries(rq_connection, service, waiting) <= RECHECKS + 2
+    assert len(events_of(service, waiting, TrialDeferred)) == 1  # one record of the wait, not one per re-check
+    assert service.get_trial_job(waiting).status is TrialJobStatus.WAITING
+
+    release(service)  # the holder ends: the waiting trial is woken at once, not at its next re-check
+    assert wait_for_status(service, waiting, "SUCCEEDED", "FAILED").status is TrialJobStatus.SUCCEEDED
+    started = events_of(service, waiting, TrialStarted)[0]
+    last_requeue = [e for e in events_of(service, waiting, TrialRequeued) if e.time <= started.time][-1]
+    assert last_requeue.reason == "a trial ended"

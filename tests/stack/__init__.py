@@ -1,0 +1,1 @@
+"""The docker-compose stack and its Dockerfile."""

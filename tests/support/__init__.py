@@ -1,0 +1,1 @@
+"""What the tests share: the simulators' fixtures, config writers, workers, the conformance suite, the stack."""

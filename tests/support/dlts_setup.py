@@ -1,0 +1,45 @@
+"""What the dlts platform's tests share: a simulated DLTS cluster (simulators/dltssim: a real HTTP server on
+loopback speaking the dashboard's API; each job runs as a local process), the trainingService section
+for it, and workers serving the platform's queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from simulators.dltssim import DltsSimulator
+
+if TYPE_CHECKING:
+    pass
+
+EMAIL = "alice@example.com"
+TEAM = "platform"
+CLUSTER = "eastus-p40"
+
+
+@pytest.fixture(name="dlts_cluster")
+def dlts_cluster_fixture(tmp_path: Path) -> Iterator[DltsSimulator]:
+    cluster = DltsSimulator(tmp_path / "dlts")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def dlts_section(sim: DltsSimulator, **extra: Any) -> dict[str, Any]:
+    """NNI's dltsConfig keys for the simulated cluster's user, polled often (the tests wait on it)."""
+    return {
+        "platform": "dlts",
+        "dashboard": sim.url,
+        "cluster": CLUSTER,
+        "team": TEAM,
+        "email": EMAIL,
+        "password": sim.password(EMAIL),
+        "image": "msranni/nni:latest",
+        "pollInterval": 0.1,
+        **extra,
+    }
