@@ -1,6 +1,6 @@
-"""The trial code directory as one deterministic tarball: what is sent to other machines.
+"""The trial code directory as one deterministic tarball: what is sent to other machines, and unpacked there.
 
-A remote platform uploads the code directory once per experiment and machine (workers/code_package.py),
+A remote platform uploads the code directory once per experiment and machine (workers/platforms/shared/),
 and `trialstream --manager URL run` uploads it to the manager; the archive's hash is the key that says
 "this machine already has this code", so the same content must give the same bytes whatever the
 mtimes, owners or umask. The rules follow NNI 3.0 (``ts/nni_manager/common/tarball.ts``):
@@ -8,23 +8,32 @@ only ``.nniignore`` at the root of the code directory excludes anything, with gi
 nothing else is skipped implicitly (not ``.git``, not ``__pycache__``, not ``.nniignore`` itself);
 only files and symlinks are counted and stored (empty directories are dropped); more than 2000 files
 or more than 300 MiB of them is refused, before anything is written (NNI's docs and 2.x say 300 MB;
-3.0's tarball.ts raised it to 1 GiB without saying so, and we keep the documented limit).
+3.0's tarball.ts raised it to 1 GiB without saying so, and we keep the documented limit). `unpack` is
+the manager's side of an upload: the same limits, and no member that leaves its directory.
 """
 
 from __future__ import annotations
 
+import bz2
+import copy
 import gzip
 import hashlib
 import io
+import lzma
 import os
+import shutil
 import stat
 import tarfile
+import tempfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pathspec
+
+from schemas.config import ConfigError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -244,3 +253,152 @@ def _add(tar: tarfile.TarFile, entry: Entry) -> None:
         raise CodeDirectoryError(
             f"cannot read {entry.path}: {exc.strerror or exc}; fix its permissions or add it to {IGNORE_FILE}"
         ) from exc
+
+
+# Unpacking an uploaded archive (`trialstream manager`'s PUT /code), within the same limits.
+
+
+class ArchiveTooLarge(ValueError):
+    """An archive over NNI's limits for a code directory; the message names the limit."""
+
+
+# What an upload may unpack to: NNI's limits on a code directory (core/code_archive), as the CLI
+# applies them before it uploads. `tar` (unlike the CLI) also writes one entry per directory.
+UNPACK_MAX_FILES = MAX_FILES  # files and links
+UNPACK_MAX_DIRECTORIES = MAX_FILES
+UNPACK_MAX_BYTES = MAX_BYTES  # their contents (a link counts its target's length, as in NNI)
+# The tar stream itself (headers, padding, directory entries): bounded before any header is parsed,
+# so a small archive cannot decompress to gigabytes of headers either.
+UNPACK_MAX_TAR_BYTES = MAX_TAR_BYTES + UNPACK_MAX_DIRECTORIES * MEMBER_OVERHEAD_BYTES
+
+
+# _code_member has checked each member: Python 3.14's default filter would refuse absolute symlinks
+_TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+
+
+def unpack(body: bytes, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=".upload-"))
+    try:
+        with tarfile.open(fileobj=_Capped(_decompressed(body), UNPACK_MAX_TAR_BYTES), mode="r|") as archive:
+            files = directories = size = 0
+            for member in archive:  # one at a time, each counted before it is written
+                if member.isdir():
+                    directories += 1
+                else:
+                    files += 1
+                    size += member.size if member.isreg() else len(member.linkname)
+                if files > UNPACK_MAX_FILES:
+                    raise ArchiveTooLarge(f"code upload: more than {UNPACK_MAX_FILES} files (NNI's limit for code)")
+                if directories > UNPACK_MAX_DIRECTORIES:
+                    raise ArchiveTooLarge(f"code upload: more than {UNPACK_MAX_DIRECTORIES} directories")
+                if size > UNPACK_MAX_BYTES:
+                    raise ArchiveTooLarge(
+                        f"code upload: its files hold more than {UNPACK_MAX_BYTES} bytes (NNI's limit for code)"
+                    )
+                safe = _code_member(member, str(scratch))
+                if safe is not None:
+                    archive.extract(safe, scratch, **_TRUSTED)
+        _check_unpacked(scratch)
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not target.is_dir():  # else the same upload, unpacked at the same time: it is there
+                raise
+    except ArchiveTooLarge:
+        raise
+    except (tarfile.TarError, OSError, EOFError, ValueError, RecursionError, zlib.error, lzma.LZMAError) as error:
+        # ValueError, RecursionError: what tarfile raises on some malformed names and link loops
+        raise ConfigError(f"code upload: not a usable tar archive ({error})") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _code_member(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo | None:
+    """What the `data` extraction filter allows, checked here because Python before 3.11.4 (Debian 12's
+    3.11.2) has no filters: no path outside `destination`, none written through a link, no devices, no
+    setuid or group/other write bits, no foreign owners, a hard link only to a regular file inside. But
+    symlinks stay as they are, absolute ones included, as in NNI's uploads. None: nothing to write (the
+    archive's own top directory, `./`)."""
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        raise tarfile.ExtractError(f"{member.name!r} is not a file, a directory or a link")
+    parts = [part for part in member.name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise tarfile.ExtractError(f"{member.name!r}: '..' in a name")
+    if not parts:
+        if member.isdir():
+            return None
+        raise tarfile.ExtractError(f"{member.name!r} is not a file name")
+    inside = os.path.realpath(destination)
+    name = "/".join(parts)
+    path = os.path.join(inside, name)
+    if os.path.commonpath([os.path.realpath(path), inside]) != inside:  # through the links unpacked so far
+        raise tarfile.ExtractError(f"{member.name!r} is outside the code directory")
+    # tarfile, failing to make a link, copies its target's member instead (the unchecked original): so a
+    # link must be makeable, never over something already there, and a hard link only to a regular file
+    if (member.issym() or member.islnk()) and (not member.linkname or os.path.lexists(path)):
+        raise tarfile.ExtractError(f"{member.name!r}: a link with no target, or over an entry already there")
+    if member.islnk():
+        target = os.path.join(inside, member.linkname)
+        if os.path.commonpath([os.path.realpath(target), inside]) != inside or not (
+            os.path.isfile(target) and not os.path.islink(target)
+        ):
+            raise tarfile.ExtractError(f"{member.name!r} links to something other than a file of the code directory")
+    mode = member.mode & 0o755
+    if member.isreg() or member.islnk():
+        mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+    elif member.isdir():
+        mode |= 0o700
+    safe = copy.copy(member)
+    safe.name, safe.mode = name, mode
+    safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
+    return safe
+
+
+def _check_unpacked(directory: Path) -> None:
+    """What is on disk after unpacking, whatever path tarfile took: files, directories and symlinks of this
+    process's user, with no setuid, setgid, sticky or group/other write bits."""
+    for parent, directories, files in os.walk(directory):
+        for entry in (*directories, *files):
+            found = os.lstat(os.path.join(parent, entry))
+            if stat.S_ISLNK(found.st_mode):
+                continue
+            if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)):
+                raise tarfile.ExtractError(f"{entry!r} is not a file, a directory or a link")
+            if found.st_mode & 0o7022 or found.st_uid != os.getuid():
+                raise tarfile.ExtractError(f"{entry!r} unpacked with other permissions or owner than allowed")
+
+
+def _decompressed(body: bytes) -> io.BufferedIOBase:
+    """The tar stream of a .tar.gz (what the CLI sends), .tar.bz2, .tar.xz or plain .tar, read lazily."""
+    raw = io.BytesIO(body)
+    if body.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if body.startswith(b"BZh"):
+        return bz2.BZ2File(raw)
+    if body.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw)
+    return raw
+
+
+class _Capped(io.RawIOBase):
+    """A stream that refuses to give more than `limit` bytes: a gzip bomb stops at the limit."""
+
+    def __init__(self, source: io.BufferedIOBase, limit: int) -> None:
+        super().__init__()
+        self._source = source
+        self._limit = limit
+        self._read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(min(len(buffer), self._limit + 1 - self._read))
+        self._read += len(data)
+        if self._read > self._limit:
+            raise ArchiveTooLarge(
+                f"code upload: unpacks to more than {self._limit} bytes of tar (NNI's limit for code)"
+            )
+        buffer[: len(data)] = data
+        return len(data)

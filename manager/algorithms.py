@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from manager.tuners import OPTIMIZE_MODES, SearchSpaceError, validate_search_space
+from manager.search_space import OPTIMIZE_MODES, SearchSpaceError, validate_search_space
 from schemas.config import AlgorithmConfig
 
 Role = Literal["tuner", "assessor"]

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from core.registry import UnknownPlatform, platform_class
 from manager.algorithms import Algorithm, AlgorithmError, resolve
-from manager.tuners import SearchSpaceError
+from manager.search_space import SearchSpaceError
 from schemas.config import (
     AlgorithmConfig,
     ConfigError,

@@ -21,23 +21,23 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from rq import Queue, Worker
 
-from core import keys
 from core.assignments import experiment_secrets
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
-from core.queueing import queue_name
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
-from core.registry import platform_class
 from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
 from manager.experiments import create_experiment, finish_experiment
+from manager.preflight import platform_problems, unserved
 from manager.projection import apply_to_trial, metric_record
-from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
+from manager.runner_claim import RUNNER_LEASE_S, RUNNER_RENEW_S, RunnerClaim
+from manager.training_service import TrainingService
 from manager.transfer import end_imported_trials
 from manager.tuner_thread import TunerThread
 from schemas.events import (
+    PLATFORM_CONFIG,
+    TRIAL_CONFIG,
     CustomizedTrialRequested,
     ExperimentChanges,
     ExperimentCreated,
@@ -65,8 +65,6 @@ _WAIT_S = 0.5  # longest wait on the log: the runner re-checks its claim and dea
 _TUNER_POLL_S = 0.02  # while the tuner thinks, how soon what it says is picked up
 _QUICK_TUNER_S = 0.05  # a request answered within this is submitted in the same round
 _DRAIN_S = 10.0  # at the end, how long the tuner may take over the inputs still queued
-RUNNER_LEASE_S = 5.0
-RUNNER_RENEW_S = 1.0
 
 
 class RunnerError(RuntimeError):
@@ -80,29 +78,6 @@ class ClaimLost(RunnerError):
 class Detached(RunnerError):
     """The runner let go of a running experiment (its host is shutting down): the experiment stays
     RUNNING in the log and the next runner resumes it."""
-
-
-# The claim is fenced by an epoch counted up by every runner that takes it. KEYS: claim, epoch.
-_CLAIM = """
-if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-return redis.call('incr', KEYS[2])
-"""
-# Compare-and-set renewal: a runner that stalled past its lease must not renew the claim a `resume`
-# took meanwhile. A claim that merely lapsed (Redis was paused or restarted, nobody took it since:
-# the epoch is still this runner's) is taken back. KEYS: claim, epoch. ARGV: name, lease ms, epoch.
-_RENEW_IF_MINE = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-if not holder and redis.call('get', KEYS[2]) == ARGV[3] then
-  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-_RELEASE_IF_MINE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 
 
 @dataclass
@@ -145,36 +120,18 @@ class ExperimentResult:
         )
 
 
-def experiments_root(spec: ExperimentSpec, settings: Settings) -> Path:
+def working_root(spec: ExperimentSpec, settings: Settings) -> Path:
     """experimentWorkingDirectory if the config gives one, else the experiments_dir setting."""
     return Path(spec.config.experiment_working_directory or settings.experiments_dir).expanduser().resolve()
 
 
 def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str) -> None:
-    """Fail clearly, rather than hang, when nothing would ever run or project the trials."""
-    queue = Queue(queue_name(platform), connection=rq_connection)
-    if not Worker.all(queue=queue):
-        raise RunnerError(
-            f"no worker serves queue {queue.name!r} on {url_hint}: start one with "
-            f"`trialstream worker --platform {platform}`"
-        )
-    if not client.exists(keys.PROJECTOR_HEARTBEAT):
-        raise RunnerError(f"no projector serves {url_hint}: start one with `trialstream projector`")
+    _refuse_if(unserved(client, rq_connection, platform, url_hint))
 
 
-def check_platform(spec: ExperimentSpec, settings: Settings) -> None:
-    """The platform's own check before anything runs (hosts reachable, credentials right): every
-    problem at once, one line each; no experiment is created or trial submitted when there is one. A
-    hybrid experiment checks every listed platform: one that fails stops it before any trial."""
-    failures = []
-    for index, platform in enumerate(spec.platforms):
-        check = getattr(platform_class(platform.platform), "check", None)  # optional for third-party platforms
-        problems = check(platform, spec.code_directory, settings) if check is not None else []
-        if problems:
-            where = f"trainingService.{index} ({platform.platform})" if spec.hybrid else "trainingService"
-            failures.append(f"{where}: cannot run trials there:\n" + "\n".join(f"  {line}" for line in problems))
-    if failures:
-        raise RunnerError("\n".join(failures))
+def _refuse_if(problem: str | None) -> None:
+    if problem:
+        raise RunnerError(problem)
 
 
 class ExperimentRunner:
@@ -219,13 +176,9 @@ class ExperimentRunner:
         self._ends_at_request = 0
         self._next_sequence_id = 0
         self._reaped_at = 0.0
-        self._claimed_at = 0.0
         self._unclaimed: set[str] = set()
         self._name = f"runner:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._renew_if_mine = client.register_script(_RENEW_IF_MINE)
-        self._release_if_mine = client.register_script(_RELEASE_IF_MINE)
-        self._take_claim = client.register_script(_CLAIM)
-        self._epoch = 0
+        self._claim = RunnerClaim(client, experiment_id, self._name)
         self._replaying = False
         self._stop_requested: str | None = None  # why, once a stop was asked for after this runner started
         self._customized: deque[tuple[str, dict[str, Any]]] = deque()  # (request id, parameters) not yet submitted
@@ -245,11 +198,11 @@ class ExperimentRunner:
     ) -> ExperimentRunner:
         """A new experiment in the log, with its trial and platform config as cluster metadata."""
         settings = settings or Settings()
-        check_platform(spec, settings)
-        root = experiments_root(spec, settings)
+        _refuse_if(platform_problems(spec, settings))
+        root = working_root(spec, settings)
         experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id, spec.secrets)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
-        runner._claim(wait_s=0)
+        runner._take_claim(wait_s=0)
         trial_config = TrialConfig(
             command=spec.config.trial_command,
             code_directory=str(spec.code_directory),
@@ -298,7 +251,7 @@ class ExperimentRunner:
         config = dict(experiment.config)
         config["trainingService"] = with_secrets(config["trainingService"], experiment_secrets(client, experiment_id))
         spec = stored_experiment_spec(config, experiment.working_directory)
-        check_platform(spec, settings or Settings())
+        _refuse_if(platform_problems(spec, settings or Settings()))
         elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)
         runner = cls(
             spec,
@@ -310,7 +263,7 @@ class ExperimentRunner:
             elapsed_s,
             settings,
         )
-        runner._claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
+        runner._take_claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
         if changes is not None:
             service.store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
         if experiment.imported:
@@ -376,35 +329,22 @@ class ExperimentRunner:
         finally:
             tuner.close()
             stop_nni_logging(self.experiment_dir / "log" / "dispatcher.log")
-            self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
+            self._claim.release()
 
-    def _claim(self, wait_s: float) -> None:
-        """Become the experiment's only runner: two would both submit trials and overspend the budget."""
-        key, epoch = keys.runner(self.experiment_id), keys.runner_epoch(self.experiment_id)
-        give_up = time.monotonic() + wait_s
-        lease_ms = int(RUNNER_LEASE_S * 1000)
-        while not (taken := int(self._take_claim(keys=[key, epoch], args=[self._name, lease_ms]))):
-            if time.monotonic() >= give_up:
-                holder: Any = self._client.get(key)
-                raise RunnerError(f"experiment {self.experiment_id} is being run by {holder}; stop that runner first")
-            time.sleep(0.1)
-        self._epoch = taken
-        self._claimed_at = time.monotonic()
+    def _take_claim(self, wait_s: float) -> None:
+        """Become the experiment's only runner, or say who runs it."""
+        if not self._claim.take(wait_s):
+            holder = self._claim.holder()
+            raise RunnerError(f"experiment {self.experiment_id} is being run by {holder}; stop that runner first")
 
     def _keep_claim(self) -> None:
-        """Renew the runner claim, once a second (not once per wake-up: a write is an fsync away),
-        and only while it is still ours: a runner that lost it stops before it submits again."""
-        if time.monotonic() - self._claimed_at < RUNNER_RENEW_S:
-            return
-        key, epoch = keys.runner(self.experiment_id), keys.runner_epoch(self.experiment_id)
-        if not self._renew_if_mine(keys=[key, epoch], args=[self._name, int(RUNNER_LEASE_S * 1000), self._epoch]):
-            holder: Any = self._client.get(key)
+        if not self._claim.keep():
+            holder = self._claim.holder()
             now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
             raise ClaimLost(
                 f"this runner of experiment {self.experiment_id} lost its claim (it stalled past its "
                 f"{RUNNER_LEASE_S:g} s lease) and stopped, submitting nothing more; {now}"
             )
-        self._claimed_at = time.monotonic()
 
     def _start_tuner(self, replay: list[LogEntry]) -> None:
         """Build the tuner and give it the search space; on resume, replay its inputs from the log.
@@ -419,7 +359,7 @@ class ExperimentRunner:
             dispatcher = build_dispatcher(tuner, assessor, self.experiment_dir / "log" / "dispatcher.log")
         except Exception as error:  # a constructor that refuses its classArgs: the experiment ends here
             self._finish_experiment("ERROR", f"the tuner failed:\n{traceback.format_exc()}")
-            self._release_if_mine(keys=[keys.runner(self.experiment_id)], args=[self._name])
+            self._claim.release()
             raise RunnerError(f"{tuner.label} could not be built: {error}") from None
         self._tuner = TunerThread(dispatcher)
         created = next(

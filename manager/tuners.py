@@ -1,10 +1,5 @@
-"""NNI-compatible search spaces and the native Random and GridSearch tuners.
-
-The search space format and the meaning of every `_type` follow NNI's search space spec, so an
-NNI experiment's `searchSpace` works unchanged. The two tuners speak NNI's Tuner interface (so the
-dispatcher drives them as it drives NNI's own) and need no `nni` package. Everything here is pure
-computation (no I/O) so tests can drive it directly.
-"""
+"""The native Random and GridSearch tuners: NNI's Tuner interface (so the dispatcher drives them as it drives
+NNI's own) over the search spaces of manager/search_space.py, with no `nni` package. Pure computation."""
 
 from __future__ import annotations
 
@@ -12,281 +7,28 @@ import copy
 import json
 import math
 import random
-import reprlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any, TypeAlias
 
-
-class SearchSpaceError(ValueError):
-    """An invalid search space; the message starts with the offending path, e.g. `searchSpace.lr._value`."""
-
-
-_TYPES = (
-    "choice",
-    "randint",
-    "uniform",
-    "quniform",
-    "loguniform",
-    "qloguniform",
-    "normal",
-    "qnormal",
-    "lognormal",
-    "qlognormal",
+from manager.search_space import (
+    OPTIMIZE_MODES,
+    Choice,
+    Numeric,
+    Option,
+    Param,
+    RandInt,
+    Space,
+    is_int,
+    parse_params,
+    parse_space,
+    show,
 )
-
-# What each numeric `_value` must look like, quoted in errors so the user sees the fix. No `[name, ...]`:
-# a terminal that reads markup takes that for a tag and drops it ("uniform needs  with low < high").
-_EXPECTED = {
-    "randint": "two integers lower, upper with lower < upper",
-    "uniform": "two numbers low, high with low < high",
-    "quniform": "three numbers low, high, q with low < high and q > 0",
-    "loguniform": "two numbers low, high with 0 < low < high",
-    "qloguniform": "three numbers low, high, q with 0 < low < high and q > 0",
-    "normal": "two numbers mu, sigma with sigma > 0",
-    "qnormal": "three numbers mu, sigma, q with sigma > 0 and q > 0",
-    "lognormal": "two numbers mu, sigma with sigma > 0",
-    "qlognormal": "three numbers mu, sigma, q with sigma > 0 and q > 0",
-}
-
-OPTIMIZE_MODES = ("maximize", "minimize")
 
 # Grid intervals narrower than this (in probability space) are not split further: no float-valued
 # parameter can tell such points apart, and it bounds the search where quantization hides a value.
 _MIN_WIDTH = 2.0**-40
-
-_show = reprlib.repr
-
-
-@dataclass(frozen=True)
-class _Choice:
-    options: tuple[Any, ...]  # plain JSON values, or _Option for nested search spaces
-
-
-@dataclass(frozen=True)
-class _Option:
-    """A nested search space offered by a choice; `_name` tells the trial which one was picked."""
-
-    name: str
-    space: _Space
-
-
-@dataclass(frozen=True)
-class _RandInt:
-    lower: int
-    upper: int
-
-
-@dataclass(frozen=True)
-class _Numeric:
-    """uniform/normal families; `a`, `b` are low/high or mu/sigma, `q` the quantization step."""
-
-    type: str
-    a: float
-    b: float
-    q: float | None
-
-    @property
-    def _normal(self) -> bool:
-        return "normal" in self.type
-
-    @property
-    def _log(self) -> bool:
-        return "log" in self.type
-
-    def draw(self, rng: random.Random) -> float:
-        """A sample of the underlying continuous distribution, before quantization and clipping."""
-        if self._normal:
-            x = rng.gauss(self.a, self.b)
-            return math.exp(x) if self._log else x
-        if self._log:
-            return math.exp(rng.uniform(math.log(self.a), math.log(self.b)))
-        return rng.uniform(self.a, self.b)
-
-    def quantile(self, u: float) -> float:
-        """Inverse CDF, so the grid can bisect probability space (NNI's way of gridding normals)."""
-        if self._normal:
-            x = NormalDist(self.a, self.b).inv_cdf(u)
-            return math.exp(x) if self._log else x
-        if self._log:
-            return math.exp(math.log(self.a) + (math.log(self.b) - math.log(self.a)) * u)
-        return self.a + (self.b - self.a) * u
-
-    def clip(self, x: float) -> float:
-        """Keep bounded types inside [low, high] despite rounding (NNI's clip for q types)."""
-        return float(min(max(x, self.a), self.b)) if not self._normal else float(x)
-
-    def finish(self, x: float) -> float:
-        """NNI's output formula: `clip(round(x / q) * q, low, high)`, or just the clipped x."""
-        return self.clip(x if self.q is None else round(x / self.q) * self.q)
-
-    def coord_bounds(self) -> tuple[float, float]:
-        """Grid coordinates reached just inside the support: the value itself, or the step count k."""
-        if self._normal:
-            return (0.0 if self._log else -math.inf, math.inf)
-        if self.q is None:
-            return (self.a, self.b)
-        # round(x / q) for x strictly inside (low, high): the half-up limit at low, half-down at high.
-        return (float(math.floor(self.a / self.q + 0.5)), float(math.ceil(self.b / self.q - 0.5)))
-
-    def coord(self, u: float, bounds: tuple[float, float]) -> float:
-        """The grid coordinate at probability u; distinct coordinates give distinct values."""
-        x = self.quantile(u)
-        raw = x if self.q is None else float(round(x / self.q))
-        return min(max(raw, bounds[0]), bounds[1])
-
-    def value(self, coord: float) -> float:
-        """The parameter value a grid coordinate stands for."""
-        return self.clip(coord if self.q is None else coord * self.q)
-
-
-_Param: TypeAlias = _Choice | _RandInt | _Numeric
-_Space: TypeAlias = tuple[tuple[str, _Param], ...]
-
-
-NAS_TYPES = ("layer_choice", "input_choice")  # NNI's classic NAS space: RegularizedEvolution and PPO take it
-
-
-def validate_search_space(space: dict[str, Any], allow_empty: bool = False, nas: bool = False) -> None:
-    """Reject a search space NNI tuners could not sample, naming the parameter path and the fix.
-
-    Only a tuner that defines its own space (NetworkMorphism, a custom tuner) may take an empty one;
-    only one that searches architectures (`nas`) takes layer_choice and input_choice."""
-    if nas and isinstance(space, dict):
-        architecture = {name: spec for name, spec in space.items() if _nas_type(spec)}
-        for name, spec in architecture.items():
-            _check_nas(spec, f"searchSpace.{name}")
-        space = {name: spec for name, spec in space.items() if name not in architecture}
-        allow_empty = allow_empty or bool(architecture)
-    _parse_space(space, allow_empty)
-
-
-def _nas_type(spec: Any) -> bool:
-    return isinstance(spec, dict) and spec.get("_type") in NAS_TYPES
-
-
-def _check_nas(spec: dict[str, Any], path: str) -> None:
-    value = spec.get("_value")
-    if spec["_type"] == "layer_choice":
-        if not isinstance(value, list) or not value:
-            raise SearchSpaceError(f"{path}._value: layer_choice needs a non-empty list of layers; got {_show(value)}")
-        return
-    candidates = value.get("candidates") if isinstance(value, dict) else None
-    chosen = value.get("n_chosen") if isinstance(value, dict) else None
-    counted = isinstance(candidates, list) and _is_int(chosen)
-    if not counted or not 0 < int(chosen or 0) <= len(candidates or []):
-        raise SearchSpaceError(
-            f"{path}._value: input_choice needs candidates (a non-empty list) and n_chosen (1 to their number); "
-            f"got {_show(value)}"
-        )
-
-
-def _parse_space(space: Any, allow_empty: bool = False) -> _Space:
-    parsed = _parse_params(space, "searchSpace")
-    if not parsed and not allow_empty:
-        raise SearchSpaceError("searchSpace: must define at least one parameter")
-    return parsed
-
-
-def _parse_params(space: Any, path: str) -> _Space:
-    if not isinstance(space, dict):
-        raise SearchSpaceError(
-            f'{path}: expected a mapping of parameter names to {{"_type": ..., "_value": [...]}}; got {_show(space)}'
-        )
-    params = []
-    for name, spec in space.items():
-        if not isinstance(name, str) or not name:
-            raise SearchSpaceError(f"{path}: parameter names must be non-empty strings; got {_show(name)}")
-        params.append((name, _parse_param(spec, f"{path}.{name}")))
-    return tuple(params)
-
-
-def _parse_param(spec: Any, path: str) -> _Param:
-    if not isinstance(spec, dict) or "_type" not in spec or "_value" not in spec:
-        raise SearchSpaceError(f'{path}: expected {{"_type": ..., "_value": [...]}}; got {_show(spec)}')
-    type_, value = spec["_type"], spec["_value"]
-    if type_ in NAS_TYPES:
-        raise SearchSpaceError(
-            f"{path}._type: {type_} is an architecture choice: only RegularizedEvolution and PPO take it"
-        )
-    if not isinstance(type_, str) or type_ not in _TYPES:
-        raise SearchSpaceError(f"{path}._type: unknown type {_show(type_)}; supported types are {', '.join(_TYPES)}")
-    if type_ == "choice":
-        return _parse_choice(value, path)
-    bad = SearchSpaceError(f"{path}._value: {type_} needs {_EXPECTED[type_]}; got {_show(value)}")
-    if type_ == "randint":
-        integers = isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value)
-        if not integers or value[0] >= value[1]:
-            raise bad
-        return _RandInt(value[0], value[1])
-    numbers = [_finite(v) for v in value] if isinstance(value, list) else []
-    if len(numbers) != (3 if type_.startswith("q") else 2) or None in numbers:
-        raise bad
-    a, b, *rest = (n for n in numbers if n is not None)
-    q = rest[0] if rest else None
-    ordered = b > 0 if "normal" in type_ else a < b and (a > 0 or "log" not in type_)
-    if not ordered or (q is not None and q <= 0):
-        raise bad
-    return _Numeric(type_, a, b, q)
-
-
-def _parse_choice(value: Any, path: str) -> _Choice:
-    if not isinstance(value, list) or not value:
-        raise SearchSpaceError(f"{path}._value: choice needs a non-empty list of options; got {_show(value)}")
-    options: list[Any] = []
-    names: set[str] = set()
-    for index, option in enumerate(value):
-        where = f"{path}._value[{index}]"
-        if isinstance(option, dict) and "_name" in option:
-            name = option["_name"]
-            if not isinstance(name, str) or not name:
-                raise SearchSpaceError(
-                    f"{where}._name: a dict option is a nested search space and needs a non-empty "
-                    f"string '_name'; got {_show(name)}"
-                )
-            if name in names:
-                raise SearchSpaceError(f"{where}._name: duplicate option name {name!r}; names must be unique")
-            names.add(name)
-            nested = {key: spec for key, spec in option.items() if key != "_name"}
-            options.append(_Option(name, _parse_params(nested, where)))
-        elif _is_json_literal(option):
-            options.append(copy.deepcopy(option))
-        else:
-            raise SearchSpaceError(
-                f"{where}: choice options must be strings, numbers, booleans, null, lists, mappings or "
-                f"nested search spaces (mappings with a '_name'); got {_show(option)}"
-            )
-    return _Choice(tuple(options))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _finite(v: Any) -> float | None:
-    """The number as a float, or None when it is not a finite real (bools are not numbers here)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    try:
-        x = float(v)
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _is_json_literal(v: Any) -> bool:
-    """Whether the value survives a JSON round trip unchanged, so trials receive exactly the option."""
-    if v is None or isinstance(v, bool | str) or _is_int(v):
-        return True
-    if isinstance(v, float):
-        return math.isfinite(v)
-    if isinstance(v, list):
-        return all(_is_json_literal(item) for item in v)
-    if isinstance(v, dict):
-        return all(isinstance(k, str) and _is_json_literal(item) for k, item in v.items())
-    return False
 
 
 class NativeTuner:
@@ -300,12 +42,12 @@ class NativeTuner:
         if optimize_mode is None:
             optimize_mode = "maximize"
         if optimize_mode not in OPTIMIZE_MODES:
-            raise ValueError(f"optimize_mode: expected one of {', '.join(OPTIMIZE_MODES)}; got {_show(optimize_mode)}")
+            raise ValueError(f"optimize_mode: expected one of {', '.join(OPTIMIZE_MODES)}; got {show(optimize_mode)}")
         self.optimize_mode = optimize_mode
-        self._space: _Space = ()
+        self._space: Space = ()
 
     def update_search_space(self, search_space: dict[str, Any]) -> None:
-        self._space = _parse_space(search_space)
+        self._space = parse_space(search_space)
 
     def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any] | None:
         raise NotImplementedError
@@ -331,25 +73,25 @@ class RandomTuner(NativeTuner):
 
     def __init__(self, seed: int | None = None, optimize_mode: str | None = "maximize") -> None:
         super().__init__(optimize_mode)
-        if seed is not None and not _is_int(seed):
-            raise ValueError(f"seed: expected an integer; got {_show(seed)}")
+        if seed is not None and not is_int(seed):
+            raise ValueError(f"seed: expected an integer; got {show(seed)}")
         self._rng = random.Random(seed)
 
     def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any]:
         return _sample_space(self._space, self._rng)
 
 
-def _sample_space(space: _Space, rng: random.Random) -> dict[str, Any]:
+def _sample_space(space: Space, rng: random.Random) -> dict[str, Any]:
     return {name: _sample(param, rng) for name, param in space}
 
 
-def _sample(param: _Param, rng: random.Random) -> Any:
-    if isinstance(param, _Choice):
+def _sample(param: Param, rng: random.Random) -> Any:
+    if isinstance(param, Choice):
         option = rng.choice(param.options)
-        if isinstance(option, _Option):
+        if isinstance(option, Option):
             return {"_name": option.name, **_sample_space(option.space, rng)}
         return copy.deepcopy(option)
-    if isinstance(param, _RandInt):
+    if isinstance(param, RandInt):
         return rng.randrange(param.lower, param.upper)
     return param.finish(param.draw(rng))
 
@@ -364,12 +106,12 @@ class _Plain:
 class _ChoiceAxis:
     """A choice's grid: its distinct options, each nested space expanded in turn."""
 
-    def __init__(self, choice: _Choice, axes: list[_Axis]) -> None:
+    def __init__(self, choice: Choice, axes: list[_Axis]) -> None:
         self.bar = 0
         self._options: list[_Plain | tuple[str, list[_Node]]] = []
         keys: set[str] = set()
         for option in choice.options:
-            if isinstance(option, _Option):
+            if isinstance(option, Option):
                 self._options.append((option.name, _grid_nodes(option.space, axes)))
             # Random keeps repeats (they weight the draw); for the grid they are one point.
             elif (key := json.dumps(option, sort_keys=True)) not in keys:
@@ -393,7 +135,7 @@ class _ChoiceAxis:
 class _IntAxis:
     """randint is unordered in NNI's grid (like choice), so every integer is on the first grid."""
 
-    def __init__(self, param: _RandInt) -> None:
+    def __init__(self, param: RandInt) -> None:
         self.bar = 0
         self._lower = param.lower
         self.size = param.upper - param.lower
@@ -409,7 +151,7 @@ class _NumericAxis:
     yet on the grid may lie inside it, so quantized types run out exactly when every value is found.
     """
 
-    def __init__(self, spec: _Numeric) -> None:
+    def __init__(self, spec: Numeric) -> None:
         self.bar = 0
         self._values: list[float] = []
         self._spec = spec
@@ -459,14 +201,14 @@ _Axis: TypeAlias = _ChoiceAxis | _IntAxis | _NumericAxis
 _Node: TypeAlias = tuple[str, _Axis]
 
 
-def _grid_nodes(space: _Space, axes: list[_Axis]) -> list[_Node]:
+def _grid_nodes(space: Space, axes: list[_Axis]) -> list[_Node]:
     """One axis per parameter, nested ones included; `axes` collects them all so epochs can advance."""
     nodes: list[_Node] = []
     for name, param in space:
         axis: _Axis
-        if isinstance(param, _Choice):
+        if isinstance(param, Choice):
             axis = _ChoiceAxis(param, axes)
-        elif isinstance(param, _RandInt):
+        elif isinstance(param, RandInt):
             axis = _IntAxis(param)
         else:
             axis = _NumericAxis(param)
@@ -501,7 +243,7 @@ class GridSearchTuner(NativeTuner):
 
     def update_search_space(self, search_space: dict[str, Any]) -> None:
         self._axes: list[_Axis] = []
-        self._nodes = _grid_nodes(_parse_params(search_space, "searchSpace"), self._axes)
+        self._nodes = _grid_nodes(parse_params(search_space, "searchSpace"), self._axes)
         self._numeric = [axis for axis in self._axes if isinstance(axis, _NumericAxis)]
         for axis in self._numeric:
             axis.split()

@@ -7,21 +7,10 @@ ManagerHost or a read of the views, so one slow request never holds up the other
 from __future__ import annotations
 
 import asyncio
-import bz2
-import copy
-import gzip
 import hashlib
-import io
 import json
-import lzma
-import os
-import shutil
-import stat
-import tarfile
-import tempfile
 import time
 import weakref
-import zlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,7 +26,7 @@ from manager.config import experiment_spec
 from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.replay import describe
-from manager.tuners import SearchSpaceError, validate_search_space
+from manager.search_space import SearchSpaceError, validate_search_space
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -121,7 +110,7 @@ async def upload_code(request: Request, host: Host) -> Any:
     try:
         # hashing (up to the upload limit) and unpacking are blocking work: not on the event loop
         return await anyio.to_thread.run_sync(_store_code, body, code_directory(host, "."))
-    except UploadTooLarge as error:
+    except code_archive.ArchiveTooLarge as error:
         return JSONResponse({"error": str(error)}, status_code=413)
 
 
@@ -129,156 +118,12 @@ def code_directory(host: ManagerHost, code_id: str) -> Path:
     return Path(host.settings.experiments_dir).expanduser().resolve() / "code" / code_id
 
 
-class UploadTooLarge(ValueError):
-    """An archive over NNI's limits for a code directory; the message names the limit."""
-
-
-# What an upload may unpack to: NNI's limits on a code directory (core/code_archive), as the CLI
-# applies them before it uploads. `tar` (unlike the CLI) also writes one entry per directory.
-UPLOAD_MAX_FILES = code_archive.MAX_FILES  # files and links
-UPLOAD_MAX_DIRECTORIES = code_archive.MAX_FILES
-UPLOAD_MAX_BYTES = code_archive.MAX_BYTES  # their contents (a link counts its target's length, as in NNI)
-# The tar stream itself (headers, padding, directory entries): bounded before any header is parsed,
-# so a small archive cannot decompress to gigabytes of headers either.
-UPLOAD_MAX_TAR_BYTES = code_archive.MAX_TAR_BYTES + UPLOAD_MAX_DIRECTORIES * code_archive.MEMBER_OVERHEAD_BYTES
-
-
 def _store_code(body: bytes, code_root: Path) -> CodeUploaded:
     code_id = hashlib.sha256(body).hexdigest()
     target = code_root / code_id
     if not target.is_dir():
-        _unpack(body, target)
+        code_archive.unpack(body, target)
     return CodeUploaded(code_id=code_id, size=len(body))
-
-
-# _code_member has checked each member: Python 3.14's default filter would refuse absolute symlinks
-_TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-
-
-def _unpack(body: bytes, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=".upload-"))
-    try:
-        with tarfile.open(fileobj=_Capped(_decompressed(body), UPLOAD_MAX_TAR_BYTES), mode="r|") as archive:
-            files = directories = size = 0
-            for member in archive:  # one at a time, each counted before it is written
-                if member.isdir():
-                    directories += 1
-                else:
-                    files += 1
-                    size += member.size if member.isreg() else len(member.linkname)
-                if files > UPLOAD_MAX_FILES:
-                    raise UploadTooLarge(f"code upload: more than {UPLOAD_MAX_FILES} files (NNI's limit for code)")
-                if directories > UPLOAD_MAX_DIRECTORIES:
-                    raise UploadTooLarge(f"code upload: more than {UPLOAD_MAX_DIRECTORIES} directories")
-                if size > UPLOAD_MAX_BYTES:
-                    raise UploadTooLarge(
-                        f"code upload: its files hold more than {UPLOAD_MAX_BYTES} bytes (NNI's limit for code)"
-                    )
-                safe = _code_member(member, str(scratch))
-                if safe is not None:
-                    archive.extract(safe, scratch, **_TRUSTED)
-        _check_unpacked(scratch)
-        try:
-            scratch.rename(target)
-        except OSError:
-            if not target.is_dir():  # else the same upload, unpacked at the same time: it is there
-                raise
-    except UploadTooLarge:
-        raise
-    except (tarfile.TarError, OSError, EOFError, ValueError, RecursionError, zlib.error, lzma.LZMAError) as error:
-        # ValueError, RecursionError: what tarfile raises on some malformed names and link loops
-        raise ConfigError(f"code upload: not a usable tar archive ({error})") from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _code_member(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo | None:
-    """What the `data` extraction filter allows, checked here because Python before 3.11.4 (Debian 12's
-    3.11.2) has no filters: no path outside `destination`, none written through a link, no devices, no
-    setuid or group/other write bits, no foreign owners, a hard link only to a regular file inside. But
-    symlinks stay as they are, absolute ones included, as in NNI's uploads. None: nothing to write (the
-    archive's own top directory, `./`)."""
-    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-        raise tarfile.ExtractError(f"{member.name!r} is not a file, a directory or a link")
-    parts = [part for part in member.name.split("/") if part not in ("", ".")]
-    if ".." in parts:
-        raise tarfile.ExtractError(f"{member.name!r}: '..' in a name")
-    if not parts:
-        if member.isdir():
-            return None
-        raise tarfile.ExtractError(f"{member.name!r} is not a file name")
-    inside = os.path.realpath(destination)
-    name = "/".join(parts)
-    path = os.path.join(inside, name)
-    if os.path.commonpath([os.path.realpath(path), inside]) != inside:  # through the links unpacked so far
-        raise tarfile.ExtractError(f"{member.name!r} is outside the code directory")
-    # tarfile, failing to make a link, copies its target's member instead (the unchecked original): so a
-    # link must be makeable, never over something already there, and a hard link only to a regular file
-    if (member.issym() or member.islnk()) and (not member.linkname or os.path.lexists(path)):
-        raise tarfile.ExtractError(f"{member.name!r}: a link with no target, or over an entry already there")
-    if member.islnk():
-        target = os.path.join(inside, member.linkname)
-        if os.path.commonpath([os.path.realpath(target), inside]) != inside or not (
-            os.path.isfile(target) and not os.path.islink(target)
-        ):
-            raise tarfile.ExtractError(f"{member.name!r} links to something other than a file of the code directory")
-    mode = member.mode & 0o755
-    if member.isreg() or member.islnk():
-        mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
-    elif member.isdir():
-        mode |= 0o700
-    safe = copy.copy(member)
-    safe.name, safe.mode = name, mode
-    safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
-    return safe
-
-
-def _check_unpacked(directory: Path) -> None:
-    """What is on disk after unpacking, whatever path tarfile took: files, directories and symlinks of this
-    process's user, with no setuid, setgid, sticky or group/other write bits."""
-    for parent, directories, files in os.walk(directory):
-        for entry in (*directories, *files):
-            found = os.lstat(os.path.join(parent, entry))
-            if stat.S_ISLNK(found.st_mode):
-                continue
-            if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)):
-                raise tarfile.ExtractError(f"{entry!r} is not a file, a directory or a link")
-            if found.st_mode & 0o7022 or found.st_uid != os.getuid():
-                raise tarfile.ExtractError(f"{entry!r} unpacked with other permissions or owner than allowed")
-
-
-def _decompressed(body: bytes) -> io.BufferedIOBase:
-    """The tar stream of a .tar.gz (what the CLI sends), .tar.bz2, .tar.xz or plain .tar, read lazily."""
-    raw = io.BytesIO(body)
-    if body.startswith(b"\x1f\x8b"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if body.startswith(b"BZh"):
-        return bz2.BZ2File(raw)
-    if body.startswith(b"\xfd7zXZ\x00"):
-        return lzma.LZMAFile(raw)
-    return raw
-
-
-class _Capped(io.RawIOBase):
-    """A stream that refuses to give more than `limit` bytes: a gzip bomb stops at the limit."""
-
-    def __init__(self, source: io.BufferedIOBase, limit: int) -> None:
-        super().__init__()
-        self._source = source
-        self._limit = limit
-        self._read = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._source.read(min(len(buffer), self._limit + 1 - self._read))
-        self._read += len(data)
-        if self._read > self._limit:
-            raise UploadTooLarge(f"code upload: unpacks to more than {self._limit} bytes of tar (NNI's limit for code)")
-        buffer[: len(data)] = data
-        return len(data)
 
 
 # experiments

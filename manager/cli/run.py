@@ -33,7 +33,7 @@ _HOW_IT_STOPS = (
 )
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = commands.add_parser("run", help="run an NNI v2 experiment YAML to completion", description=_HOW_IT_STOPS)
     run.add_argument("config", type=Path)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object at the end")

@@ -3,7 +3,7 @@ adds for reaching the cluster (`kubeconfig`, `context`) and for pods the cluster
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BeforeValidator, Field
 
@@ -48,3 +48,7 @@ def gpu_number_problem(experiment: ExperimentConfig, fix: str) -> dict[str, str]
     if experiment.trial_gpu_number:
         return {"trialGpuNumber": f"not used by this platform: {fix}"}
     return {}
+
+
+KubernetesConfigT = TypeVar("KubernetesConfigT", bound=KubernetesConfig)
+"""The config model of one of the two platforms (KubernetesPlatform is generic over it)."""

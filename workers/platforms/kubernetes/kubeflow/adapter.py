@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 from core.platform import TrialAssignment
 from schemas.trial import TrialJobStatus
-from workers.platforms.kubernetes.adapter import JobState, KubernetesPlatform, ResourceKind, trial_labels
+from workers.platforms.kubernetes.adapter import KubernetesPlatform
+from workers.platforms.kubernetes.cluster import JobState, ResourceKind, trial_labels
 from workers.platforms.kubernetes.config import KubernetesConfig
 from workers.platforms.kubernetes.kubeflow.config import KubeflowConfig
 

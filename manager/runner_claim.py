@@ -1,0 +1,78 @@
+"""The runner claim: an experiment has one runner at a time (two would both submit trials and overspend the
+budget), fenced by an epoch that every runner taking the claim counts up."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from core import keys
+
+RUNNER_LEASE_S = 5.0
+RUNNER_RENEW_S = 1.0
+
+# The claim is fenced by an epoch counted up by every runner that takes it. KEYS: claim, epoch.
+_CLAIM = """
+if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+return redis.call('incr', KEYS[2])
+"""
+# Compare-and-set renewal: a runner that stalled past its lease must not renew the claim a `resume`
+# took meanwhile. A claim that merely lapsed (Redis was paused or restarted, nobody took it since:
+# the epoch is still this runner's) is taken back. KEYS: claim, epoch. ARGV: name, lease ms, epoch.
+_RENEW_IF_MINE = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if not holder and redis.call('get', KEYS[2]) == ARGV[3] then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE_IF_MINE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+class RunnerClaim:
+    """One runner's hold on one experiment: taken, renewed once a second while it is still this runner's, let go."""
+
+    def __init__(self, client: redis.Redis, experiment_id: str, name: str) -> None:
+        self._client = client
+        self._keys = [keys.runner(experiment_id), keys.runner_epoch(experiment_id)]
+        self.name = name
+        self._take = client.register_script(_CLAIM)
+        self._renew_if_mine = client.register_script(_RENEW_IF_MINE)
+        self._release_if_mine = client.register_script(_RELEASE_IF_MINE)
+        self._epoch = 0
+        self._renewed_at = 0.0
+
+    def take(self, wait_s: float) -> bool:
+        """Take the claim, waiting up to `wait_s` for another runner's to lapse; False if it did not."""
+        give_up = time.monotonic() + wait_s
+        lease_ms = int(RUNNER_LEASE_S * 1000)
+        while not (taken := int(self._take(keys=self._keys, args=[self.name, lease_ms]))):
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.1)
+        self._epoch = taken
+        self._renewed_at = time.monotonic()
+        return True
+
+    def keep(self) -> bool:
+        """Renew the claim, once a second (not once per wake-up: a write is an fsync away), and only while it is
+        still this runner's; False once it is not (a runner that lost it must submit nothing more)."""
+        if time.monotonic() - self._renewed_at < RUNNER_RENEW_S:
+            return True
+        if not self._renew_if_mine(keys=self._keys, args=[self.name, int(RUNNER_LEASE_S * 1000), self._epoch]):
+            return False
+        self._renewed_at = time.monotonic()
+        return True
+
+    def holder(self) -> Any:
+        return self._client.get(self._keys[0])
+
+    def release(self) -> None:
+        self._release_if_mine(keys=self._keys[:1], args=[self.name])
