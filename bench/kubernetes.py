@@ -60,7 +60,7 @@ from manager.config import load_experiment_config
 from manager.runner import ExperimentRunner
 from manager.stack import EmbeddedRedis, ServiceProcesses
 from schemas.events import TrialEnded, TrialMetricReported, TrialStarted, TrialSubmitted
-from workers.platforms.kubernetes.adapter import APP_LABEL, RESOURCE_LABEL
+from workers.platforms.kubernetes.cluster import APP_LABEL, RESOURCE_LABEL
 
 TRIALS = 1000
 CONCURRENCY = 100  # trials submitted and not yet ended: the simulated node runs at most 110 pods at once

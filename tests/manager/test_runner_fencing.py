@@ -111,13 +111,13 @@ def test_a_claim_that_only_lapsed_is_taken_back_and_one_taken_over_is_not(
     runner = ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
     claim = keys.runner(runner.experiment_id)
     client.delete(claim)  # as if it expired while Redis could not answer
-    runner._claimed_at = 0.0  # due for renewal
+    runner._claim._renewed_at = 0.0  # due for renewal
     runner._keep_claim()
     assert client.get(claim) == runner._name
 
     client.set(claim, "runner:elsewhere:1:x")  # a resume took it meanwhile...
     client.incr(keys.runner_epoch(runner.experiment_id))
     client.delete(claim)  # ...and its claim lapsed too: still not ours to take back
-    runner._claimed_at = 0.0
+    runner._claim._renewed_at = 0.0
     with pytest.raises(ClaimLost):
         runner._keep_claim()

@@ -12,7 +12,8 @@ import pytest
 from rich.text import Text
 
 from manager.algorithms import AlgorithmError, create_tuner
-from manager.tuners import NativeTuner, SearchSpaceError, validate_search_space
+from manager.search_space import SearchSpaceError, validate_search_space
+from manager.tuners import NativeTuner
 
 # NNI's examples/trials/mnist-nested-search-space layer definition.
 NESTED_LAYER: dict[str, Any] = {

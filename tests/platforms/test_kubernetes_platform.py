@@ -35,7 +35,7 @@ from tests.support.conformance import history
 from tests.support.gated_trial import GATED_TRIAL
 from tests.support.kube_setup import frameworkcontroller_section, kubeflow_section
 from tests.support.workers import PlatformWorkers
-from workers.platforms.kubernetes.adapter import resource_name
+from workers.platforms.kubernetes.cluster import resource_name
 from workers.platforms.kubernetes.frameworkcontroller.config import FrameworkControllerConfig
 from workers.platforms.kubernetes.kubeflow.adapter import KubeflowPlatform
 from workers.platforms.kubernetes.kubeflow.config import KubeflowConfig
