@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -505,14 +505,21 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).strip()[-600:]}"
 
 
-def run(root: Path, runs: int) -> Section:
-    section = Section("Remote hosts over SSH: NNI 3.0 against trialstream", "python -m bench --only remote")
-    nni_runs: list[Run] = []
-    ts_runs: list[Run] = []
-    failures: dict[str, str] = {}
-    latencies: list[list[float]] = []
+@dataclass
+class _Measured:
+    """What `run` measured on two loopback sshd hosts, and why any part of it could not be."""
+
+    nni_runs: list[Run] = field(default_factory=list)
+    ts_runs: list[Run] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+    latencies: list[list[float]] = field(default_factory=list)
     footprint: Footprint | None = None
     bare_trial: tuple[float, float] | None = None
+
+
+def _measure(root: Path, runs: int) -> _Measured:
+    measured = _Measured()
+    nni_runs, ts_runs, failures = measured.nni_runs, measured.ts_runs, measured.failures
     if shutil.which("nnictl") is None:
         failures["NNI"] = "nnictl is not on PATH"
     try:
@@ -543,18 +550,26 @@ def run(root: Path, runs: int) -> Section:
                     lambda: run_trialstream(root / "trialstream" / f"run{index}", f"ts-remote{index}", one),
                 )
 
-            bare_trial = trial_cpu_seconds(root)
+            measured.bare_trial = trial_cpu_seconds(root)
             repeat(runs, measure)
             try:
-                latencies = repeat(runs, lambda index: metric_latencies(root / "metrics" / f"run{index}", one))
+                measured.latencies = repeat(runs, lambda index: metric_latencies(root / "metrics" / f"run{index}", one))
             except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
                 failures["metrics"] = _why(error)
             try:
-                footprint = worker_footprint(root / "quiet", hosts)
+                measured.footprint = worker_footprint(root / "quiet", hosts)
             except (RuntimeError, OSError, ValueError, KeyError, TimeoutError) as error:
                 failures["footprint"] = _why(error)
         finally:
             hosts_context.__exit__(None, None, None)
+    return measured
+
+
+def run(root: Path, runs: int) -> Section:
+    section = Section("Remote hosts over SSH: NNI 3.0 against trialstream", "python -m bench --only remote")
+    measured = _measure(root, runs)
+    nni_runs, ts_runs, failures = measured.nni_runs, measured.ts_runs, measured.failures
+    latencies, footprint, bare_trial = measured.latencies, measured.footprint, measured.bare_trial
 
     def why_not(system: str) -> str:
         return f"not measured: {failures[system]}" if system in failures else ""

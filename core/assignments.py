@@ -16,13 +16,13 @@ from schemas.secrets import with_secrets
 
 
 def assignment_of(
-    platform: type[Platform] | Platform, submitted: StoredEvent, attempt: int, secrets: dict[str, str]
-) -> TrialAssignment:
+    platform: type[Platform[Any]] | Platform[Any], submitted: StoredEvent, attempt: int, secrets: dict[str, str]
+) -> TrialAssignment[Any]:
     submission = submitted.event
     assert isinstance(submission, TrialSubmitted)
     launch = submission.launch
     section = platform_section(launch.platform_configs or launch.platform_config, platform.name, secrets)
-    return TrialAssignment(
+    return TrialAssignment[Any](
         experiment_id=submission.experiment_id,
         trial_id=submission.trial_id,
         form=submission.form,
@@ -47,8 +47,8 @@ def platform_section(training_service: Any, platform: str, secrets: dict[str, st
 
 
 def load_assignment(
-    client: redis.Redis, platform: type[Platform] | Platform, experiment_id: str, trial_id: str, attempt: int
-) -> TrialAssignment:
+    client: redis.Redis, platform: type[Platform[Any]] | Platform[Any], experiment_id: str, trial_id: str, attempt: int
+) -> TrialAssignment[Any]:
     """The assignment of one attempt, read from the log and the experiment's secrets."""
     submitted = load_submission(EventStore(client, experiment_id), trial_id)
     return assignment_of(platform, submitted, attempt, experiment_secrets(client, experiment_id))

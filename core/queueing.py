@@ -151,7 +151,7 @@ def load_submission(store: EventStore, trial_id: str) -> StoredEvent:
 
 
 def recheck_delay_s(deferrals: int) -> float:
-    return min(RECHECK_CAP_S, RECHECK_FIRST_S * 2 ** min(deferrals, 16))
+    return float(min(RECHECK_CAP_S, RECHECK_FIRST_S * 2 ** min(deferrals, 16)))
 
 
 def park(pipe: Pipeline, job: TrialJob, now_ms: int) -> None:

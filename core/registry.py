@@ -12,7 +12,7 @@ import functools
 import importlib
 from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import cast
+from typing import Any, cast
 
 from core.platform import Platform
 
@@ -42,9 +42,9 @@ def available_platforms() -> list[str]:
     return sorted(_targets())
 
 
-def platform_class(name: str) -> type[Platform]:
+def platform_class(name: str) -> type[Platform[Any]]:
     target = _targets().get(name)
     if target is None:
         raise UnknownPlatform(name)
     module, _, attribute = target.partition(":")
-    return cast(type[Platform], getattr(importlib.import_module(module), attribute))
+    return cast(type[Platform[Any]], getattr(importlib.import_module(module), attribute))

@@ -114,10 +114,39 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
         )
     if view is None or view.status.is_terminal:
         return view
+    if isinstance(event, TrialDeferred | TrialFormUpdated | TrialCancelRequested):
+        return _trial_command(view, event)
+    return _attempt_report(view, event)
+
+
+def _trial_command(
+    view: TrialJobDetail, event: TrialDeferred | TrialFormUpdated | TrialCancelRequested
+) -> TrialJobDetail:
+    """What is asked of the trial, whichever attempt runs."""
     status = view.status
     match event:
         case TrialDeferred() if status is TrialJobStatus.WAITING:
             return view.model_copy(update={"message": event.reason})
+        case TrialFormUpdated():
+            return view.model_copy(update={"form": event.form})
+        case TrialCancelRequested() if status is TrialJobStatus.WAITING:
+            return view.model_copy(
+                update={
+                    "status": event.status,
+                    "end_time": event.time,
+                    "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
+                    "message": event.reason or "canceled before it started",
+                }
+            )
+        case TrialCancelRequested():
+            return view.model_copy(update={"is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED})
+    return view
+
+
+def _attempt_report(view: TrialJobDetail, event: Event) -> TrialJobDetail:
+    """What a worker reports of an attempt: only the current attempt's reports move the trial."""
+    status = view.status
+    match event:
         case TrialStarted() if event.attempt == view.attempt and can_transition(status, TrialJobStatus.RUNNING):
             return view.model_copy(
                 update={
@@ -140,40 +169,8 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
             if any(known.dedup_key == record.dedup_key for known in view.final_metric_data):
                 return view
             return view.model_copy(update={"final_metric_data": [*view.final_metric_data, record]})
-        case TrialFormUpdated():
-            return view.model_copy(update={"form": event.form})
-        case TrialCancelRequested() if status is TrialJobStatus.WAITING:
-            return view.model_copy(
-                update={
-                    "status": event.status,
-                    "end_time": event.time,
-                    "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
-                    "message": event.reason or "canceled before it started",
-                }
-            )
-        case TrialCancelRequested():
-            return view.model_copy(update={"is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED})
         case TrialAttemptLost() if event.attempt == view.attempt:
-            if event.status is TrialJobStatus.WAITING:
-                return view.model_copy(
-                    update={
-                        "status": TrialJobStatus.WAITING,
-                        "attempt": event.attempt + 1,
-                        "platform": event.retry_platform or view.platform,  # a hybrid retry may move
-                        "start_time": None,
-                        "worker": None,
-                        "final_metric_data": [],
-                        "message": f"attempt {event.attempt} lost ({event.reason}); retrying",
-                    }
-                )
-            return view.model_copy(
-                update={
-                    "status": event.status,
-                    "end_time": event.time,
-                    "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
-                    "message": f"lost: {event.reason}",
-                }
-            )
+            return _attempt_lost(view, event)
         case TrialEnded() if event.attempt == view.attempt and can_transition(status, event.status):
             return view.model_copy(
                 update={
@@ -185,3 +182,27 @@ def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail 
                 }
             )
     return view
+
+
+def _attempt_lost(view: TrialJobDetail, event: TrialAttemptLost) -> TrialJobDetail:
+    """Retried (WAITING, the next attempt) or ended, as the reaper decided."""
+    if event.status is TrialJobStatus.WAITING:
+        return view.model_copy(
+            update={
+                "status": TrialJobStatus.WAITING,
+                "attempt": event.attempt + 1,
+                "platform": event.retry_platform or view.platform,  # a hybrid retry may move
+                "start_time": None,
+                "worker": None,
+                "final_metric_data": [],
+                "message": f"attempt {event.attempt} lost ({event.reason}); retrying",
+            }
+        )
+    return view.model_copy(
+        update={
+            "status": event.status,
+            "end_time": event.time,
+            "is_early_stopped": event.status is TrialJobStatus.EARLY_STOPPED,
+            "message": f"lost: {event.reason}",
+        }
+    )

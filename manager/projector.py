@@ -355,19 +355,9 @@ class Projector:
             pipe.hset(view_keys.experiment, "view", experiment.to_json())
             self._finished[view_keys.experiment_id] = experiment.status != "RUNNING"
         if new_metrics:
-            pipe.sadd(view_keys.metric_keys, *new_metrics)
-            by_trial: dict[str, list[str]] = {}
-            for trial_id, record in new_metrics.values():
-                by_trial.setdefault(trial_id, []).append(record)
-            for trial_id, records in by_trial.items():
-                pipe.rpush(view_keys.metrics(trial_id), *records)
+            self._write_metrics(pipe, view_keys, new_metrics)
         if unreadable:
-            for entry_id, why in unreadable.items():
-                log.warning(
-                    "skipping unreadable event %s: %s", entry_id, why, extra={"experiment": view_keys.experiment_id}
-                )
-            mapping: Any = unreadable
-            pipe.hset(view_keys.unreadable, mapping=mapping)
+            self._write_unreadable(pipe, view_keys, unreadable)
         pipe.hset(view_keys.position, "position", entries[-1].id)
         pipe.hincrby(view_keys.position, "applied", len(entries))
 
@@ -405,11 +395,35 @@ class Projector:
         if unranked:
             pipe.zrem(view_keys.ranking, *unranked)
         for name, delta in counts.items():
-            total = int(stored_counts.get(name, 0)) + delta
-            if total:
-                pipe.hset(view_keys.counts, name, total)
-            elif delta:
-                pipe.hdel(view_keys.counts, name)
+            Projector._write_count(pipe, view_keys, name, int(stored_counts.get(name, 0)) + delta, delta)
+
+    @staticmethod
+    def _write_count(pipe: redis.client.Pipeline, view_keys: ViewKeys, name: str, total: int, delta: int) -> None:
+        if total:
+            pipe.hset(view_keys.counts, name, total)
+        elif delta:
+            pipe.hdel(view_keys.counts, name)
+
+    @staticmethod
+    def _write_metrics(
+        pipe: redis.client.Pipeline, view_keys: ViewKeys, new_metrics: dict[str, tuple[str, str]]
+    ) -> None:
+        """Each new record appended to its trial's list, its dedup key remembered: in the batch's MULTI."""
+        pipe.sadd(view_keys.metric_keys, *new_metrics)
+        by_trial: dict[str, list[str]] = {}
+        for trial_id, record in new_metrics.values():
+            by_trial.setdefault(trial_id, []).append(record)
+        for trial_id, records in by_trial.items():
+            pipe.rpush(view_keys.metrics(trial_id), *records)
+
+    @staticmethod
+    def _write_unreadable(pipe: redis.client.Pipeline, view_keys: ViewKeys, unreadable: dict[str, str]) -> None:
+        for entry_id, why in unreadable.items():
+            log.warning(
+                "skipping unreadable event %s: %s", entry_id, why, extra={"experiment": view_keys.experiment_id}
+            )
+        mapping: Any = unreadable
+        pipe.hset(view_keys.unreadable, mapping=mapping)
 
     @staticmethod
     def _load_trials(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -54,7 +55,7 @@ def output_chunks(
 
 
 def _read_all(
-    platform: Platform, client: redis.Redis, trial: TrialJobDetail, stream: OutputStream, offset: int
+    platform: Platform[Any], client: redis.Redis, trial: TrialJobDetail, stream: OutputStream, offset: int
 ) -> Iterator[bytes]:
     read_output = getattr(platform, "read_output", None)  # optional for third-party platforms
     if read_output is None:

@@ -30,7 +30,7 @@ from rq import Queue, Worker
 from core import keys
 from core.queueing import SERIALIZER, queue_name
 from manager.host import ManagerHost
-from manager.training_service import PLATFORM_CONFIG
+from schemas.events import PLATFORM_CONFIG
 from schemas.trial import ExperimentView, TrialJobStatus
 
 LAG_CAP = 10_000  # events counted past the projection position at most, so a scrape stays cheap

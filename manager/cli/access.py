@@ -125,8 +125,8 @@ class RedisExperiment:
         self.service = service
         self.experiment_id = service.experiment_id
         self._settings = settings
-        self._platform: Platform | None = None
-        self._assignments: dict[tuple[str, int], TrialAssignment] = {}
+        self._platform: Platform[Any] | None = None
+        self._assignments: dict[tuple[str, int], TrialAssignment[Any]] = {}
 
     def config(self) -> dict[str, Any]:
         return self.service.experiment_view().config

@@ -33,7 +33,7 @@ EXIT_DIFFERENT = 1
 TIME_HELP = "an event id (1795319625061-0), epoch milliseconds, or an ISO-8601 time (local unless it has an offset)"
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     events = commands.add_parser("events", help="list an experiment's events", description=TIME_HELP)
     events.add_argument("experiment", nargs="?", help="experiment id (default: the newest)")
     events.add_argument("--trial", help="only this trial's events")

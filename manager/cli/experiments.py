@@ -17,7 +17,7 @@ from manager.stack import embedded_experiments, experiment_dir, experiments_root
 from schemas.api import ExperimentState
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     experiments = commands.add_parser("experiments", help="list or delete experiments").add_subparsers(
         dest="action", required=True
     )

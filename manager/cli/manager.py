@@ -26,7 +26,7 @@ is latency-bound: a runner reacting to a trial's end takes the GIL back after ea
 web UIs polling flat out it would wait up to 5 ms each time behind a handler thread (bench/api.py)."""
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     manager = commands.add_parser(
         "manager",
         help="serve the API and NNI's web UI, project, and run experiments submitted to it",

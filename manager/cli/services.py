@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from core.settings import Settings
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Both for `--help`: `worker` never reaches its parser, see hand_over_to_worker."""
     commands.add_parser(
         "worker", help="an RQ worker serving one platform's queue (see `trialstream worker --help`)", add_help=False

@@ -21,7 +21,7 @@ from schemas.trial import TrialJobDetail
 FOLLOW_INTERVAL_S = 0.2
 
 
-def register(trials: argparse._SubParsersAction) -> None:
+def register(trials: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = trials.add_parser("logs", help="print a trial's stdout (or stderr), wherever it ran")
     sub.add_argument("trial_id")
     sub.add_argument("--experiment", "-e", help="experiment id (default: the newest)")

@@ -14,7 +14,7 @@ from schemas.config import ExperimentConfig
 from schemas.trial import TrialJobDetail, metric_score
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     trials = commands.add_parser("trials", help="inspect or cancel trials").add_subparsers(dest="action", required=True)
     for name, handler, help_text in (
         ("list", _list, "list the trials of an experiment"),

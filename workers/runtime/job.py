@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from redis.client import Pipeline
@@ -45,7 +46,7 @@ class WorkerRuntime:
     settings: Settings
     client: redis.Redis
     rq_connection: redis.Redis
-    platform: Platform
+    platform: Platform[Any]
     name: str = field(default_factory=worker_name)
     _staged: set[str] = field(default_factory=set)
     _staging: threading.Lock = field(default_factory=threading.Lock)
@@ -176,7 +177,7 @@ def _reattach(
     store: EventStore,
     submitted: StoredEvent,
     lease: Lease,
-    assignment: TrialAssignment,
+    assignment: TrialAssignment[Any],
     control: LogTrialControl,
 ) -> TrialOutcome | Lost | Abandoned | None:
     """Take the attempt up where its lost worker left it; if nothing of it runs any more, it is lost."""

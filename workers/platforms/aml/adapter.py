@@ -359,7 +359,8 @@ class _AttemptFollower:
 
     def get(self) -> Job | None:
         try:
-            return self.workspace.client.jobs.get(self.name)
+            job: Job = self.workspace.client.jobs.get(self.name)
+            return job
         except ResourceNotFoundError:
             return None
 

@@ -569,31 +569,9 @@ class _AttemptFollower:
                 control.wait(DOWN_CHECK_S)
                 continue
             try:
-                if not self.linked:
-                    self._link()
-                if not self.start_recorded:
-                    self._record_start()
-                if self.unknown:
-                    control.unreachable(None)
-                    self.unknown = False
-                stop = control.stop_request()
-                if stop is not None and stop.lease_lost:  # another worker follows it now: leave it running
-                    return Abandoned(stop.reason)
-                files = self.host.files(self.key)
-                self.output.pull(False, files.stdout, files.metrics)
-                for form in control.new_forms():
-                    name = parameter_file_name(form.hyper_parameters.index)
-                    self.host.connection.write(f"{self.directory}/{name}", form.hyper_parameters.value.encode())
-                if files.exited:
-                    return self._exited()
-                if files.dead:
-                    vanished = self._vanished()
-                    if vanished is not None:
-                        return vanished
-                if stop is not None:
-                    self.kill()
-                    self.output.pull(True)
-                    return TrialOutcome(stop.status, message=stop.reason)
+                ended = self._round()
+                if ended is not None:
+                    return ended
             except SshError as error:
                 if not self.host.connection.connected:
                     self.host.mark_down(str(error))  # the monitor reconnects, and says when the host is back
@@ -611,6 +589,36 @@ class _AttemptFollower:
                     self.kill()
                 return TrialOutcome(TrialJobStatus.FAILED, message=f"{self.host.label}: {error}")
             control.wait(FOLLOW_IDLE_S)
+
+    def _round(self) -> TrialOutcome | Lost | Abandoned | None:
+        """One look at the trial while its host answers: its start, output, new forms, end or stop."""
+        control = self.control
+        if not self.linked:
+            self._link()
+        if not self.start_recorded:
+            self._record_start()
+        if self.unknown:
+            control.unreachable(None)
+            self.unknown = False
+        stop = control.stop_request()
+        if stop is not None and stop.lease_lost:  # another worker follows it now: leave it running
+            return Abandoned(stop.reason)
+        files = self.host.files(self.key)
+        self.output.pull(False, files.stdout, files.metrics)
+        for form in control.new_forms():
+            name = parameter_file_name(form.hyper_parameters.index)
+            self.host.connection.write(f"{self.directory}/{name}", form.hyper_parameters.value.encode())
+        if files.exited:
+            return self._exited()
+        if files.dead:
+            vanished = self._vanished()
+            if vanished is not None:
+                return vanished
+        if stop is not None:
+            self.kill()
+            self.output.pull(True)
+            return TrialOutcome(stop.status, message=stop.reason)
+        return None
 
     def _while_down(self, down_s: float) -> TrialOutcome | Lost | Abandoned | None:
         """The host cannot be reached: UNKNOWN after a moment, lost after unreachableTimeout. A stop

@@ -152,33 +152,9 @@ def classify(error: BaseException, target: SshTarget) -> SshError:
     if isinstance(error, socket.gaierror):
         return SshError(f"{label}: host unreachable (cannot resolve {target.host}: {error.strerror})", "unreachable")
     if isinstance(error, OSError):
-        kind_or_none = _socket_kind(error)
-        if kind_or_none == "refused":
-            return SshError(f"{label}: connection refused", "refused")
-        if kind_or_none == "unreachable":
-            return SshError(f"{label}: host unreachable", "unreachable")
-        if kind_or_none == "timeout":
-            return SshError(f"{label}: timed out after {_seconds(target.timeout_s)}", "timeout")
-        return SshError(f"{label}: {error.strerror or error}", "error")
+        return _socket_error(error, target)
     if isinstance(error, paramiko.SSHException):
-        message = str(error)
-        if "not found in known_hosts" in message:
-            return SshError(
-                f"{label}: host key is not in {target.known_hosts_path} "
-                "(add it with ssh-keyscan, or set checkHostKey: false)",
-                "unknown-host-key",
-            )
-        if "Error reading SSH protocol banner" in message or "Indecipherable protocol version" in message:
-            return SshError(
-                f"{label}: it accepts connections but does not speak SSH "
-                f"(no banner within {_seconds(target.timeout_s)})",
-                "not-ssh",
-            )
-        if "No existing session" in message:  # the handshake did not finish in time
-            return SshError(f"{label}: key exchange timed out after {_seconds(2 * target.timeout_s)}", "timeout")
-        if "Timeout opening channel" in message:
-            return SshError(f"{label}: opening a channel timed out after {_seconds(target.timeout_s)}", "timeout")
-        return SshError(f"{label}: {message or type(error).__name__}", "error")
+        return _protocol_error(error, target)
     if isinstance(error, EOFError):
         return SshError(f"{label}: connection closed by the host", "disconnected")
     return SshError(f"{label}: {type(error).__name__}: {error}", "error")
@@ -328,7 +304,7 @@ def _send_stdin(channel: Channel, data: bytes) -> bool:
     rest = memoryview(data)
 
     def room() -> bool:
-        return channel.eof_sent or channel.out_window_size > 0
+        return bool(channel.eof_sent or channel.out_window_size > 0)
 
     def packet() -> Message | None:  # called with the channel's lock held, after room()
         nonlocal rest
@@ -633,7 +609,8 @@ class SshConnection:
         """Up to `limit` bytes from `offset`; b"" at or past the end; FileNotFoundError if the file is missing."""
         with self._sftp_session() as sftp, sftp.open(path, "rb") as remote:
             remote.seek(offset)
-            return remote.read(limit)
+            data: bytes = remote.read(limit)
+            return data
 
     def write(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Replaces the remote file atomically: readers see the old content or the new, never a part."""
@@ -703,3 +680,36 @@ class SshPool:
             self._connections.clear()
         for connection in connections:
             connection.close()
+
+
+def _socket_error(error: OSError, target: SshTarget) -> SshError:
+    label = target.label
+    kind = _socket_kind(error)
+    if kind == "refused":
+        return SshError(f"{label}: connection refused", "refused")
+    if kind == "unreachable":
+        return SshError(f"{label}: host unreachable", "unreachable")
+    if kind == "timeout":
+        return SshError(f"{label}: timed out after {_seconds(target.timeout_s)}", "timeout")
+    return SshError(f"{label}: {error.strerror or error}", "error")
+
+
+def _protocol_error(error: paramiko.SSHException, target: SshTarget) -> SshError:
+    """paramiko says what went wrong in the SSH exchange only in its message."""
+    label, message = target.label, str(error)
+    if "not found in known_hosts" in message:
+        return SshError(
+            f"{label}: host key is not in {target.known_hosts_path} "
+            "(add it with ssh-keyscan, or set checkHostKey: false)",
+            "unknown-host-key",
+        )
+    if "Error reading SSH protocol banner" in message or "Indecipherable protocol version" in message:
+        return SshError(
+            f"{label}: it accepts connections but does not speak SSH (no banner within {_seconds(target.timeout_s)})",
+            "not-ssh",
+        )
+    if "No existing session" in message:  # the handshake did not finish in time
+        return SshError(f"{label}: key exchange timed out after {_seconds(2 * target.timeout_s)}", "timeout")
+    if "Timeout opening channel" in message:
+        return SshError(f"{label}: opening a channel timed out after {_seconds(target.timeout_s)}", "timeout")
+    return SshError(f"{label}: {message or type(error).__name__}", "error")

@@ -9,12 +9,12 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from core.platform import ParsedMetric, TrialAssignment, TrialControl
 from core.settings import trial_environment
+from workers.platforms.shared.metric_framing import MAX_RECORD_BYTES
 from workers.platforms.shared.metrics import (
-    MAX_RECORD_BYTES,
     STDOUT_PREFIX,
     MetricFileReader,
     MetricRejected,
@@ -48,7 +48,7 @@ class TrialPaths:
 def nni_environment(
     user_environ: Mapping[str, str],
     platform: str,
-    trial: TrialAssignment,
+    trial: TrialAssignment[Any],
     paths: TrialPaths,
     cuda_visible_devices: str | None,
 ) -> dict[str, str]:
