@@ -24,8 +24,8 @@ from core.connections import connect
 from core.queueing import queue_name
 from core.variables import REDIS_URL_ENV
 from manager.experiments import create_experiment
-from manager.training_service import PLATFORM_CONFIG, TRIAL_CONFIG, TrainingService
-from schemas.events import TrialMetricReported
+from manager.training_service import TrainingService
+from schemas.events import PLATFORM_CONFIG, TRIAL_CONFIG, TrialMetricReported
 from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, TrialJobDetail
 from simulators.waiting import wait_until
 from tests.support import web

@@ -418,7 +418,7 @@ def test_half_written_parameter_file_is_waited_for(tmp_path: Path, monkeypatch: 
         sleeps.append(seconds)
         cfg.write_text(json.dumps(PARAMS_7))
 
-    monkeypatch.setattr(sdk.time, "sleep", finish_writing)
+    monkeypatch.setattr(time, "sleep", finish_writing)
     channel = sdk._Channel(env)
     assert channel.receive_parameter() == PARAMS_7
     assert sleeps == [sdk.PARAMETER_POLL_S]

@@ -8,7 +8,6 @@ import pytest
 import redis
 from rq import Queue
 
-from core import queueing
 from core.queueing import queue_name, trial_queue
 from manager.projector import Projector
 from manager.training_service import MissingClusterMetadata, TrialNotFound
@@ -56,7 +55,7 @@ def test_a_crash_before_commit_leaves_neither_event_nor_job(
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("process died between append and enqueue")
 
-    monkeypatch.setattr(queueing.Queue, "enqueue_call", crash)
+    monkeypatch.setattr(Queue, "enqueue_call", crash)
     with pytest.raises(RuntimeError):
         service.submit_trial_job(form(0))
     assert service.store.length() == length_before

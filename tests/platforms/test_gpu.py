@@ -217,31 +217,31 @@ def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail() -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 
-    monkeypatch.setattr(gpu.pynvml, "nvmlInit", fail)
+    monkeypatch.setattr(pynvml, "nvmlInit", fail)
 
 
 def test_nvml_source_reads_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     mib = 1024 * 1024
     processes = {0: [], 1: [object(), object()]}
-    monkeypatch.setattr(gpu.pynvml, "nvmlInit", lambda: None)
-    monkeypatch.setattr(gpu.pynvml, "nvmlDeviceGetCount", lambda: 2)
-    monkeypatch.setattr(gpu.pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
-    monkeypatch.setattr(gpu.pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: processes[h])
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: processes[h])
     monkeypatch.setattr(
-        gpu.pynvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=(h + 1) * mib, total=80 * mib)
+        pynvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=(h + 1) * mib, total=80 * mib)
     )
     assert NvmlGpuSource().gpus() == [GpuInfo(0, 0, 1, 80), GpuInfo(1, 2, 2, 80)]
 
     def broken(handle: int) -> list[object]:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
 
-    monkeypatch.setattr(gpu.pynvml, "nvmlDeviceGetComputeRunningProcesses", broken)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", broken)
     with pytest.raises(GpuQueryError, match="NVML query failed"):
         NvmlGpuSource().gpus()
 
 
 def test_detect_uses_nvml_when_it_initialises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu.pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
     assert isinstance(detect_gpu_source(), NvmlGpuSource)
 
 

@@ -12,16 +12,11 @@ from typing import Any
 
 import pytest
 
+from core.platform import ParsedMetric
 from schemas.trial import MetricRecord
 from workers.platforms.shared import metric_framing
-from workers.platforms.shared.metrics import (
-    MAX_RECORD_BYTES,
-    MetricFileReader,
-    MetricRejected,
-    ParsedMetric,
-    parse_record,
-    parse_stdout_line,
-)
+from workers.platforms.shared.metric_framing import MAX_RECORD_BYTES
+from workers.platforms.shared.metrics import MetricFileReader, MetricRejected, parse_record, parse_stdout_line
 from workers.platforms.shared.trial_contract import StdoutMetricPump
 
 # The verified hexdump of a record written by NNI's SDK (the length counts the closing newline).

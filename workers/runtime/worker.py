@@ -65,7 +65,7 @@ class TrialWorker(SimpleWorker):
         self._threads: list[threading.Thread] = []
 
     def register_birth(self) -> None:
-        super().register_birth()
+        super().register_birth()  # type: ignore[no-untyped-call]  # RQ's, untyped; untyped_calls_exclude misses super()
         self.connection.hset(self.key, WORKER_SLOTS_FIELD, self.concurrency)  # a hybrid placement counts them
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
