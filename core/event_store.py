@@ -23,13 +23,9 @@ from schemas.upcasters import upcast
 
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
 
-# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: the experiment id, then per entry:
-# idempotency key or '', stream id ('*' for a new one), commands stream or '', field count n, then n
-# field/value pairs. One call appends a whole batch, atomically and in order; a key seen before returns
-# its first id. A command to a trial is also indexed in that trial's commands stream (named in ARGV, not
-# KEYS, as it differs per event: fine on one Redis, which is what trialstream runs on, not a cluster).
-# A call that appends anything ticks the clock and files the experiment under that tick in the activity
-# zset: a projector asks it which experiments grew since its last look, instead of polling every one.
+# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: experiment id, then per entry: idempotency key
+# or '', stream id ('*': new), commands stream or '', n, n field/value pairs. A batch is appended atomically; a key seen
+# before returns its first id. docs/architecture.md ("Keys in Redis") says what the commands and activity keys are for.
 _APPEND = """
 local ids, grew, i = {}, false, 2
 while i <= #ARGV do

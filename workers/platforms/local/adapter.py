@@ -53,16 +53,8 @@ from workers.platforms.shared.trial_contract import (
 
 log = logging.getLogger(__name__)
 
-# The keeper: the trial's parent, a small Python process (isolated mode: the trial's PYTHON*
-# variables do not reach it; no site module: it needs the standard library alone, and reading a
-# large site-packages' .pth files would double its start-up, paid once per trial). It makes itself
-# a child subreaper, so every process the trial starts re-parents to it when its own parent exits,
-# even in a new session (`setsid ... &`). When the trial's main process (`/bin/sh -c COMMAND`)
-# exits, the keeper kills every descendant left, reaps them all and exits with the trial's status.
-# SIGTERM (a cancel) is forwarded to every descendant.
-# Its stdin is a pipe whose other end only the worker holds: when it closes (the worker closes it
-# after the grace period of a cancel, or the worker died, even by SIGKILL) it SIGKILLs everything.
-# It never holds the trial's stdout itself, so once its descendants are gone the pipe ends.
+# The keeper, the trial's parent: a child subreaper that forwards SIGTERM, kills what the trial leaves
+# behind, and SIGKILLs everything when its stdin (held by the worker alone) closes. docs/platforms.md, Local.
 _KEEPER = r"""
 import ctypes, os, resource, select, signal, sys, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER

@@ -69,13 +69,8 @@ UNKNOWN_AFTER_S = 2.0  # a connection down this long makes the trial UNKNOWN (a 
 STDERR_TAIL = 2000
 SWEEP_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)  # between tries to reach a host where lost attempts are left to kill
 
-# $1 attempt dir, $2 staged code, $3 watch dir, $4 key, $5 command, $6 pythonPath (all relative paths are
-# from the user's home), then NAME=VALUE for the trial's environment; parameter.cfg comes on stdin (a
-# command line holds at most 128 KiB). The trial runs in a session of its own (it survives the SSH
-# session), its stdout and stderr in files; its exit code is written last, atomically. Its pid file holds its
-# pid and start time (a pid reused by another process is told apart). Prints "pid dir". Idempotent: an attempt
-# already launched there (its pid file written) is only reported again. A step failing after the trial started
-# (a full disk) kills it and removes its pid file: nothing of an attempt whose launch failed runs on.
+# $1 attempt dir, $2 staged code, $3 watch dir, $4 key, $5 command, $6 pythonPath (relative to the home), then
+# NAME=VALUE for the environment; parameter.cfg on stdin. Prints "pid dir"; idempotent. docs/platforms.md, Remote.
 _LAUNCH = (
     PROCESS_FUNCTIONS
     + r"""

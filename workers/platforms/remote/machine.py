@@ -60,13 +60,9 @@ group() {  # DIR: its process group ($p) may be killed: its leader is ours, or g
 }
 """
 
-# $1: the worker's watch directory, holding one symlink per followed attempt (its key -> its directory).
-# Prints the sizes of each attempt's stdout and metrics file and whether its exit file exists, then "."
-# (one snapshot), whenever any of it changed; and "dead KEY" for an attempt whose process is gone
-# without an exit file. In the host's python where there is one (no process per round: ~0.3 % of a
-# core), else in the shell (three processes per round: ~8 % of a core, which trials on the host lose).
-# It ends when its stdin does: the worker holds it open, so the monitor ends with the worker's channel
-# (the worker gone, the connection dropped) even while nothing changes that it would write.
+# $1: the worker's watch directory (a symlink per followed attempt). Prints a snapshot of the attempts'
+# file sizes and exits whenever they change, "dead KEY" for a vanished one; ends with its stdin.
+# docs/platforms.md, Remote, says why python where there is one, and why stdin.
 _PYTHON_TEMPLATE = r"""
 import os, sys, threading, time
 
