@@ -29,7 +29,7 @@ from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
 from manager.experiments import create_experiment, finish_experiment
-from manager.preflight import platform_problems, unserved
+from manager.preflight import platform_problems
 from manager.projection import apply_to_trial, metric_record
 from manager.runner_claim import RUNNER_LEASE_S, RUNNER_RENEW_S, RunnerClaim
 from manager.training_service import TrainingService
@@ -123,10 +123,6 @@ class ExperimentResult:
 def working_root(spec: ExperimentSpec, settings: Settings) -> Path:
     """experimentWorkingDirectory if the config gives one, else the experiments_dir setting."""
     return Path(spec.config.experiment_working_directory or settings.experiments_dir).expanduser().resolve()
-
-
-def check_served(client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str) -> None:
-    _refuse_if(unserved(client, rq_connection, platform, url_hint))
 
 
 def _refuse_if(problem: str | None) -> None:

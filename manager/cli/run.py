@@ -17,7 +17,8 @@ from manager.cli import interrupts, managed, render
 from manager.cli.access import manager_client
 from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
 from manager.experiments import new_id, resolve_experiment
-from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerError, check_served
+from manager.preflight import unserved
+from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerError
 from manager.stack import EmbeddedStack, experiment_dir, experiments_root, live_url
 from manager.training_service import TrainingService
 
@@ -128,17 +129,13 @@ def wait_until_served(
     """Services started with the run may still be registering: give them `wait_s`, then fail clearly."""
     give_up = time.monotonic() + wait_s
     waiting = False
-    while True:
-        try:
-            check_served(client, rq_connection, platform, url_hint)
-            return
-        except RunnerError as missing:
-            if time.monotonic() >= give_up:
-                raise RunnerError(f"{missing} (waited {wait_s:g} s)") from None
-            if not waiting:
-                render.note(f"waiting up to {wait_s:g} s for {url_hint} to be served: {missing}")
-                waiting = True
-            time.sleep(_SERVED_POLL_S)
+    while (missing := unserved(client, rq_connection, platform, url_hint)) is not None:
+        if time.monotonic() >= give_up:
+            raise RunnerError(f"{missing} (waited {wait_s:g} s)")
+        if not waiting:
+            render.note(f"waiting up to {wait_s:g} s for {url_hint} to be served: {missing}")
+            waiting = True
+        time.sleep(_SERVED_POLL_S)
 
 
 def _stored_spec(client: redis.Redis, rq_connection: redis.Redis, experiment_id: str) -> ExperimentSpec:
