@@ -14,6 +14,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from core import keys
+from core.assignments import secrets_by_platform
 from core.connections import same_server
 from core.event_store import EventStore
 from core.queueing import ExperimentJob, enqueue
@@ -52,8 +53,9 @@ def create_experiment(
         pipe.multi()
         EventStore(client, experiment_id).append(event, idempotency_key="created", pipeline=pipe)
         pipe.zadd(keys.EXPERIMENTS, {experiment_id: event.time})
-        for path, value in (secrets or {}).items():
-            pipe.hset(keys.secrets(experiment_id), path, value)
+        for platform, held in secrets_by_platform(config.get("trainingService"), secrets or {}).items():
+            for path, value in held.items():
+                pipe.hset(keys.secrets(experiment_id, platform), path, value)
         pipe.execute()
     return experiment_id
 

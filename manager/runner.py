@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from core.assignments import experiment_secrets
+from core.assignments import configured_platforms, experiment_secrets
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
@@ -245,7 +245,9 @@ class ExperimentRunner:
         if experiment.status == "DONE" and changes is None:
             raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
         config = dict(experiment.config)
-        config["trainingService"] = with_secrets(config["trainingService"], experiment_secrets(client, experiment_id))
+        service_config = config["trainingService"]
+        secrets = experiment_secrets(client, experiment_id, configured_platforms(service_config))
+        config["trainingService"] = with_secrets(service_config, secrets)
         spec = stored_experiment_spec(config, experiment.working_directory)
         _refuse_if(platform_problems(spec, settings or Settings()))
         elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)

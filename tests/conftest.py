@@ -254,7 +254,8 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server this test owns: killed with SIGKILL and started again on the same port and data."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *options: str, login: tuple[str, str] | None = None) -> None:
+        """`options` go to redis-server's command line (`--aclfile F`); `login` (user, password) is how to ping it."""
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed")
@@ -263,14 +264,17 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
+        self.options = options
+        self.login = login
         data_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-        args += ["--logfile", "redis.log", "--daemonize", "no"]
+        args += ["--logfile", "redis.log", "--daemonize", "no", *self.options]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        probe = redis.Redis(host="127.0.0.1", port=self.port)  # no retries: each ping is one try
+        username, password = self.login or (None, None)
+        probe = redis.Redis(host="127.0.0.1", port=self.port, username=username, password=password)  # one try a ping
         deadline = time.monotonic() + START_DEADLINE_S
         try:
             while True:
