@@ -47,6 +47,11 @@ def secrets(experiment_id: str, platform: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:secrets:{platform}"
 
 
+def legacy_secrets(experiment_id: str) -> str:
+    """Hash: every secret of an experiment created before they were kept per platform (moved by `resume`)."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:secrets"
+
+
 def read_offsets(experiment_id: str, trial_id: str, attempt: int) -> str:
     """Hash: output file -> how far the attempt's follower has read it, written with the metrics read."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:offsets:{trial_id}:{attempt}"

@@ -139,6 +139,25 @@ def list_experiments(client: redis.Redis) -> list[ExperimentSummary]:
     return summaries
 
 
+def move_legacy_secrets(client: redis.Redis, experiment_id: str, training_service: Any) -> None:
+    """An experiment created before secrets were kept per platform has them in one hash: split it under
+    `keys.secrets` (once, atomically), so that its workers find them where they look now."""
+    held = client.hgetall(keys.legacy_secrets(experiment_id))
+    if not held:
+        return
+    texts = {_text(path): _text(value) for path, value in held.items()}
+    with client.pipeline(transaction=True) as pipe:
+        for platform, secrets_of_platform in secrets_by_platform(training_service, texts).items():
+            for path, value in secrets_of_platform.items():
+                pipe.hset(keys.secrets(experiment_id, platform), path, value)
+        pipe.delete(keys.legacy_secrets(experiment_id))
+        pipe.execute()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
     """Delete everything Redis holds of a stopped experiment: its log and what serves it, its views
     in every namespace, its queued and finished jobs, and its entries in shared sets. Returns how many

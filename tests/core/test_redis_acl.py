@@ -20,8 +20,9 @@ from redis.retry import Retry
 
 from core import keys
 from core.acl import password_hash
-from core.assignments import secrets_by_platform
+from core.assignments import experiment_secrets, secrets_by_platform
 from core.variables import REDIS_URL_ENV
+from manager.experiments import move_legacy_secrets
 from tests.conftest import REPO, Processes, RedisServer
 from tests.support.configs import write_local_config
 
@@ -182,6 +183,19 @@ def test_secrets_are_kept_under_the_platform_of_their_section() -> None:
     grouped = secrets_by_platform(hybrid, {"1.machineList.0.password": "p"})
     assert grouped == {"remote": {"1.machineList.0.password": "p"}}
     assert secrets_by_platform({"platform": "openpai"}, {"token": "t"}) == {"openpai": {"token": "t"}}
+
+
+def test_an_experiment_created_before_secrets_were_kept_per_platform_has_them_moved_at_resume(
+    client: redis.Redis,
+) -> None:
+    hybrid = [{"platform": "local"}, {"platform": "remote"}, {"platform": "openpai"}]
+    client.hset(keys.legacy_secrets("old"), mapping={"1.machineList.0.password": "p", "2.token": "t"})
+    move_legacy_secrets(client, "old", hybrid)
+    assert experiment_secrets(client, "old", ["remote"]) == {"1.machineList.0.password": "p"}
+    assert experiment_secrets(client, "old", ["openpai"]) == {"2.token": "t"}
+    assert not client.exists(keys.legacy_secrets("old"))
+    move_legacy_secrets(client, "old", hybrid)  # nothing left to move: the moved secrets stay
+    assert experiment_secrets(client, "old", ["remote", "openpai"]) == {"1.machineList.0.password": "p", "2.token": "t"}
 
 
 def test_the_manager_deletes_an_experiment(stack: AclStack) -> None:
