@@ -28,8 +28,9 @@ from urllib.parse import unquote
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.connection import SSLConnection
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from core import keys
 from core.variables import REDIS_URL_ENV, TLS_CA_ENV
@@ -212,12 +213,12 @@ class NotReplicated(redis.ConnectionError):
     """
 
 
-_ACKED_SCRIPTS: set[str] = set()  # SHA1s of the scripts whose calls are appends (core.event_store registers its own)
+_ACKED_SCRIPTS: dict[str, str] = {}  # SHA1 -> text of the scripts whose calls are appends (core.event_store's)
 
 
 def acknowledge_after(script: str) -> None:
     """Calls of `script` (by EVALSHA, alone or in a pipeline) return only once replicated (`ReplicaAcks`)."""
-    _ACKED_SCRIPTS.add(hashlib.sha1(script.encode()).hexdigest())
+    _ACKED_SCRIPTS[hashlib.sha1(script.encode()).hexdigest()] = script
 
 
 def _has_append(commands: Sequence[tuple[tuple[Any, ...], Any]]) -> bool:
@@ -228,6 +229,10 @@ class ReplicaAcks:
     """`WAIT n timeout` after each append, on the connection that sent it (WAIT counts that
     connection's writes; inside MULTI or a script it would not block, so it follows EXEC).
 
+    n is every replica connected to the master then (ROLE), and at least `wanted` (None: 1 when
+    there are replicas). Waiting for only one of two would not do: Sentinel promotes by the offsets
+    it last read, which may be the replica without the append (seen in tests/faults/test_failover.py).
+
     When fewer than n replicas answer in time, the append is refused (`NotReplicated`: retried by
     the client's policy, then raised), the timeout counted in Redis (`keys.REPLICATION_TIMEOUTS`,
     served as a Prometheus counter by the manager) and logged: what was told "recorded" is on n
@@ -237,12 +242,16 @@ class ReplicaAcks:
     def __init__(self, wanted: int | None, timeout_s: float) -> None:
         self.wanted = wanted
         self.timeout_ms = max(1, int(timeout_s * 1000))
-        self._count: int | None = wanted
 
     def after(self, connection: redis.Connection, commands: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
         if not _has_append(commands):
             return
-        wanted = self._count if self._count is not None else self._resolve(connection)
+        if self.wanted == 0:
+            return
+        connection.send_command("ROLE")  # the replicas connected now: each must have it, whichever is promoted
+        role = connection.read_response()
+        connected = len(role[2]) if len(role) > 2 else 0
+        wanted = max(connected, self.wanted if self.wanted is not None else min(connected, 1))
         if wanted == 0:
             return
         connection.send_command("WAIT", wanted, self.timeout_ms)
@@ -252,13 +261,6 @@ class ReplicaAcks:
             connection.read_response()
             log.warning("an append reached %d of %d replicas in %d ms; sent again", acked, wanted, self.timeout_ms)
             raise NotReplicated(f"{acked} of {wanted} replicas confirmed the append within {self.timeout_ms} ms")
-
-    def _resolve(self, connection: redis.Connection) -> int:
-        """The default: 1 when the master has replicas connected (ROLE), else 0; asked once per process."""
-        connection.send_command("ROLE")
-        role = connection.read_response()
-        self._count = 1 if len(role) > 2 and role[2] else 0
-        return self._count
 
 
 NO_ACKS = ReplicaAcks(0, 1.0)
@@ -270,7 +272,13 @@ class AckingPipeline(redis.client.Pipeline):
     acks: ReplicaAcks = NO_ACKS
 
     def _execute_transaction(self, connection: redis.Connection, commands: Any, raise_on_error: bool) -> list[Any]:
-        result: list[Any] = super()._execute_transaction(connection, commands, raise_on_error)
+        try:
+            result: list[Any] = super()._execute_transaction(connection, commands, raise_on_error)
+        except redis.ResponseError as error:  # inside EXEC's reply, past `_MasterConnection.read_response`
+            if not any(reason in str(error) for reason in _NOT_MASTER_ANYMORE):
+                raise
+            connection.disconnect()
+            raise redis.ConnectionError(f"the master refused a transaction ({error}); sending it again") from error
         self.acks.after(connection, commands)
         return result
 
@@ -294,6 +302,47 @@ class AckingRedis(redis.Redis):
         reply = super()._send_command_parse_response(conn, command_name, *args, **options)  # type: ignore[no-untyped-call]
         self.acks.after(conn, [(args, options)])
         return reply
+
+
+class _MasterConnection(SentinelManagedConnection):
+    """A connection to the master the sentinels name, asked again on every (re)connect.
+
+    redis-py 8.1 reconnects a dropped connection inside a command's retries straight to its last
+    address (`send_packed_command` -> `connect_check_health`, past the Sentinel lookup in
+    `connect`): after a failover each retry would meet the old master, now a replica, until the
+    budget ran out. A master that lost its role or its replicas answers with errors that say so
+    (READONLY, UNBLOCKED, NOREPLICAS): they drop the connection and count as connection errors, so
+    the command is sent again to the master named then.
+    """
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if not self._sock:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        """Load the append scripts first: a promoted replica has an empty script cache, and a pipeline
+        resent inside its retries would meet NOSCRIPT there (with the rest of its MULTI applied)."""
+        super().on_connect_check_health(check_health)
+        for script in _ACKED_SCRIPTS.values():
+            self.send_command("SCRIPT", "LOAD", script)  # type: ignore[no-untyped-call]
+            self.read_response()
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)
+        except redis.ResponseError as error:
+            if not str(error).startswith(_NOT_MASTER_ANYMORE):
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise redis.ConnectionError(f"the master cannot take this now ({error}); asking the sentinels") from error
+
+
+_NOT_MASTER_ANYMORE = ("UNBLOCKED", "NOREPLICAS", "READONLY")  # alone, READONLY is redis-py's ReadOnlyError case
+
+
+class _MasterSSLConnection(_MasterConnection, SSLConnection):
+    pass
 
 
 def connect(
@@ -329,9 +378,8 @@ def connect(
     else:
         sentinels = _sentinels(sentinel, options.tls_kwargs() if tls else {})
         auth = {"db": sentinel.db, "username": sentinel.username, "password": sentinel.password}
-        client = cast(
-            AckingRedis, sentinels.master_for(sentinel.master, redis_class=AckingRedis, ssl=tls, **auth, **kwargs)
-        )
+        kwargs["connection_class"] = _MasterSSLConnection if tls else _MasterConnection
+        client = cast(AckingRedis, sentinels.master_for(sentinel.master, redis_class=AckingRedis, **auth, **kwargs))
     wanted = options.replicas if options.replicas is not None else (1 if sentinel else None)
     client.acks = ReplicaAcks(wanted, options.replica_timeout_s)
     return client
