@@ -233,6 +233,10 @@ class ReplicaAcks:
     there are replicas). Waiting for only one of two would not do: Sentinel promotes by the offsets
     it last read, which may be the replica without the append (seen in tests/faults/test_failover.py).
 
+    With `wanted` None (a plain URL, the replicas setting unset) a connection asks ROLE once, when
+    it is made: on a server without replicas its appends then cost no round trip more. A replica
+    attached later is waited for from the next connection on; set the replicas setting to wait for it at once.
+
     When fewer than n replicas answer in time, the append is refused (`NotReplicated`: retried by
     the client's policy, then raised), the timeout counted in Redis (`keys.REPLICATION_TIMEOUTS`,
     served as a Prometheus counter by the manager) and logged: what was told "recorded" is on n
@@ -244,13 +248,11 @@ class ReplicaAcks:
         self.timeout_ms = max(1, int(timeout_s * 1000))
 
     def after(self, connection: redis.Connection, commands: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
-        if not _has_append(commands):
+        if self.wanted == 0 or not _has_append(commands):
             return
-        if self.wanted == 0:
+        if self.wanted is None and not _replicas_when_connected(connection):
             return
-        connection.send_command("ROLE")  # the replicas connected now: each must have it, whichever is promoted
-        role = connection.read_response()
-        connected = len(role[2]) if len(role) > 2 else 0
+        connected = _replicas(connection)  # the replicas connected now: each must have it, whichever is promoted
         wanted = max(connected, self.wanted if self.wanted is not None else min(connected, 1))
         if wanted == 0:
             return
@@ -264,6 +266,23 @@ class ReplicaAcks:
 
 
 NO_ACKS = ReplicaAcks(0, 1.0)
+_SEEN = "_trialstream_replicas"  # on a connection: (its socket then, replicas connected to its server then)
+
+
+def _replicas(connection: redis.Connection) -> int:
+    """How many replicas the connection's server streams to now (ROLE; 0 when it is one)."""
+    connection.send_command("ROLE")
+    role = connection.read_response()
+    return len(role[2]) if len(role) > 2 else 0
+
+
+def _replicas_when_connected(connection: redis.Connection) -> int:
+    """`_replicas` once per connection: asked again only when it has reconnected (a new socket)."""
+    seen = getattr(connection, _SEEN, None)
+    if seen is None or seen[0] is not connection._sock:
+        seen = (connection._sock, _replicas(connection))
+        setattr(connection, _SEEN, seen)
+    return int(seen[1])
 
 
 class AckingPipeline(redis.client.Pipeline):

@@ -114,9 +114,34 @@ def test_an_append_no_replica_confirms_is_refused_and_counted(sentinel_set: Sent
 
 
 def test_without_replicas_an_append_waits_for_none(redis_url: str) -> None:
+    """The default single server: ROLE once per connection, then appends cost no round trip more."""
     client = connect(redis_url)
-    assert EventStore(client, "exp1").append(metadata("k"))
+    client.config_resetstat()
+    store = EventStore(client, "exp1")
+    for key in "abc":
+        assert store.append(metadata(key))
+    calls = client.info("commandstats")
+    assert calls["cmdstat_role"]["calls"] == 1 and "cmdstat_wait" not in calls
     assert client.get(keys.REPLICATION_TIMEOUTS) is None  # the master has no replica: no WAIT, none timed out
+
+
+def test_a_plain_url_whose_master_has_a_replica_waits_for_it(tmp_path: Path) -> None:
+    master = RedisProcess(tmp_path / "master", free_port(), ["--save", ""], None)
+    replica = RedisProcess(tmp_path / "replica", free_port(), ["--save", ""], None)
+    try:
+        master.start()
+        replica.start(("--replicaof", "127.0.0.1", str(master.port)))
+        with master.client() as probe:
+            wait_until(lambda: len(probe.execute_command("ROLE")[2]) == 1, 10, what="the replica online")
+        client = connect(f"redis://127.0.0.1:{master.port}/0", options=RedisOptions(replica_timeout_s=0.2), retry_s=0)
+        store = EventStore(client, "exp1")
+        assert store.append(metadata("replicated"))
+        replica.signal(signal.SIGSTOP)
+        with pytest.raises(NotReplicated, match="0 of 1 replicas"):
+            store.append(metadata("alone"))
+    finally:
+        replica.stop()
+        master.stop()
 
 
 @pytest.fixture
