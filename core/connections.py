@@ -348,6 +348,11 @@ class _MasterConnection(SentinelManagedConnection):
             self.read_response()
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """As a plain connection: one left by any error while reading is dropped (redis-py's Sentinel
+        connection keeps it by default, so a blocking read cut short by a signal, RQ's warm shutdown,
+        went back to the pool with its reply pending: the next command waited out the block, then
+        read that reply as its own)."""
+        kwargs.setdefault("disconnect_on_error", True)
         try:
             return super().read_response(*args, **kwargs)
         except redis.ResponseError as error:

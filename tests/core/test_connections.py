@@ -4,6 +4,7 @@ replicas, and TLS with a CA (and client certificate) the test makes."""
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,27 @@ def test_tls_to_the_sentinels_and_the_master(tmp_path: Path, tls: Tls) -> None:
             connect(sentinels.url)  # the system's CAs do not know the test's
     finally:
         sentinels.stop()
+
+
+class Interrupted(Exception):
+    """Raised by a signal handler, as RQ's warm shutdown raises StopRequested inside a blocking dequeue."""
+
+
+def test_a_blocking_read_cut_short_leaves_no_reply_pending_for_the_next_command(sentinel_set: SentinelSet) -> None:
+    client = connect(sentinel_set.url)
+    client.set("k", "v")
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            client.blpop(["nothing"], timeout=5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    started = time.monotonic()
+    assert client.get("k") == "v"  # not the BLPOP's nil, 5 s later
+    assert time.monotonic() - started < 2
