@@ -409,6 +409,22 @@ def connect(
     return client
 
 
+class _Sentinels(Sentinel):
+    """Sentinels whose answer is not taken from one that is failing the master over.
+
+    The leader of a failover names the old master (SENTINEL MASTERS) until its failover ends, a second
+    or more after it promoted a replica and the others switched. An old master that was only paused
+    answers again meanwhile (no s_down): a client sent there writes to, and reads from, a master whose
+    data the promoted one does not have and which it will discard. The next sentinel is asked instead.
+    """
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        flags = state.get("flags", "")
+        if "failover_in_progress" in (flags if isinstance(flags, set) else str(flags).split(",")):
+            return False
+        return bool(super().check_master_state(state, service_name))  # type: ignore[no-untyped-call]
+
+
 def _sentinels(url: SentinelUrl, tls_kwargs: dict[str, Any]) -> Sentinel:
     """The sentinel set of `url`, asked with short timeouts (TLS as to the master)."""
     sentinel_kwargs: dict[str, Any] = {
@@ -418,7 +434,7 @@ def _sentinels(url: SentinelUrl, tls_kwargs: dict[str, Any]) -> Sentinel:
     }
     if url.tls:
         sentinel_kwargs |= {"ssl": True, **tls_kwargs}
-    return Sentinel(list(url.sentinels), sentinel_kwargs=sentinel_kwargs)
+    return _Sentinels(list(url.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
 
 
 def _probe(url: str, sentinel: SentinelUrl | None, tls_kwargs: dict[str, Any]) -> None:
