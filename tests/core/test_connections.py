@@ -15,6 +15,7 @@ from core.connections import (
     NotReplicated,
     RedisOptions,
     RedisUnavailable,
+    _sentinels,
     connect,
     parse_sentinel_url,
     quick_client,
@@ -66,6 +67,16 @@ def test_a_malformed_url_names_the_setting_and_the_fix(url: str, problem: str) -
     assert message.startswith("TRIALSTREAM_REDIS_URL (--redis) ") and problem in message
     assert "redis+sentinel://[user:password@]host:port" in message and "secret" not in message
     assert "\n" not in message
+
+
+def test_a_sentinel_failing_the_master_over_is_not_taken_at_its_word() -> None:
+    """The failover leader names the old master until its failover ends, even once that master answers again."""
+    url = parse_sentinel_url("redis+sentinel://127.0.0.1:1/trialstream")
+    assert url is not None
+    sentinels = _sentinels(url, {})
+    state = {"is_master": True, "is_sdown": False, "is_odown": False, "num-other-sentinels": 2, "flags": "master"}
+    assert sentinels.check_master_state(state, "trialstream")
+    assert not sentinels.check_master_state({**state, "flags": "master,failover_in_progress"}, "trialstream")
 
 
 def test_clients_rq_and_siblings_follow_the_master_across_a_failover(sentinel_set: SentinelSet) -> None:
