@@ -1,5 +1,6 @@
 """Redis fails over mid-experiment, twice: the master SIGKILLed, later the new master SIGSTOPped until the sentinels
-have replaced it, then resumed (an isolated old master). Nothing a trial recorded is lost or doubled.
+have replaced it and moved its replicas, then resumed (an isolated old master). Nothing a trial recorded is lost or
+doubled.
 
 A master, 2 replicas and 3 sentinels on loopback (tests/support/sentinel.py, down after 1 s), every process on a
 redis+sentinel:// URL: `trialstream run`, the projector and several workers. The faults follow progress (ended
@@ -23,10 +24,12 @@ from typing import cast
 
 import pytest
 import redis
+from rq import Queue, Worker
 
 from core import keys
 from core.connections import connect
 from core.event_store import EventStore, StoredEvent
+from core.queueing import queue_name
 from manager.replay import check
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost, TrialEnded, TrialMetricReported
@@ -58,8 +61,9 @@ echo "end $(date +%s%N)" >> "$record"
 
 
 @pytest.mark.skip(
-    reason="issue 27 point 3, unfinished: 2 of 3 runs lose a few metrics appended just after the SIGKILL failover "
-    "(acknowledged, absent from the log); and it takes ~65 s, over its 40 s budget"
+    reason="issue 27 point 3, unfinished: no metric lost since the stdout reader fix, but 5 of 17 runs still fail "
+    "around the paused-master failover: views disagreeing with the log (a trial SYS_CANCELED, or 21 trials "
+    "missing), a TrialSubmitted missing while its job runs (the run never ends), metrics doubled (docs/reliability.md)"
 )
 @pytest.mark.timeout(120)
 def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: SentinelSet) -> None:
@@ -84,9 +88,12 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
     env = {**ENV, "RECORDS": str(records)}  # RECORDS reaches the trials (not a TRIALSTREAM_ variable)
     failovers: list[float] = []
     try:
-        processes.projector()
-        for _ in range(WORKERS):
-            processes.worker(env=env, args=("--concurrency", str(CONCURRENCY)))
+        processes.start("projector")
+        for _ in range(WORKERS):  # started together: one by one, their imports alone took seconds
+            processes.start("worker", "--platform", "local", "--concurrency", str(CONCURRENCY), env=env)
+        queue = Queue(queue_name("local"), connection=connect(url, decode=False))
+        wait_until(lambda: len(Worker.all(queue=queue)) == WORKERS, 30, what="the workers to register")
+        wait_until(lambda: client.exists(keys.PROJECTOR_HEARTBEAT), 30, what="the projector")
         started = time.monotonic()
         runner = subprocess.Popen(
             [sys.executable, "-m", "manager.cli", "--redis", url, "run", str(tmp_path / "config.yml"), "--json"],
@@ -128,6 +135,8 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
             runs[path.name] = list(zip(starts, ends, strict=False))
 
         assert len(trials) == TRIALS and all(trial.status.is_terminal for trial in trials)
+        ended = {e.trial_id: e.status for e in entries if isinstance(e, TrialEnded)}  # the last end of each
+        assert {trial.id: trial.status for trial in trials} == ended, "the views agree with the log"
         lost = recorded - logged
         duplicated = {key: count for key, count in logged.items() if count > 1}
         assert not lost, f"{len(lost)} recorded but not in the log: {sorted(lost)[:5]}"
@@ -151,7 +160,13 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
 
 def _faults(client: redis.Redis, sentinels: SentinelSet, failovers: list[float]) -> None:
     """SIGKILL the master after KILL_AFTER ended trials (and bring it back as a replica once replaced); SIGSTOP
-    the new master after PAUSE_AFTER, until the sentinels name another, then SIGCONT it."""
+    the new master after PAUSE_AFTER, until the sentinels name another and have moved its replicas there, then
+    SIGCONT it.
+
+    Resumed sooner, the paused master would still have a replica of its own, which would confirm (WAIT) the
+    writes queued for it while it was paused, and then resync from the new master: acknowledged, then lost. That
+    is Sentinel's design, not something an append can prevent (README, "What is not").
+    """
     experiments = wait_until(lambda: cast(list[str], client.zrange(keys.EXPERIMENTS, 0, -1)), 30, what="the experiment")
     store = EventStore(client, str(experiments[0]))
     ended: set[str] = set()
@@ -175,6 +190,9 @@ def _faults(client: redis.Redis, sentinels: SentinelSet, failovers: list[float])
     second.signal(signal.SIGSTOP)
     try:
         failovers.append(_replaced(sentinels, second))
+        new = sentinels.master()
+        others = {node.port for node in sentinels.nodes if node not in (new, second)}
+        wait_until(lambda: others <= new.replicas_online(), 30, interval=0.05, what="the replicas moved")
     finally:
         second.signal(signal.SIGCONT)
 

@@ -112,6 +112,15 @@ class RedisProcess:
         with self.client() as probe:
             return str(probe.execute_command("ROLE")[0])
 
+    def replicas_online(self) -> set[int]:
+        """The ports of the replicas this node streams to now (none unless it is a master)."""
+        try:
+            with self.client() as probe:
+                role = probe.execute_command("ROLE")
+        except (redis.ConnectionError, redis.TimeoutError):
+            return set()
+        return {int(port) for _, port, _ in role[2]} if role[0] == "master" else set()
+
     def log_tail(self) -> str:
         log = self.directory / "redis.log"
         return log.read_text(errors="replace")[-1500:] if log.exists() else ""
@@ -188,10 +197,7 @@ class SentinelSet:
                             return False
                         if "s_down" in state["flags"] or "failover" in state["flags"]:
                             return False
-                with master.client() as probe:
-                    role = probe.execute_command("ROLE")
-                online = {int(port) for _, port, _ in role[2]} if role[0] == "master" else set()
-                return online >= {node.port for node in live}
+                return master.replicas_online() >= {node.port for node in live}
             except (redis.ConnectionError, redis.TimeoutError):
                 return False
 
