@@ -17,6 +17,7 @@ LEASES = f"{LOG_PREFIX}:leases"  # zset: `<exp>/<trial>/<attempt>` -> lease expi
 REAP_ROUND = f"{LOG_PREFIX}:reaper:round"  # Redis server time (ms) of the last reap round
 MANAGER_HOSTED = f"{LOG_PREFIX}:manager:hosted"  # set: experiments a `trialstream manager` runs, resumed at its start
 REAP_HOLD = f"{LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms): after a pause or restart
+REPLICATION_TIMEOUTS = f"{LOG_PREFIX}:replication:timeouts"  # counter: appends that too few replicas confirmed in time
 
 
 def events(experiment_id: str) -> str:

@@ -14,6 +14,7 @@ import redis
 from redis.client import Pipeline
 
 from core import keys
+from core.connections import acknowledge_after
 
 CLAIM_TTL_S = 7 * 24 * 3600
 ENDED = "ended"
@@ -33,6 +34,9 @@ local now = redis.call('TIME')
 redis.call('ZADD', KEYS[2], now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
 return 1
 """
+# With replicas, a claim returns once they have it: a claim lost in a failover would let a second
+# delivery of the attempt claim it too and run the trial again (tests/faults/test_failover.py saw it).
+acknowledge_after(_ACQUIRE)
 
 # Touching the claim makes a reaper that WATCHes it back off: a renewed lease is never reaped. Its
 # TTL starts again too, so a trial may run for longer than the claim's TTL.

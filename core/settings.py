@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Self, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
+from core.connections import RedisOptions, check_redis_url
 from core.variables import PREFIX
 
 
@@ -58,7 +59,8 @@ class EnvironmentSettings(BaseModel):
         except ValidationError as invalid:
             first = invalid.errors()[0]
             name = PREFIX + "_".join(str(part) for part in first["loc"][:1]).upper()
-            raise SettingError(f"{name}: {first['msg']}") from None
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise SettingError(message if message.startswith(name) else f"{name}: {message}") from None
 
     @classmethod
     def _unread(cls, environ: Mapping[str, str]) -> dict[str, object]:
@@ -66,8 +68,21 @@ class EnvironmentSettings(BaseModel):
         return {}
 
 
+def _redis_url(value: object) -> object:
+    """A URL trialstream can use (plain, TLS or Sentinel), checked where it is read."""
+    return check_redis_url(value) if isinstance(value, str) else value
+
+
 class Settings(EnvironmentSettings):
-    redis_url: str | None = Field(default=None, repr=False)  # may hold a password
+    # may hold a password
+    redis_url: Annotated[str | None, AfterValidator(_redis_url)] = Field(default=None, repr=False)
+    redis_tls_ca_file: Path | None = Field(default=None, description="rediss: verify Redis and sentinels with this CA")
+    redis_tls_cert_file: Path | None = Field(default=None, description="rediss: a client certificate to present")
+    redis_tls_key_file: Path | None = Field(default=None, description="rediss: the client certificate's key")
+    redis_replicas: int | None = Field(
+        default=None, ge=0, description="replicas an append waits for (WAIT); default 1 with Sentinel or replicas"
+    )
+    redis_replica_timeout_s: float = Field(default=1.0, gt=0, description="how long an append waits for its replicas")
     trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
     redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
@@ -87,6 +102,18 @@ class Settings(EnvironmentSettings):
     def _unread(cls, environ: Mapping[str, str]) -> dict[str, object]:
         own = {PREFIX + name.upper() for name in cls.model_fields}
         return {"platform_variables": {k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in own}}
+
+    def redis_options(self) -> RedisOptions:
+        """What connections need beyond the URL: TLS files, replica acknowledgements."""
+        if self.redis_tls_cert_file and not self.redis_tls_key_file:
+            raise SettingError("TRIALSTREAM_REDIS_TLS_KEY_FILE: required with TRIALSTREAM_REDIS_TLS_CERT_FILE")
+        return RedisOptions(
+            tls_ca_file=str(self.redis_tls_ca_file) if self.redis_tls_ca_file else None,
+            tls_cert_file=str(self.redis_tls_cert_file) if self.redis_tls_cert_file else None,
+            tls_key_file=str(self.redis_tls_key_file) if self.redis_tls_key_file else None,
+            replicas=self.redis_replicas,
+            replica_timeout_s=self.redis_replica_timeout_s,
+        )
 
     def of(self, model: type[PlatformSettings]) -> PlatformSettings:
         """A platform's own settings, from the variables these settings were read from."""

@@ -5,3 +5,4 @@ alone."""
 PREFIX = "TRIALSTREAM_"
 REDIS_URL_ENV = f"{PREFIX}REDIS_URL"
 MANAGER_TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"  # the setting `manager_token`, named where a message tells the user
+TLS_CA_ENV = f"{PREFIX}REDIS_TLS_CA_FILE"  # the setting `redis_tls_ca_file`, named where a wrong CA is reported

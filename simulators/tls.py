@@ -1,5 +1,6 @@
 """A self-signed certificate for the simulators that speak HTTPS (simulators/kubesim, simulators/amlsim): one
-certificate that is both the CA a client is told to trust and the server's own."""
+certificate that is both the CA a client is told to trust and the server's own (and a client's, where the server asks
+for one: redis-server with `tls-auth-clients`)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def make_self_signed(directory: Path, common_name: str, dns_names: tuple[str, ..
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = directory / "ca.crt", directory / "server.key"

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,9 @@ from schemas.trial import HyperParameters, JobApplicationForm, TrialConfig, Tria
 from simulators.waiting import wait_until
 from tests.support import web
 from tests.support.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (simulated Kubernetes cluster fixtures)
+from tests.support.ports import free_port
 from tests.support.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
+from tests.support.sentinel import sentinel_set  # noqa: F401  (a master, replicas and sentinels)
 from tests.support.sshd_setup import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -243,12 +244,6 @@ def stream_entries(client: redis.Redis, stream: str) -> list[tuple[str, dict[str
 
 
 START_DEADLINE_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class RedisServer:

@@ -66,6 +66,7 @@ class TrialstreamCollector(Collector):
         yield from self._experiment_metrics(experiments)
         yield from self._projection(experiments)
         yield from self._queues()
+        yield self._replication()
 
     def _experiments(self) -> list[_Experiment]:
         """Each experiment's view, counts, position and stream info, in one pipelined round trip."""
@@ -187,6 +188,16 @@ class TrialstreamCollector(Collector):
                 depth.add_metric([platform], queue.count)
                 workers.add_metric([platform], len(Worker.all(queue=queue)))
         return depth, workers
+
+    def _replication(self) -> Metric:
+        """Appends refused because too few replicas confirmed them in time (core.connections.ReplicaAcks): each
+        was sent again, or its error reached its caller; never acknowledged unreplicated."""
+        timeouts = CounterMetricFamily(
+            "trialstream_redis_replication_timeouts",
+            "Appends whose WAIT saw fewer replicas than required within the timeout (refused, sent again).",
+        )
+        timeouts.add_metric([], int(self.client.get(keys.REPLICATION_TIMEOUTS) or 0))
+        return timeouts
 
 
 def _platform_of(view: ExperimentView | None) -> str:

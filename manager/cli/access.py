@@ -95,9 +95,10 @@ def opened_experiment(settings: Settings, experiment_id: str | None) -> Iterator
     redis_required(settings)
     url = settings.redis_url
     if url is not None:
-        client = connect(url)
+        options = settings.redis_options()
+        client = connect(url, options=options)
         experiment_id = resolve_experiment(client, experiment_id)
-        yield TrainingService(client, connect(url, decode=False), experiment_id), experiment_id
+        yield TrainingService(client, connect(url, options=options, decode=False), experiment_id), experiment_id
         return
     with served_data(experiment_dir(experiments_root(settings), experiment_id)) as served_url:
         client = connect(served_url)

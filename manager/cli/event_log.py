@@ -150,7 +150,7 @@ def _import(args: argparse.Namespace, settings: Settings) -> int:
     if args.experiment_id:
         log = renamed(log, args.experiment_id)
     if settings.redis_url is not None:
-        _import_into(connect(settings.redis_url), log)
+        _import_into(connect(settings.redis_url, options=settings.redis_options()), log)
     else:
         _import_embedded(log, settings)
     print(f"imported experiment {log.experiment_id}: {len(log.entries)} entries")

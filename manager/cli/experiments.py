@@ -45,7 +45,7 @@ def _summaries(settings: Settings) -> list[ExperimentSummary]:
     if settings.manager_url is not None:
         return [_summary(state) for state in manager_client(settings).experiments()]
     if settings.redis_url is not None:
-        return list_experiments(connect(settings.redis_url))
+        return list_experiments(connect(settings.redis_url, options=settings.redis_options()))
     summaries = []
     for directory in embedded_experiments(experiments_root(settings)):
         with served_data(directory) as url:
@@ -74,7 +74,7 @@ def _delete(args: argparse.Namespace, settings: Settings) -> int:
         print(f"deleted experiment {experiment_id} ({deleted} keys)")
         return 0
     if settings.redis_url is not None:
-        deleted = delete_experiment(connect(settings.redis_url), experiment_id)
+        deleted = delete_experiment(connect(settings.redis_url, options=settings.redis_options()), experiment_id)
         print(f"deleted experiment {experiment_id} ({deleted} keys)")
         return 0
     directory = experiment_dir(experiments_root(settings), experiment_id)

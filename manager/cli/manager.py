@@ -94,7 +94,7 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         if name_problem is not None:
             raise RunnerError(f"--allowed-host {name}: expected {name_problem}")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
-    host = ManagerHost(connect(url), settings)
+    host = ManagerHost(connect(url, options=settings.redis_options()), settings)
     options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host))
     api = build_api(host, options)
     server = uvicorn.Server(

@@ -11,7 +11,7 @@ from typing import Protocol
 import redis
 from rich.live import Live
 
-from core.connections import connect, redact_url
+from core.connections import connect, redact_url, same_server
 from core.settings import Settings
 from manager.cli import interrupts, managed, render
 from manager.cli.access import manager_client
@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         manager = manager_client(settings)
         result = _drive(lambda show: managed.create(spec, manager, show))
     elif settings.redis_url is not None:
-        client, rq_connection = _shared(settings.redis_url, platforms)
+        client, rq_connection = _shared(settings, platforms)
         result = _drive(
             lambda show: ExperimentRunner.create(spec, client, rq_connection, on_progress=show, settings=settings)
         )
@@ -84,10 +84,10 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
         manager = manager_client(settings)
         result = _drive(lambda show: managed.resume(manager, args.experiment_id, args.imported, show))
     elif settings.redis_url is not None:
-        client = connect(settings.redis_url)
-        experiment_id = resolve_experiment(client, args.experiment_id)
-        spec = _stored_spec(client, connect(settings.redis_url, decode=False), experiment_id)
-        client, rq_connection = _shared(settings.redis_url, spec.platform_names)
+        reader = connect(settings.redis_url, options=settings.redis_options())
+        experiment_id = resolve_experiment(reader, args.experiment_id)
+        spec = _stored_spec(reader, same_server(reader, decode=False), experiment_id)
+        client, rq_connection = _shared(settings, spec.platform_names)
         result = _drive(
             lambda show: ExperimentRunner.resume(
                 client, rq_connection, experiment_id, show, settings=settings, allow_imported=args.imported
@@ -115,9 +115,12 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _shared(url: str, platforms: list[str]) -> tuple[redis.Redis, redis.Redis]:
+def _shared(settings: Settings, platforms: list[str]) -> tuple[redis.Redis, redis.Redis]:
     """Clients of the shared Redis, once a worker serves each platform (every listed one, for hybrid)."""
-    client, rq_connection = connect(url), connect(url, decode=False)
+    url = settings.redis_url
+    assert url is not None
+    client = connect(url, options=settings.redis_options())
+    rq_connection = same_server(client, decode=False)
     for platform in platforms:
         wait_until_served(client, rq_connection, platform, redact_url(url))
     return client, rq_connection

@@ -41,7 +41,7 @@ def _projector(args: argparse.Namespace, settings: Settings) -> int:
     from manager.projector import Projector
 
     url = required_url(settings)
-    client = connect(url)
+    client = connect(url, options=settings.redis_options())
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -113,6 +113,7 @@ def test_metrics_follow_an_experiment_from_queued_to_done(
     assert queue.count == 2
     assert value(queued, "trialstream_workers", platform="local") == 0
     assert value(queued, "trialstream_experiments", status="RUNNING") == 1
+    assert value(queued, "trialstream_redis_replication_timeouts_total") == 0
     waiting = caught_up(url)
     assert value(waiting, "trialstream_projection_lag_events", experiment=experiment_id) == 0
     labels = {"experiment": experiment_id, "platform": "local"}

@@ -8,15 +8,18 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from core.platform import ParsedMetric
 from manager.projector import Projector
 from schemas.events import TrialMetricRejected
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
 from workers.platforms.local import adapter as local
+from workers.platforms.shared.trial_contract import StdoutMetricPump
 
 
 def script(code_dir: Path, name: str, body: str) -> str:
@@ -370,3 +373,50 @@ def test_the_watch_loop_is_woken_by_metric_writes_and_by_the_exit(
     assert trial.poll() is None  # woken by the write, not by the exit
     watcher.join(5)
     assert not watcher.is_alive() and trial.wait() == 0  # and it returned once the trial had exited
+
+
+class StalledSink:
+    """Takes metrics as a trial's control does, its first append held until `release` is set: an append
+    that waits out a Redis failover."""
+
+    def __init__(self) -> None:
+        self.found: list[ParsedMetric] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def metrics(self, metrics: Sequence[ParsedMetric]) -> None:
+        self.entered.set()
+        self.release.wait(30)
+        self.found.extend(metrics)
+
+    def rejected(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+
+def test_stdout_printed_while_an_append_waits_is_read_after_the_drain_time(tmp_path: Path) -> None:
+    """Regression (tests/faults/test_failover.py lost 4 metrics of a trial): the first line's append waited
+    out a failover past the drain time; the reader then stopped with the trial's other lines still in the pipe."""
+    go_on = tmp_path / "go-on"
+    prints = (
+        "import json, os, time\n"
+        "for sequence in range(5):\n"
+        "    record = json.dumps({'parameter_id': 0, 'type': 'PERIODICAL', 'sequence': sequence, 'value': 1})\n"
+        "    print(f\"NNISDK_MEb'{record}'\", flush=True)\n"
+        f"    while not os.path.exists({str(go_on)!r}):  # the first line is read alone\n"
+        "        time.sleep(0.01)\n"
+    )
+    trial = subprocess.Popen([sys.executable, "-c", prints], stdout=subprocess.PIPE)
+    assert trial.stdout is not None
+    sink = StalledSink()
+    reader = local._StdoutReader(trial.stdout, StdoutMetricPump(sink))
+    reader.start()
+    assert sink.entered.wait(10), "the first metric line read"
+    go_on.touch()
+    assert trial.wait(10) == 0  # the other lines are in the pipe, unread
+    finisher = threading.Thread(target=reader.finish, args=(0.05,))
+    finisher.start()
+    wait_until(lambda: reader._stop.is_set(), 10, what="the drain time over")
+    sink.release.set()  # Redis is back: the first append returns
+    finisher.join(10)
+    assert not finisher.is_alive()
+    assert [metric.sequence for metric in sink.found] == [0, 1, 2, 3, 4]

@@ -138,7 +138,7 @@ def alive_here(settings: Settings) -> bool:
     """Whether a worker of this host has sent its heartbeat to Redis lately: a container's health check
     (Redis reachable, the worker's process alive)."""
     assert settings.redis_url is not None
-    connection = connect(settings.redis_url, decode=False, retry_s=0)
+    connection = connect(settings.redis_url, options=settings.redis_options(), decode=False, retry_s=0)
     host, now = socket.gethostname(), datetime.now(UTC)
     beats = [
         worker.last_heartbeat if worker.last_heartbeat.tzinfo else worker.last_heartbeat.replace(tzinfo=UTC)
@@ -168,7 +168,9 @@ def serve(
     assert settings.redis_url is not None
     configure_logging(log_format)
     _not_dumpable()
-    rq_connection = connect(settings.redis_url, decode=False, retry_s=settings.redis_retry_s)
+    rq_connection = connect(
+        settings.redis_url, options=settings.redis_options(), decode=False, retry_s=settings.redis_retry_s
+    )
     client = same_server(rq_connection, decode=True)
     runtime = WorkerRuntime(settings, client, rq_connection, adapter(settings, client))
     install(runtime)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 from pathlib import Path
 from typing import IO, ClassVar
@@ -306,7 +309,12 @@ class _AttemptFollower:
 
 class _StdoutReader:
     """Reads a trial's stdout pipe into a pump, on a thread of its own; never blocks the trial's end,
-    even if some process still held the pipe."""
+    even if some process still held the pipe.
+
+    Told to stop, it still reads every byte queued in the pipe then: the trial has ended, so that
+    is the rest of what it wrote. Feeding one chunk may take long (its metrics' append waits out a
+    Redis failover); stopping then must not drop the metric lines the trial printed meanwhile.
+    """
 
     def __init__(self, stream: IO[bytes], pump: StdoutMetricPump) -> None:
         self._fd = stream.fileno()
@@ -319,7 +327,7 @@ class _StdoutReader:
         self._thread.start()
 
     def finish(self, drain_s: float) -> None:
-        """Read what is left for up to `drain_s`, then stop reading and close the pipe."""
+        """Wait up to `drain_s` for the pipe's end, then read what is queued in it and close it."""
         if self._thread.ident is not None:
             self._thread.join(drain_s)
             self._stop.set()
@@ -327,18 +335,31 @@ class _StdoutReader:
         self._stream.close()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self._fd], [], [], POLL_S * 20)
-            if not ready:
+        left: int | None = None  # once stopping: the bytes queued in the pipe then, still to read
+        while left is None or left > 0:
+            if left is None and self._stop.is_set():
+                left = _queued_bytes(self._fd)
                 continue
-            data = os.read(self._fd, READ_BYTES)
+            ready, _, _ = select.select([self._fd], [], [], POLL_S * 20 if left is None else 0)
+            if not ready:
+                if left is None:
+                    continue
+                break
+            data = os.read(self._fd, READ_BYTES if left is None else min(left, READ_BYTES))
             if not data:
                 break
+            if left is not None:
+                left -= len(data)
             try:
                 self._pump.feed(data)
             except Exception:  # the pipe must keep being drained, or the trial blocks writing to it
                 log.exception("trial stdout: a chunk could not be handled; reading on")
         self._pump.close()
+
+
+def _queued_bytes(fd: int) -> int:
+    """How many bytes a pipe holds that nobody has read yet (FIONREAD)."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
 
 
 def read_output_file(path: Path, offset: int, whose: str) -> bytes:
