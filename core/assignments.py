@@ -49,14 +49,37 @@ def platform_section(training_service: Any, platform: str, secrets: dict[str, st
 def load_assignment(
     client: redis.Redis, platform: type[Platform[Any]] | Platform[Any], experiment_id: str, trial_id: str, attempt: int
 ) -> TrialAssignment[Any]:
-    """The assignment of one attempt, read from the log and the experiment's secrets."""
+    """The assignment of one attempt, read from the log and its platform's secrets."""
     submitted = load_submission(EventStore(client, experiment_id), trial_id)
-    return assignment_of(platform, submitted, attempt, experiment_secrets(client, experiment_id))
+    return assignment_of(platform, submitted, attempt, experiment_secrets(client, experiment_id, [platform.name]))
 
 
-def experiment_secrets(client: redis.Redis, experiment_id: str) -> dict[str, str]:
-    raw = client.hgetall(keys.secrets(experiment_id))
-    return {_text(name): _text(value) for name, value in raw.items()}
+def secrets_by_platform(training_service: Any, secrets: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Each secret under the platform of its section, as `keys.secrets` keeps them: a hybrid list's paths
+    start with the section's index (`1.machineList.0.password`), a single section's belong to it."""
+    grouped: dict[str, dict[str, str]] = {}
+    for path, value in secrets.items():
+        if isinstance(training_service, list):
+            section = training_service[int(path.split(".", 1)[0])]
+        else:
+            section = training_service
+        grouped.setdefault(str(section["platform"]), {})[path] = value
+    return grouped
+
+
+def experiment_secrets(client: redis.Redis, experiment_id: str, platforms: list[str]) -> dict[str, str]:
+    """The secrets of `platforms`' sections (a worker asks for its own platform's only)."""
+    found: dict[str, str] = {}
+    for platform in platforms:
+        raw = client.hgetall(keys.secrets(experiment_id, platform))
+        found.update({_text(name): _text(value) for name, value in raw.items()})
+    return found
+
+
+def configured_platforms(training_service: Any) -> list[str]:
+    """The platforms of a (masked) trainingService: its one section's, or each listed one's."""
+    sections = training_service if isinstance(training_service, list) else [training_service]
+    return [str(section["platform"]) for section in sections if isinstance(section, dict)]
 
 
 def _text(value: str | bytes) -> str:

@@ -41,9 +41,15 @@ def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"
 
 
-def secrets(experiment_id: str) -> str:
-    """Hash: dotted config path -> secret value (an SSH password): kept out of the log, which holds
-    the config masked, and read by the workers of the experiment's platform."""
+def secrets(experiment_id: str, platform: str) -> str:
+    """Hash: dotted config path -> secret value (an SSH password) of one platform's section: kept out of
+    the log, which holds the config masked, and read by that platform's workers alone (one key per
+    platform, so that an ACL key pattern gives each platform's worker user its own: core.acl)."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:secrets:{platform}"
+
+
+def legacy_secrets(experiment_id: str) -> str:
+    """Hash: every secret of an experiment created before they were kept per platform (moved by `resume`)."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:secrets"
 
 

@@ -14,6 +14,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from core import keys
+from core.assignments import secrets_by_platform
 from core.connections import same_server
 from core.event_store import EventStore
 from core.queueing import ExperimentJob, enqueue
@@ -52,8 +53,9 @@ def create_experiment(
         pipe.multi()
         EventStore(client, experiment_id).append(event, idempotency_key="created", pipeline=pipe)
         pipe.zadd(keys.EXPERIMENTS, {experiment_id: event.time})
-        for path, value in (secrets or {}).items():
-            pipe.hset(keys.secrets(experiment_id), path, value)
+        for platform, held in secrets_by_platform(config.get("trainingService"), secrets or {}).items():
+            for path, value in held.items():
+                pipe.hset(keys.secrets(experiment_id, platform), path, value)
         pipe.execute()
     return experiment_id
 
@@ -135,6 +137,25 @@ def list_experiments(client: redis.Redis) -> list[ExperimentSummary]:
             )
         )
     return summaries
+
+
+def move_legacy_secrets(client: redis.Redis, experiment_id: str, training_service: Any) -> None:
+    """An experiment created before secrets were kept per platform has them in one hash: split it under
+    `keys.secrets` (once, atomically), so that its workers find them where they look now."""
+    held = client.hgetall(keys.legacy_secrets(experiment_id))
+    if not held:
+        return
+    texts = {_text(path): _text(value) for path, value in held.items()}
+    with client.pipeline(transaction=True) as pipe:
+        for platform, secrets_of_platform in secrets_by_platform(training_service, texts).items():
+            for path, value in secrets_of_platform.items():
+                pipe.hset(keys.secrets(experiment_id, platform), path, value)
+        pipe.delete(keys.legacy_secrets(experiment_id))
+        pipe.execute()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def delete_experiment(client: redis.Redis, experiment_id: str) -> int:

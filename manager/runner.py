@@ -22,13 +22,13 @@ from typing import Any
 
 import redis
 
-from core.assignments import experiment_secrets
+from core.assignments import configured_platforms, experiment_secrets
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
-from manager.experiments import create_experiment, finish_experiment
+from manager.experiments import create_experiment, finish_experiment, move_legacy_secrets
 from manager.preflight import platform_problems
 from manager.projection import apply_to_trial, metric_record
 from manager.runner_claim import RUNNER_LEASE_S, RUNNER_RENEW_S, RunnerClaim
@@ -245,7 +245,10 @@ class ExperimentRunner:
         if experiment.status == "DONE" and changes is None:
             raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
         config = dict(experiment.config)
-        config["trainingService"] = with_secrets(config["trainingService"], experiment_secrets(client, experiment_id))
+        service_config = config["trainingService"]
+        move_legacy_secrets(client, experiment_id, service_config)
+        secrets = experiment_secrets(client, experiment_id, configured_platforms(service_config))
+        config["trainingService"] = with_secrets(service_config, secrets)
         spec = stored_experiment_spec(config, experiment.working_directory)
         _refuse_if(platform_problems(spec, settings or Settings()))
         elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)

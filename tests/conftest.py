@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -174,31 +176,36 @@ def code_dir(tmp_path: Path) -> Path:
 ServiceFactory = Callable[..., TrainingService]
 
 
+def new_service(
+    client: redis.Redis,
+    rq_connection: redis.Redis,
+    root: Path,
+    code_dir: Path,
+    command: str = "true",
+    platform_config: dict[str, Any] | None = None,
+    gpu_number: int | None = None,
+    max_trial_duration: float | None = None,
+    max_retries: int = 0,
+) -> TrainingService:
+    """An experiment on `client`'s Redis whose trials run `command` in `code_dir` (local platform unless told)."""
+    experiment_id = create_experiment(client, {"trialCommand": command}, root / "experiments")
+    service = TrainingService(client, rq_connection, experiment_id)
+    trial_config = TrialConfig(
+        command=command,
+        code_directory=str(code_dir),
+        gpu_number=gpu_number,
+        max_trial_duration=max_trial_duration,
+        max_retries=max_retries,
+    )
+    service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
+    service.set_cluster_metadata(PLATFORM_CONFIG, json.dumps(platform_config or {"platform": "local"}))
+    return service
+
+
 @pytest.fixture
 def make_service(client: redis.Redis, rq_connection: redis.Redis, tmp_path: Path, code_dir: Path) -> ServiceFactory:
     """An experiment whose trials run `command` in `code_dir` on the local platform."""
-
-    def make(
-        command: str = "true",
-        platform_config: dict[str, Any] | None = None,
-        gpu_number: int | None = None,
-        max_trial_duration: float | None = None,
-        max_retries: int = 0,
-    ) -> TrainingService:
-        experiment_id = create_experiment(client, {"trialCommand": command}, tmp_path / "experiments")
-        service = TrainingService(client, rq_connection, experiment_id)
-        trial_config = TrialConfig(
-            command=command,
-            code_directory=str(code_dir),
-            gpu_number=gpu_number,
-            max_trial_duration=max_trial_duration,
-            max_retries=max_retries,
-        )
-        service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
-        service.set_cluster_metadata(PLATFORM_CONFIG, json.dumps(platform_config or {"platform": "local"}))
-        return service
-
-    return make
+    return functools.partial(new_service, client, rq_connection, tmp_path, code_dir)
 
 
 def form(sequence_id: int = 0, **parameters: Any) -> JobApplicationForm:
@@ -242,7 +249,8 @@ START_DEADLINE_S = 10.0
 class RedisServer:
     """A redis-server this test owns: killed with SIGKILL and started again on the same port and data."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *options: str, login: tuple[str, str] | None = None) -> None:
+        """`options` go to redis-server's command line (`--aclfile F`); `login` (user, password) is how to ping it."""
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed")
@@ -251,14 +259,17 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
+        self.options = options
+        self.login = login
         data_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-        args += ["--logfile", "redis.log", "--daemonize", "no"]
+        args += ["--logfile", "redis.log", "--daemonize", "no", *self.options]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        probe = redis.Redis(host="127.0.0.1", port=self.port)  # no retries: each ping is one try
+        username, password = self.login or (None, None)
+        probe = redis.Redis(host="127.0.0.1", port=self.port, username=username, password=password)  # one try a ping
         deadline = time.monotonic() + START_DEADLINE_S
         try:
             while True:
@@ -312,12 +323,10 @@ def own_processes(own_redis: RedisServer, tmp_path: Path) -> Iterator[Processes]
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
-    """Processes that a module's tests share (a manager, a worker), on a redis-server of the module's own: the
-    per-test Redis is flushed after every test. Each test isolates by the experiments it creates. Mark such a
-    module `xdist_group` so that one pytest worker starts them once."""
-    root = tmp_path_factory.mktemp("module")
+@contextmanager
+def processes_on_own_redis(root: Path) -> Iterator[Processes]:
+    """Processes on a redis-server of their own under `root`, which no test flushes: for processes that
+    several tests share, each test isolating by the experiments it creates."""
     server = RedisServer(root / "redis")
     server.start()
     (root / "logs").mkdir()
@@ -327,3 +336,11 @@ def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proce
     finally:
         running.stop()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    """Processes that a module's tests share (a manager, a worker): the per-test Redis is flushed after every
+    test. Mark such a module `xdist_group` so that one pytest worker starts them once."""
+    with processes_on_own_redis(tmp_path_factory.mktemp("module")) as running:
+        yield running

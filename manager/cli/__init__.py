@@ -28,6 +28,7 @@ AREAS = {  # command -> the module (of this package) that registers and runs it
     "worker": "services",
     "projector": "services",
     "manager": "manager",
+    "redis-acl": "redis_acl",
 }
 """Only the area of the command given is imported: a command loads what it uses, no more (`trialstream worker`,
 which hands over to the worker runtime, loads next to nothing)."""
@@ -94,6 +95,7 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     when something failed, rather than at start: most of these modules belong to one command alone."""
     import redis
 
+    from core.acl import AclError
     from core.connections import RedisUnavailable
     from core.event_store import InvalidExperimentId
     from core.registry import UnknownPlatform
@@ -124,6 +126,7 @@ def _reported_errors() -> tuple[type[Exception], ...]:
         ExperimentExists,
         redis.RedisError,
         ManagerError,
+        AclError,
     )
 
 

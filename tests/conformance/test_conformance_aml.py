@@ -5,14 +5,20 @@ their worker (a lost worker's attempt is re-attached to its job)."""
 # ruff: noqa: F811  (the test functions take the aml_workspace fixture imported by name below)
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from tests.support.aml_setup import AmlWorkers, aml_storage, aml_workspace  # noqa: F401  (the simulated workspace fixtures)
+from tests.support.aml_setup import aml_storage, running_workspace  # noqa: F401  (aml_storage: a fixture)
 from tests.support.conformance import PlatformConformance, PlatformHarness
+
+pytestmark = pytest.mark.xdist_group("conformance-aml")  # its class's parts and worker start once
 
 
 class TestAmlConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes, aml_workspace) -> PlatformHarness:
-        section = aml_workspace.section(pollInterval=0.5)
-        return PlatformHarness(platform_config=section, start_worker=AmlWorkers(processes, aml_workspace).start)
+    @pytest.fixture(scope="class")
+    def harness(self, aml_storage) -> Iterator[PlatformHarness]:
+        with running_workspace(aml_storage) as workspace:
+            yield PlatformHarness(
+                platform_config=workspace.section(pollInterval=0.5), worker_env=workspace.environment()
+            )

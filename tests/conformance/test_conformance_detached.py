@@ -19,6 +19,8 @@ from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, wait_for_status, wait_until
 from tests.support.conformance import TRIAL, PlatformConformance, PlatformHarness, history, trial_form
 
+pytestmark = pytest.mark.xdist_group("conformance-detached")  # its class's parts and worker start once
+
 PLATFORMS = "detached=tests.platforms.detached:DetachedPlatform"
 
 
@@ -32,14 +34,12 @@ def no_session_left(tmp_path: Path) -> Iterator[None]:
 
 
 class TestDetachedConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes: Processes) -> PlatformHarness:
+    @pytest.fixture(scope="class")
+    def harness(self) -> PlatformHarness:
         add_platforms({"detached": "tests.platforms.detached:DetachedPlatform"})
-
-        def start_worker(env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
-            return processes.worker("detached", env={"TRIALSTREAM_PLATFORMS": PLATFORMS, **(env or {})}, args=args)
-
-        return PlatformHarness(platform_config={"platform": "detached"}, start_worker=start_worker)
+        return PlatformHarness(
+            platform_config={"platform": "detached"}, worker_env={"TRIALSTREAM_PLATFORMS": PLATFORMS}
+        )
 
 
 def test_an_attempt_with_nothing_left_to_reattach_to_is_lost_and_retried(

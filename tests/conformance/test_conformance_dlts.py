@@ -4,17 +4,18 @@ trials outlive their worker (a lost worker's attempt is re-attached to its job, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from simulators.dltssim import DltsSimulator
 from tests.support.conformance import PlatformConformance, PlatformHarness
-from tests.support.dlts_setup import dlts_cluster_fixture, dlts_section  # noqa: F401  (fixture)
-from tests.support.workers import PlatformWorkers
+from tests.support.dlts_setup import dlts_section, running_dlts
+
+pytestmark = pytest.mark.xdist_group("conformance-dlts")  # its class's parts and worker start once
 
 
 class TestDltsConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes, dlts_cluster: DltsSimulator) -> PlatformHarness:
-        return PlatformHarness(
-            platform_config=dlts_section(dlts_cluster), start_worker=PlatformWorkers(processes, "dlts").start
-        )
+    @pytest.fixture(scope="class")
+    def harness(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformHarness]:
+        with running_dlts(tmp_path_factory.mktemp("dlts")) as cluster:
+            yield PlatformHarness(platform_config=dlts_section(cluster))

@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
 from tests.support.conformance import PlatformConformance, PlatformHarness
-from tests.support.kube_setup import frameworkcontroller_section
-from tests.support.workers import PlatformWorkers
+from tests.support.kube_setup import frameworkcontroller_section, running_cluster
+
+pytestmark = pytest.mark.xdist_group("conformance-frameworkcontroller")  # its class's parts and worker start once
 
 
 class TestFrameworkControllerConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes, kubeconfig: Path) -> PlatformHarness:
-        return PlatformHarness(
-            platform_config=frameworkcontroller_section(kubeconfig),
-            start_worker=PlatformWorkers(processes, "frameworkcontroller").start,
-        )
+    @pytest.fixture(scope="class")
+    def harness(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformHarness]:
+        root = tmp_path_factory.mktemp("frameworkcontroller")
+        with running_cluster(root) as cluster:
+            kubeconfig = cluster.write_kubeconfig(root / "kubeconfig")
+            yield PlatformHarness(platform_config=frameworkcontroller_section(kubeconfig))

@@ -4,18 +4,19 @@ attempt is re-attached to its TFJob)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
 from tests.support.conformance import PlatformConformance, PlatformHarness
-from tests.support.kube_setup import kubeflow_section
-from tests.support.workers import PlatformWorkers
+from tests.support.kube_setup import kubeflow_section, running_cluster
+
+pytestmark = pytest.mark.xdist_group("conformance-kubeflow")  # its class's parts and worker start once
 
 
 class TestKubeflowConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes, kubeconfig: Path) -> PlatformHarness:
-        return PlatformHarness(
-            platform_config=kubeflow_section(kubeconfig), start_worker=PlatformWorkers(processes, "kubeflow").start
-        )
+    @pytest.fixture(scope="class")
+    def harness(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformHarness]:
+        root = tmp_path_factory.mktemp("kubeflow")
+        with running_cluster(root) as cluster:
+            yield PlatformHarness(platform_config=kubeflow_section(cluster.write_kubeconfig(root / "kubeconfig")))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Processes
 from tests.support.conformance import PlatformConformance, PlatformHarness
+
+pytestmark = pytest.mark.xdist_group("conformance-local")  # its class's parts and worker start once
 
 
 class TestLocalConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes: Processes) -> PlatformHarness:
-        return PlatformHarness(platform_config={"platform": "local"}, start_worker=processes.worker)
+    @pytest.fixture(scope="class")
+    def harness(self) -> PlatformHarness:
+        return PlatformHarness(platform_config={"platform": "local"})

@@ -4,17 +4,18 @@ storage's local mount; its trials outlive their worker (a lost worker's attempt 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from simulators.paisim import SimulatedOpenpai
 from tests.support.conformance import PlatformConformance, PlatformHarness
-from tests.support.pai_setup import pai_cluster, pai_section  # noqa: F401  (pai_cluster: a fixture)
-from tests.support.workers import PlatformWorkers
+from tests.support.pai_setup import pai_section, running_openpai
+
+pytestmark = pytest.mark.xdist_group("conformance-openpai")  # its class's parts and worker start once
 
 
 class TestOpenpaiConformance(PlatformConformance):
-    @pytest.fixture
-    def harness(self, processes, pai_cluster: SimulatedOpenpai) -> PlatformHarness:  # noqa: F811
-        return PlatformHarness(
-            platform_config=pai_section(pai_cluster), start_worker=PlatformWorkers(processes, "openpai").start
-        )
+    @pytest.fixture(scope="class")
+    def harness(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformHarness]:
+        with running_openpai(tmp_path_factory.mktemp("openpai")) as cluster:
+            yield PlatformHarness(platform_config=pai_section(cluster))

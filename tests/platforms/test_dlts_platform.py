@@ -303,7 +303,7 @@ def test_the_password_reaches_the_dashboard_and_nothing_else(
     holding = {
         key for key, values in redis_values(rq_connection).items() if any(password.encode() in v for v in values)
     }
-    assert holding == {keys.secrets(runner.experiment_id).encode()}  # only the secrets hash, beside the log
+    assert holding == {keys.secrets(runner.experiment_id, "dlts").encode()}  # only the secrets hash, beside the log
     service = TrainingService(client, rq_connection, runner.experiment_id)
     assert service.experiment_view().config["trainingService"]["password"] != password
     logs = processes.logs()

@@ -164,7 +164,7 @@ def test_the_token_reaches_openpai_only_in_the_authorization_header(
     holding = {
         key for key, values in redis_values(rq_connection).items() if any(PAI_TOKEN.encode() in v for v in values)
     }
-    assert holding == {keys.secrets(experiment_id).encode()}  # kept beside the log, not in it
+    assert holding == {keys.secrets(experiment_id, "openpai").encode()}  # kept beside the log, not in it
     service = TrainingService(client, rq_connection, experiment_id)
     assert service.experiment_view().config["trainingService"]["token"] == MASK
     logs = processes.logs()

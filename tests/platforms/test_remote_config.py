@@ -239,7 +239,7 @@ def test_a_good_config_passes_the_check_and_creates_the_experiment(
     runner = ExperimentRunner.create(spec, client, rq_connection, settings=settings_for(tmp_path, known_hosts))
     try:
         assert client.zrange(keys.EXPERIMENTS, 0, -1) == [runner.experiment_id]
-        assert not client.exists(keys.secrets(runner.experiment_id))  # key files are paths, not secrets
+        assert not client.exists(keys.secrets(runner.experiment_id, "remote"))  # key files are paths, not secrets
     finally:
         close(runner)
 
@@ -485,12 +485,12 @@ def test_a_password_reaches_the_trials_and_nothing_else_and_goes_with_the_experi
     wait_until(lambda: service.experiment_view().status == "DONE", 30, what="the projector to show the end")
 
     # Redis: only the secrets hash holds it
-    secret_key = keys.secrets(experiment_id).encode()
+    secret_key = keys.secrets(experiment_id, "remote").encode()
     holding = {
         key for key, values in redis_values(rq_connection).items() if any(password.encode() in v for v in values)
     }
     assert holding == {secret_key}
-    assert client.hgetall(keys.secrets(experiment_id)) == {
+    assert client.hgetall(keys.secrets(experiment_id, "remote")) == {
         "machineList.0.password": password,
         "machineList.1.password": password,
     }
@@ -541,7 +541,7 @@ def test_a_password_reaches_the_trials_and_nothing_else_and_goes_with_the_experi
 
     # 4. deleting the experiment deletes its secrets
     assert delete_experiment(client, experiment_id) > 0
-    assert not client.exists(keys.secrets(experiment_id))
+    assert not client.exists(keys.secrets(experiment_id, "remote"))
     assert client.zcard(keys.EXPERIMENTS) == 0
 
 

@@ -322,3 +322,38 @@ def test_no_secret_is_baked_into_the_image() -> None:
             assert not any(word in arguments.upper() for word in ("PASSWORD", "SECRET", "TOKEN", "REDIS_URL"))
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".env", ".git"} <= ignored
+
+
+ACL_USERS = {
+    "manager": "manager",
+    "worker-local": "worker",
+    "worker-local-gpu": "worker",
+    "worker-remote": "worker-remote",
+    "worker-kubeflow": "worker-kubeflow",
+    "worker-frameworkcontroller": "worker-frameworkcontroller",
+}
+
+
+def test_the_acl_override_has_redis_load_the_acl_file_and_each_service_log_in_as_its_user(
+    compose_binary: Path, empty_env_file: Path, tmp_path: Path
+) -> None:
+    """deploy/compose.acl.yml with the env file deploy/redis-acl.sh writes: one user and password per service."""
+    users = [*sorted(set(ACL_USERS.values())), "viewer"]
+    passwords = {user: f"{user.replace('-', '')}Pw0" for user in users}
+    env_file = tmp_path / "acl.env"
+    env_file.write_text(
+        "".join(f"TRIALSTREAM_REDIS_{user.upper().replace('-', '_')}_PASSWORD={passwords[user]}\n" for user in users)
+    )
+    override = (ROOT / "deploy" / "compose.acl.yml",)
+    result = compose(compose_binary, env_file, "config", "--format", "json", extra_files=override)
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert "--aclfile /run/secrets/redis-acl" in " ".join(command_of(services["redis"]))
+    assert "requirepass" not in " ".join(command_of(services["redis"]))
+    assert "--user viewer" in " ".join(services["redis"]["healthcheck"]["test"])
+    assert services["redis"]["environment"]["REDISCLI_AUTH"] == passwords["viewer"]
+    for name, user in ACL_USERS.items():
+        kwargs = redis.ConnectionPool.from_url(services[name]["environment"]["TRIALSTREAM_REDIS_URL"]).connection_kwargs
+        assert (kwargs["username"], kwargs["password"], kwargs["host"]) == (user, passwords[user], "redis")
+    missing = compose(compose_binary, empty_env_file, "config", "-q", extra_files=override)
+    assert missing.returncode != 0 and "run deploy/redis-acl.sh first" in missing.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,19 +35,26 @@ def aml_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         storage.stop()
 
 
-@pytest.fixture
-def aml_workspace(aml_storage: Azurite, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatedWorkspace]:
-    """A workspace of the test's own, its environment set in this process too (the platform's check() runs here)."""
+@contextmanager
+def running_workspace(storage: Azurite) -> Iterator[SimulatedWorkspace]:
+    """A workspace of its own, its environment set in this process too (the platform's check() runs here)."""
     from simulators.amlsim import SimulatedWorkspace
 
-    workspace = SimulatedWorkspace(aml_storage)
+    workspace = SimulatedWorkspace(storage)
     workspace.start()
-    for name, value in workspace.environment().items():
-        monkeypatch.setenv(name, value)
     try:
-        yield workspace
+        with pytest.MonkeyPatch.context() as environment:
+            for name, value in workspace.environment().items():
+                environment.setenv(name, value)
+            yield workspace
     finally:
         workspace.stop()
+
+
+@pytest.fixture
+def aml_workspace(aml_storage: Azurite) -> Iterator[SimulatedWorkspace]:
+    with running_workspace(aml_storage) as workspace:
+        yield workspace
 
 
 class AmlWorkers(PlatformWorkers):

@@ -14,20 +14,28 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core.connections import connect, same_server
 from core.event_store import StoredEvent
 from core.registry import platform_class
 from manager.projector import Projector
 from manager.training_service import TrainingService
 from schemas.events import TrialAttemptLost, TrialReattached
 from schemas.trial import HyperParameters, JobApplicationForm, TrialJobDetail, TrialJobStatus
-from tests.conftest import ServiceFactory, wait_for_status, wait_until
+from tests.conftest import (
+    Processes,
+    ServiceFactory,
+    new_service,
+    processes_on_own_redis,
+    wait_for_status,
+    wait_until,
+)
 
 TRIAL = """
 import json, os, sys, time
@@ -82,12 +90,12 @@ elif mode == "hold-once":  # the first run holds until released (or interrupted)
 
 @dataclass
 class PlatformHarness:
-    """What a platform's test module tells the suite."""
+    """What a platform's test module tells the suite: its trainingService section and what its workers need
+    in their environment (a trusted known_hosts file, a simulated workspace's endpoints)."""
 
     platform_config: dict[str, Any]
-    start_worker: Callable[..., subprocess.Popen[bytes]]  # (args=(...), env={...}): a worker serving the queue
+    worker_env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable  # the interpreter trials run with, where they run
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -100,6 +108,12 @@ class PlatformHarness:
     @property
     def trials_per_process(self) -> int:
         return platform_class(self.name).trials_per_process
+
+    def start_worker(
+        self, processes: Processes, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        """A worker of the platform serving its queue on `processes`' Redis."""
+        return processes.worker(self.name, env={**self.worker_env, **(env or {})}, args=args)
 
 
 def history(service: TrainingService, trial_id: str) -> list[Any]:
@@ -118,14 +132,46 @@ def trial_form(sequence_id: int = 0, **parameters: Any) -> JobApplicationForm:
 
 
 class PlatformConformance:
-    """The behaviour every platform shows. Not collected by itself (its name does not start with Test)."""
+    """The behaviour every platform shows. Not collected by itself (its name does not start with Test).
 
-    @pytest.fixture
+    The platform's parts (simulated cluster, hosts, workspace) start once for the class, and so does one
+    worker, on a redis-server of the class's own, for the tests that leave their worker alive: each test
+    isolates by the experiment it creates. The tests that kill a worker or start one of their own settings
+    run on the per-test Redis, where no other worker takes their trials.
+    """
+
+    @pytest.fixture(scope="class")
     def harness(self) -> PlatformHarness:
         raise NotImplementedError("a platform's test module provides the harness")
 
+    @pytest.fixture(scope="class")
+    def served(self, harness: PlatformHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+        with processes_on_own_redis(tmp_path_factory.mktemp("conformance")) as processes:
+            harness.start_worker(processes)
+            yield processes
+
     @pytest.fixture
-    def service_for(self, harness: PlatformHarness, make_service: ServiceFactory, code_dir: Path):
+    def service_for(self, harness: PlatformHarness, served: Processes, tmp_path: Path, code_dir: Path):
+        """An experiment served by the class's worker."""
+        client = connect(served.redis_url)
+        services: list[TrainingService] = []
+
+        def make(**options: Any) -> TrainingService:
+            command = f"{harness.python} conformance_trial.py"
+            rq_connection = same_server(client, decode=False)
+            services.append(
+                new_service(client, rq_connection, tmp_path, code_dir, command, harness.platform_config, **options)
+            )
+            return services[-1]
+
+        (code_dir / "conformance_trial.py").write_text(textwrap.dedent(TRIAL))
+        yield make
+        for service in services:  # a failed test leaves no trial holding the shared worker
+            service.clean_up()
+
+    @pytest.fixture
+    def own_service_for(self, harness: PlatformHarness, make_service: ServiceFactory, code_dir: Path):
+        """An experiment on the per-test Redis, which only the workers a test starts serve."""
         (code_dir / "conformance_trial.py").write_text(textwrap.dedent(TRIAL))
 
         def make(**options: Any) -> TrainingService:
@@ -140,7 +186,6 @@ class PlatformConformance:
 
     def test_trial_gets_nni_environment_and_its_parameters(self, harness: PlatformHarness, service_for) -> None:
         service = service_for()
-        harness.start_worker()
         trial_id = service.submit_trial_job(trial_form(4, mode="environment", lr=0.5)).id
         trial = self.finished(service, trial_id)
         assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
@@ -158,7 +203,6 @@ class PlatformConformance:
 
     def test_metrics_arrive_from_both_wire_formats_once_each(self, harness: PlatformHarness, service_for) -> None:
         service = service_for()
-        harness.start_worker()
         trial_id = service.submit_trial_job(trial_form(0, mode="metrics")).id
         trial = self.finished(service, trial_id)
         assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
@@ -176,7 +220,6 @@ class PlatformConformance:
         self, harness: PlatformHarness, service_for, code: int, status: TrialJobStatus
     ) -> None:
         service = service_for()
-        harness.start_worker()
         trial = self.finished(service, service.submit_trial_job(trial_form(0, mode="exit", code=code)).id)
         assert trial.status is status and trial.exit_code == code
         if code:
@@ -189,7 +232,6 @@ class PlatformConformance:
         self, harness: PlatformHarness, service_for, early: bool, status: TrialJobStatus
     ) -> None:
         service = service_for()
-        harness.start_worker()
         trial_id = service.submit_trial_job(trial_form(0, mode="sleep")).id
         wait_for_status(service, trial_id, "RUNNING")
         service.cancel_trial_job(trial_id, is_early_stopped=early)
@@ -197,14 +239,12 @@ class PlatformConformance:
 
     def test_max_trial_duration_stops_it_early(self, harness: PlatformHarness, service_for) -> None:
         service = service_for(max_trial_duration=1.0)
-        harness.start_worker()
         trial = self.finished(service, service.submit_trial_job(trial_form(0, mode="sleep")).id)
         assert trial.status is TrialJobStatus.EARLY_STOPPED
         assert "maxTrialDuration" in (trial.message or "")
 
     def test_clean_up_stops_every_trial_still_running(self, harness: PlatformHarness, service_for) -> None:
         service = service_for()
-        harness.start_worker()
         trial_id = service.submit_trial_job(trial_form(0, mode="sleep")).id
         wait_for_status(service, trial_id, "RUNNING")
         service.clean_up()
@@ -212,16 +252,16 @@ class PlatformConformance:
 
     @pytest.mark.parametrize("retries", [0, 1])
     def test_a_killed_worker_s_attempt_is_lost_retried_or_reattached(
-        self, harness: PlatformHarness, service_for, tmp_path: Path, retries: int
+        self, harness: PlatformHarness, own_service_for, processes: Processes, tmp_path: Path, retries: int
     ) -> None:
-        service = service_for(max_retries=retries)
+        service = own_service_for(max_retries=retries)
         fast = {"TRIALSTREAM_TRIAL_LEASE_S": "1"}
-        victim = harness.start_worker(env=fast)
+        victim = harness.start_worker(processes, env=fast)
         release = tmp_path / "release"
         held = trial_form(0, mode="hold-once", marker=str(tmp_path / "marker"), release=str(release))
         trial_id = service.submit_trial_job(held).id
         wait_for_status(service, trial_id, "RUNNING")
-        harness.start_worker(env=fast)  # the survivor that notices, and takes the trial up
+        harness.start_worker(processes, env=fast)  # the survivor that notices, and takes the trial up
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         if harness.outlives_worker:  # the same attempt runs on, followed again by the survivor
@@ -238,12 +278,14 @@ class PlatformConformance:
             assert trial.status is TrialJobStatus.FAILED and trial.attempt == 1
             assert "lost" in (trial.message or "")
 
-    def test_one_worker_follows_several_trials_at_once(self, harness: PlatformHarness, service_for) -> None:
+    def test_one_worker_follows_several_trials_at_once(
+        self, harness: PlatformHarness, own_service_for, processes: Processes
+    ) -> None:
         concurrency = min(3, harness.trials_per_process)
         if concurrency < 2:
             pytest.skip(f"platform {harness.name} runs one trial per worker process")
-        service = service_for()
-        harness.start_worker(args=("--concurrency", str(concurrency)))
+        service = own_service_for()
+        harness.start_worker(processes, args=("--concurrency", str(concurrency)))
         trial_ids = [service.submit_trial_job(trial_form(i, mode="sleep")).id for i in range(concurrency)]
 
         def all_running() -> bool:

@@ -5,29 +5,33 @@ for it, and workers serving the platform's queue."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from simulators.dltssim import DltsSimulator
-
-if TYPE_CHECKING:
-    pass
 
 EMAIL = "alice@example.com"
 TEAM = "platform"
 CLUSTER = "eastus-p40"
 
 
-@pytest.fixture(name="dlts_cluster")
-def dlts_cluster_fixture(tmp_path: Path) -> Iterator[DltsSimulator]:
-    cluster = DltsSimulator(tmp_path / "dlts")
+@contextmanager
+def running_dlts(root: Path) -> Iterator[DltsSimulator]:
+    cluster = DltsSimulator(root / "dlts")
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(name="dlts_cluster")
+def dlts_cluster_fixture(tmp_path: Path) -> Iterator[DltsSimulator]:
+    with running_dlts(tmp_path) as cluster:
+        yield cluster
 
 
 def dlts_section(sim: DltsSimulator, **extra: Any) -> dict[str, Any]:

@@ -5,25 +5,29 @@ it, the trainingService sections, and workers serving the platforms' queues."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from simulators.kubesim import SimulatedCluster
 
-if TYPE_CHECKING:
-    pass
 
-
-@pytest.fixture
-def kube_cluster(tmp_path: Path) -> Iterator[SimulatedCluster]:
-    cluster = SimulatedCluster(tmp_path / "cluster", namespaces=("default", "team-b"))
+@contextmanager
+def running_cluster(root: Path) -> Iterator[SimulatedCluster]:
+    cluster = SimulatedCluster(root / "cluster", namespaces=("default", "team-b"))
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def kube_cluster(tmp_path: Path) -> Iterator[SimulatedCluster]:
+    with running_cluster(tmp_path) as cluster:
+        yield cluster
 
 
 @pytest.fixture

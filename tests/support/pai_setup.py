@@ -5,24 +5,22 @@ jobs see it at /mnt/<storage>), the trainingService section for it, and workers 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from simulators.paisim import SimulatedOpenpai, Storage
-
-if TYPE_CHECKING:
-    pass
 
 PAI_USER = "alice"
 PAI_TOKEN = "pai-t0ken-4f9c2d7e"  # distinctive, so that tests can look for it anywhere
 STORAGE = "confignfs"
 
 
-@pytest.fixture
-def pai_cluster(tmp_path: Path) -> Iterator[SimulatedOpenpai]:
-    share = tmp_path / "pai-share"
+@contextmanager
+def running_openpai(root: Path) -> Iterator[SimulatedOpenpai]:
+    share = root / "pai-share"
     share.mkdir()
     cluster = SimulatedOpenpai({PAI_USER: PAI_TOKEN}, [Storage(STORAGE, share)], virtual_clusters=("default", "gpu"))
     cluster.start()
@@ -30,6 +28,12 @@ def pai_cluster(tmp_path: Path) -> Iterator[SimulatedOpenpai]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def pai_cluster(tmp_path: Path) -> Iterator[SimulatedOpenpai]:
+    with running_openpai(tmp_path) as cluster:
+        yield cluster
 
 
 def pai_section(cluster: SimulatedOpenpai, **extra: Any) -> dict[str, Any]:

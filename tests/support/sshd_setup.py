@@ -35,18 +35,25 @@ def ssh_user(ssh_environment: SshEnvironment) -> SshUser:
     return ssh_environment.user
 
 
-@pytest.fixture
-def ssh_hosts(ssh_environment: SshEnvironment) -> Iterator[list[SshHost]]:
-    """Two fresh, running, distinct hosts; torn down (processes, namespaces, files) even when the test fails."""
+@contextlib.contextmanager
+def running_hosts(environment: SshEnvironment) -> Iterator[list[SshHost]]:
+    """Two running, distinct hosts; torn down (processes, namespaces, files) even when a test fails."""
     hosts: list[SshHost] = []
     try:
         for index in range(2):
-            hosts.append(SshHost(ssh_environment, index))
+            hosts.append(SshHost(environment, index))
             hosts[-1].start()
         yield hosts
     finally:
         for host in hosts:
             host.destroy()
+
+
+@pytest.fixture
+def ssh_hosts(ssh_environment: SshEnvironment) -> Iterator[list[SshHost]]:
+    """Two fresh hosts of the test's own."""
+    with running_hosts(ssh_environment) as hosts:
+        yield hosts
 
 
 @pytest.fixture

@@ -105,7 +105,10 @@ def run_trial(
             _end_attempt(runtime, store, lease, _ended(lease, stop.status, None, stop.reason), control)
             return "canceled before it started"
         assignment = assignment_of(
-            runtime.platform, submitted, attempt, experiment_secrets(runtime.client, experiment_id)
+            runtime.platform,
+            submitted,
+            attempt,
+            experiment_secrets(runtime.client, experiment_id, [runtime.platform.name]),
         )
         try:
             runtime.stage(experiment_id, submission.launch, assignment.platform_config)
@@ -166,7 +169,7 @@ def clean_up_experiment(experiment_id: str) -> str:
     settings = [e for e in entries if isinstance(e, ClusterMetadataSet) and e.key == PLATFORM_CONFIG]
     if not settings:
         return "no platform config in the log: nothing to clean up"
-    secrets = experiment_secrets(runtime.client, experiment_id)
+    secrets = experiment_secrets(runtime.client, experiment_id, [runtime.platform.name])
     section = platform_section(json.loads(settings[-1].value), runtime.platform.name, secrets)  # hybrid: its own
     clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
     return "cleaned up"

@@ -202,9 +202,8 @@ class RemotePlatform:
         except (CodeDirectoryError, OSError) as error:
             problems.append(f"trialCodeDirectory: {error}")
         own = settings.of(RemoteSettings)
-        known_hosts = str(own.known_hosts.expanduser())
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(config.machine_list))) as pool:
-            found = pool.map(lambda machine: probe(machine, known_hosts, own.ssh_timeout_s), config.machine_list)
+            found = pool.map(lambda machine: probe(machine, own), config.machine_list)
             problems += [problem for problem in found if problem]
         return problems
 
@@ -325,8 +324,7 @@ class RemotePlatform:
         with self._hosts_lock:
             host = self._hosts.get(key)
             if host is None:
-                known_hosts = str(self.own.known_hosts.expanduser())
-                host = RemoteHost(machine, self.pool, known_hosts, self.own.ssh_timeout_s, self.watcher)
+                host = RemoteHost(machine, self.pool, self.own, self.watcher)
                 self._hosts[key] = host
             return host
 

@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from workers.platforms.remote.config import RemoteMachine
+from workers.platforms.remote.settings import RemoteSettings
 from workers.platforms.remote.ssh import RunResult, SshConnection, SshError, SshPool, SshTarget
 from workers.platforms.shared.code_package import CodePackage
 from workers.platforms.shared.gpu import (
@@ -169,7 +169,7 @@ def script(body: str, *args: str) -> str:
     return f"set -- {' '.join(shlex.quote(arg) for arg in args)}\n{body}" if args else body
 
 
-def target_of(machine: RemoteMachine, known_hosts: str, timeout_s: float) -> SshTarget:
+def target_of(machine: RemoteMachine, settings: RemoteSettings) -> SshTarget:
     return SshTarget(
         host=machine.host,
         port=machine.port,
@@ -178,16 +178,17 @@ def target_of(machine: RemoteMachine, known_hosts: str, timeout_s: float) -> Ssh
         key_file=machine.ssh_key_file,
         passphrase=machine.ssh_passphrase.get_secret_value() if machine.ssh_passphrase else None,
         check_host_key=machine.check_host_key,
-        known_hosts=Path(known_hosts),
-        timeout_s=timeout_s,
+        known_hosts=settings.known_hosts.expanduser(),
+        timeout_s=settings.ssh_timeout_s,
+        dead_after_s=settings.ssh_dead_after_s,
     )
 
 
-def probe(machine: RemoteMachine, known_hosts: str, timeout_s: float) -> str | None:
+def probe(machine: RemoteMachine, settings: RemoteSettings) -> str | None:
     """Can trials run on `machine`? None, or one line naming the host and what is wrong."""
-    connection = SshConnection(target_of(machine, known_hosts, timeout_s))
+    connection = SshConnection(target_of(machine, settings))
     try:
-        result = connection.run(script(_PROBE, machine.python_path or ""), timeout_s=timeout_s)
+        result = connection.run(script(_PROBE, machine.python_path or ""), timeout_s=settings.ssh_timeout_s)
     except SshError as error:
         return str(error)
     finally:
@@ -216,10 +217,10 @@ class AttemptFiles:
 class RemoteHost:
     """One machine of the machine list, shared by every trial a worker process follows there."""
 
-    def __init__(self, machine: RemoteMachine, pool: SshPool, known_hosts: str, timeout_s: float, watcher: str):
+    def __init__(self, machine: RemoteMachine, pool: SshPool, settings: RemoteSettings, watcher: str):
         self.machine = machine
         self.label = machine.label
-        self.connection = pool.connection(target_of(machine, known_hosts, timeout_s))
+        self.connection = pool.connection(target_of(machine, settings))
         self._watcher = watcher  # this worker process's name among the monitors of the host
         self._uploaded: set[str] = set()
         self._upload_lock = threading.Lock()

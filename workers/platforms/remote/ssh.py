@@ -51,8 +51,7 @@ Kind = Literal[
     "error",
 ]
 
-KEEPALIVE_S = 5  # an SSH keepalive this often: traffic that TCP must get acknowledged, even on an idle connection
-DEAD_AFTER_S = 30  # TCP_USER_TIMEOUT: unacknowledged data this long kills the connection (a host that went silent)
+KEEPALIVE_S = 5.0  # an SSH keepalive this often (at most): traffic TCP must get acknowledged, even when idle
 MAX_SESSIONS = 6  # channels open at once on one connection, SFTP included: OpenSSH allows 10 (MaxSessions), but
 # counts a closed channel until it has processed our close: a margin keeps opens within its count instead of refused
 # and retried. (A refusal costs only the retry: the connection drops once blamed on it, "packet referred to
@@ -76,10 +75,16 @@ class SshTarget:
     check_host_key: bool = True  # False: accept any host key (never saved anywhere)
     known_hosts: Path = Path("~/.ssh/known_hosts")  # ~ expanded; a missing file means no host is known
     timeout_s: float = 10.0  # TCP connect, banner, authentication, channel open: each
+    dead_after_s: float = 30.0  # TCP_USER_TIMEOUT: unacknowledged data this long kills the connection (a silent host)
 
     @property
     def label(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def keepalive_s(self) -> int:
+        """A keepalive at least three times within `dead_after_s`, so a silent host is noticed in time."""
+        return max(1, int(min(KEEPALIVE_S, self.dead_after_s / 3)))
 
     @property
     def known_hosts_path(self) -> Path:
@@ -173,11 +178,12 @@ def _open_socket(target: SshTarget) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         if hasattr(socket, "TCP_USER_TIMEOUT"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_AFTER_S * 1000)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(target.dead_after_s * 1000))
         if hasattr(socket, "TCP_KEEPIDLE"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, DEAD_AFTER_S // KEEPALIVE_S))
+            probes = max(1, int(target.dead_after_s // target.keepalive_s))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, target.keepalive_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, target.keepalive_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
     except BaseException:
         sock.close()
         raise
@@ -421,7 +427,7 @@ class SshConnection:
             client = _handshake(self.target)
             transport = client.get_transport()
             assert transport is not None
-            transport.set_keepalive(KEEPALIVE_S)
+            transport.set_keepalive(self.target.keepalive_s)
             self._generation += 1
             self._link = _Link(client, transport, self._generation, threading.BoundedSemaphore(self.max_sessions))
             log.info("ssh %s: connected (generation %d)", self.target.label, self._generation)
