@@ -373,7 +373,8 @@ def test_the_ha_override_points_every_service_at_the_sentinels(compose_binary: P
     for name in TRIALSTREAM_SERVICES:
         service = services[name]
         url = service["environment"]["TRIALSTREAM_REDIS_URL"]
-        assert url == f"redis+sentinel://:{PASSWORD}@sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/trialstream"
+        sentinels = ",".join(f"10.213.27.{n}:26379" for n in (21, 22, 23))  # fixed addresses: no DNS in the set
+        assert url == f"redis+sentinel://:{PASSWORD}@{sentinels}/trialstream"
         assert set(service["depends_on"]) >= HA_SERVICES, name
     for name in ("redis", "redis-replica-1", "redis-replica-2"):
         node = services[name]
@@ -385,6 +386,8 @@ def test_the_ha_override_points_every_service_at_the_sentinels(compose_binary: P
         assert "--sentinel" in " ".join(command_of(services[name]))
         assert {volume["source"] for volume in services[name]["volumes"]} == {f"{name}-data"}  # its own copy
     assert not any(services[name].get("ports") for name in HA_SERVICES | {"redis"})
+    addresses = [services[name]["networks"]["redis-ha"]["ipv4_address"] for name in sorted(HA_SERVICES | {"redis"})]
+    assert len(set(addresses)) == 6
     # without the override nothing of it shows (the plain stack is what the other tests check)
     plain = compose(compose_binary, empty_env_file, "config", "--services", profiles=())
     assert not HA_SERVICES & set(plain.stdout.split())
