@@ -14,7 +14,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import api, ingestion, kubernetes, overhead, remote, report, scale, scaling, stack, tuners, versus_nni
+from bench import (
+    api,
+    failover,
+    ingestion,
+    kubernetes,
+    overhead,
+    remote,
+    report,
+    scale,
+    scaling,
+    stack,
+    tuners,
+    versus_nni,
+)
 from bench.harness import REPO, Section, machine_description
 
 GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
@@ -28,6 +41,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "api": api.run,
     "stack": stack.run,
     "kubernetes": kubernetes.run,
+    "failover": failover.run,
 }
 
 

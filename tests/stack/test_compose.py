@@ -357,3 +357,46 @@ def test_the_acl_override_has_redis_load_the_acl_file_and_each_service_log_in_as
         assert (kwargs["username"], kwargs["password"], kwargs["host"]) == (user, passwords[user], "redis")
     missing = compose(compose_binary, empty_env_file, "config", "-q", extra_files=override)
     assert missing.returncode != 0 and "run deploy/redis-acl.sh first" in missing.stderr
+
+
+HA_FILE = ROOT / "deploy" / "compose.ha.yml"
+HA_SERVICES = {"redis-replica-1", "redis-replica-2", "sentinel-1", "sentinel-2", "sentinel-3"}
+
+
+def test_the_ha_override_points_every_service_at_the_sentinels(compose_binary: Path, empty_env_file: Path) -> None:
+    """deploy/compose.ha.yml: a master, 2 replicas and 3 sentinels; the manager and every worker (profiles
+    included) use the Sentinel URL and start once the set is up; the default stack is left as it is."""
+    result = compose(compose_binary, empty_env_file, "config", "--format", "json", extra_files=(HA_FILE,))
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert set(services) >= HA_SERVICES
+    for name in TRIALSTREAM_SERVICES:
+        service = services[name]
+        url = service["environment"]["TRIALSTREAM_REDIS_URL"]
+        sentinels = ",".join(f"10.213.27.{n}:26379" for n in (21, 22, 23))  # fixed addresses: no DNS in the set
+        assert url == f"redis+sentinel://:{PASSWORD}@{sentinels}/trialstream"
+        assert set(service["depends_on"]) >= HA_SERVICES, name
+    for name in ("redis", "redis-replica-1", "redis-replica-2"):
+        node = services[name]
+        script = " ".join(command_of(node))
+        assert "/etc/trialstream/ha-node.conf" in script and "exec redis-server /data/node.conf" in script
+        assert PASSWORD not in script and node["environment"]["REDISCLI_AUTH"] == PASSWORD
+        assert any(volume["target"] == "/data" and volume["type"] == "volume" for volume in node["volumes"]), name
+    for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        assert "--sentinel" in " ".join(command_of(services[name]))
+        assert {volume["source"] for volume in services[name]["volumes"]} == {f"{name}-data"}  # its own copy
+    assert not any(services[name].get("ports") for name in HA_SERVICES | {"redis"})
+    addresses = [services[name]["networks"]["redis-ha"]["ipv4_address"] for name in sorted(HA_SERVICES | {"redis"})]
+    assert len(set(addresses)) == 6
+    # without the override nothing of it shows (the plain stack is what the other tests check)
+    plain = compose(compose_binary, empty_env_file, "config", "--services", profiles=())
+    assert not HA_SERVICES & set(plain.stdout.split())
+
+
+def test_the_shipped_node_config_makes_an_isolated_master_refuse_writes() -> None:
+    settings = dict(
+        line.split(None, 1)
+        for line in (ROOT / "deploy" / "redis" / "ha-node.conf").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    assert int(settings["min-replicas-to-write"]) >= 1 and int(settings["min-replicas-max-lag"]) > 0
