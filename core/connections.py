@@ -294,7 +294,7 @@ class AckingPipeline(redis.client.Pipeline):
         try:
             result: list[Any] = super()._execute_transaction(connection, commands, raise_on_error)
         except redis.ResponseError as error:  # inside EXEC's reply, past `_MasterConnection.read_response`
-            if not any(reason in str(error) for reason in _NOT_MASTER_ANYMORE):
+            if not _no_longer_master(error):
                 raise
             connection.disconnect()
             raise redis.ConnectionError(f"the master refused a transaction ({error}); sending it again") from error
@@ -356,13 +356,20 @@ class _MasterConnection(SentinelManagedConnection):
         try:
             return super().read_response(*args, **kwargs)
         except redis.ResponseError as error:
-            if not str(error).startswith(_NOT_MASTER_ANYMORE):
+            if not _no_longer_master(error):
                 raise
             self.disconnect()  # type: ignore[no-untyped-call]
             raise redis.ConnectionError(f"the master cannot take this now ({error}); asking the sentinels") from error
 
 
-_NOT_MASTER_ANYMORE = ("UNBLOCKED", "NOREPLICAS", "READONLY")  # alone, READONLY is redis-py's ReadOnlyError case
+_NOT_MASTER_ANYMORE = ("UNBLOCKED", "NOREPLICAS", "READONLY")
+
+
+def _no_longer_master(error: redis.ResponseError) -> bool:
+    """A refusal that means the node is not the master now (or has lost its replicas): the command goes again
+    to the master named then. redis-py raises READONLY as ReadOnlyError without its code, inside EXEC's reply
+    (a script's error) too."""
+    return isinstance(error, redis.ReadOnlyError) or any(reason in str(error) for reason in _NOT_MASTER_ANYMORE)
 
 
 class _MasterSSLConnection(_MasterConnection, SSLConnection):

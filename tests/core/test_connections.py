@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from rq import Queue, SimpleWorker
 
 from core import keys
@@ -151,6 +152,24 @@ def test_a_plain_url_whose_master_has_a_replica_waits_for_it(tmp_path: Path) -> 
         replica.signal(signal.SIGSTOP)
         with pytest.raises(NotReplicated, match="0 of 1 replicas"):
             store.append(metadata("alone"))
+    finally:
+        replica.stop()
+        master.stop()
+
+
+def test_a_replica_refusing_an_append_inside_a_transaction_is_a_connection_error(tmp_path: Path) -> None:
+    """What a worker meets when a demoted master's address answers: a connection error (sent again to the master
+    named then), not a ReadOnlyError that fails the trial (the compose stack's failover test found it)."""
+    master = RedisProcess(tmp_path / "master", free_port(), ["--save", ""], None)
+    replica = RedisProcess(tmp_path / "replica", free_port(), ["--save", ""], None)
+    try:
+        master.start()
+        replica.start(("--replicaof", "127.0.0.1", str(master.port)))
+        client = connect(f"redis://127.0.0.1:{replica.port}/0", retry_s=0)
+        with client.pipeline(transaction=True) as pipe:
+            EventStore(client, "exp1").append(metadata("refused"), pipeline=pipe)
+            with pytest.raises(redis.ConnectionError, match="read only replica"):
+                pipe.execute()
     finally:
         replica.stop()
         master.stop()
