@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pydantic import ValidationError
+from core.lean_imports import import_redis
 
-from core.connections import RedisUnavailable
-from core.registry import UnknownPlatform
-from core.settings import Settings
-from workers.runtime.worker import alive_here, serve
+import_redis()  # first: what follows imports redis-py
+
+from pydantic import ValidationError  # noqa: E402
+
+from core.connections import RedisUnavailable  # noqa: E402
+from core.registry import UnknownPlatform  # noqa: E402
+from core.settings import Settings  # noqa: E402
+from workers.runtime.worker import alive_here, serve  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:

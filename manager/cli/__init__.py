@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
+from core.lean_imports import import_redis
 from core.variables import MANAGER_TOKEN_ENV, PREFIX, REDIS_URL_ENV
 from manager.cli import interrupts, services
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     command, redis_url, rest = _command(arguments)
     if command == "worker":  # before anything else loads: the worker runtime has an entry point of its own
         services.hand_over_to_worker(redis_url, rest)
+    import_redis()  # before the command's area imports it
     assembled = parser(command)
     args = assembled.parse_args(arguments)
     interrupts.install()
