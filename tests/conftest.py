@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +31,7 @@ from simulators.waiting import wait_until
 from tests.support import web
 from tests.support.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (simulated Kubernetes cluster fixtures)
 from tests.support.ports import free_port
+from tests.support.redis_process import started, stopped
 from tests.support.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
 from tests.support.sentinel import sentinel_set  # noqa: F401  (a master, replicas and sentinels)
 from tests.support.sshd_setup import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
@@ -243,9 +243,6 @@ def stream_entries(client: redis.Redis, stream: str) -> list[tuple[str, dict[str
     return cast(list[tuple[str, dict[str, str]]], client.xrange(stream))
 
 
-START_DEADLINE_S = 10.0
-
-
 class RedisServer:
     """A redis-server this test owns: killed with SIGKILL and started again on the same port and data."""
 
@@ -267,24 +264,9 @@ class RedisServer:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
         args += ["--logfile", "redis.log", "--daemonize", "no", *self.options]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         username, password = self.login or (None, None)
         probe = redis.Redis(host="127.0.0.1", port=self.port, username=username, password=password)  # one try a ping
-        deadline = time.monotonic() + START_DEADLINE_S
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise AssertionError(f"redis-server exited with {self.process.returncode}: {self.log_tail()}")
-                try:
-                    if probe.ping():
-                        return
-                except (redis.ConnectionError, redis.BusyLoadingError):
-                    pass  # BusyLoadingError (a ConnectionError) while it replays the AOF
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"redis-server did not answer within {START_DEADLINE_S}s: {self.log_tail()}")
-                time.sleep(0.02)
-        finally:
-            probe.close()
+        self.process = started(args, probe, self.log_tail)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last fsync; whatever is not in the AOF file is gone."""
@@ -293,13 +275,7 @@ class RedisServer:
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stopped(self.process)
 
     def log_tail(self) -> str:
         log = self.data_dir / "redis.log"

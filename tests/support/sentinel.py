@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +17,10 @@ import redis
 from simulators.tls import make_self_signed
 from simulators.waiting import wait_until
 from tests.support.ports import free_port
+from tests.support.redis_process import started, stopped
 
 MASTER = "trialstream"
 HA_NODE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "ha-node.conf"  # what the project ships
-START_DEADLINE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -64,23 +63,7 @@ class RedisProcess:
         else:
             command = [self.binary, *self.args, *listen, *extra]
         command += ["--bind", "127.0.0.1", "--dir", str(self.directory), "--logfile", "redis.log"]
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        probe = self.client()
-        deadline = time.monotonic() + START_DEADLINE_S
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise AssertionError(f"redis-server exited with {self.process.returncode}: {self.log_tail()}")
-                try:
-                    if probe.ping():
-                        return
-                except (redis.ConnectionError, redis.BusyLoadingError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"redis-server did not answer within {START_DEADLINE_S}s: {self.log_tail()}")
-                time.sleep(0.02)
-        finally:
-            probe.close()
+        self.process = started(command, self.client(), self.log_tail)
 
     def client(self) -> redis.Redis:
         """A client with no retries and short timeouts: for probes and role checks."""
@@ -99,14 +82,7 @@ class RedisProcess:
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a paused one would not act on SIGTERM
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stopped(self.process)
 
     def role(self) -> str:
         with self.client() as probe:
