@@ -31,7 +31,7 @@ from simulators.waiting import wait_until
 from tests.support import web
 from tests.support.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (simulated Kubernetes cluster fixtures)
 from tests.support.ports import free_port
-from tests.support.redis_process import started, stopped
+from tests.support.redis_process import killed, started, stopped
 from tests.support.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
 from tests.support.sentinel import sentinel_set  # noqa: F401  (a master, replicas and sentinels)
 from tests.support.sshd_setup import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
@@ -270,9 +270,7 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last fsync; whatever is not in the AOF file is gone."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
+        killed(self.process)
 
     def stop(self) -> None:
         stopped(self.process)

@@ -44,3 +44,10 @@ def stopped(process: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def killed(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL, and reaped: no shutdown, no last fsync."""
+    assert process is not None, "never started"
+    process.kill()
+    process.wait()

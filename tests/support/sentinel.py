@@ -17,7 +17,7 @@ import redis
 from simulators.tls import make_self_signed
 from simulators.waiting import wait_until
 from tests.support.ports import free_port
-from tests.support.redis_process import started, stopped
+from tests.support.redis_process import killed, started, stopped
 
 MASTER = "trialstream"
 HA_NODE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "ha-node.conf"  # what the project ships
@@ -77,9 +77,7 @@ class RedisProcess:
 
     def kill(self) -> None:
         """SIGKILL: no shutdown; whatever was not replicated is gone."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
+        killed(self.process)
 
     def stop(self) -> None:
         stopped(self.process)
