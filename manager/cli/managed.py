@@ -67,18 +67,12 @@ class ManagedRun:
     result; an interrupt stops it (its trials SYS_CANCELED), waits for its end, and goes on up."""
 
     def __init__(self, client: ManagerClient, experiment_id: str, on_progress: OnProgress) -> None:
+        """No request here: the experiment runs on the manager already, and an interrupt is only turned into
+        its stop inside `run`; a request made before would be a window where Ctrl-C leaves it running."""
         self.client = client
         self.experiment_id = experiment_id
         self.on_progress = on_progress
-        state = client.experiment(experiment_id)
-        config = ExperimentConfig.model_validate(state.config)
-        elapsed_s = max(0.0, time.time() - (state.start_time or 0) / 1000)
-        self.progress = Progress(
-            experiment_id,
-            time.monotonic() - elapsed_s,
-            max_trials=config.max_trial_number,
-            optimize_mode=optimize_mode_of(config.tuner_section),
-        )
+        self.progress: Progress | None = None
 
     def run(self) -> ExperimentResult:
         try:
@@ -90,6 +84,16 @@ class ManagedRun:
             raise
         return ExperimentResult(self.experiment_id, self.client.trials(self.experiment_id))
 
+    def _progress(self, state: ExperimentState) -> Progress:
+        config = ExperimentConfig.model_validate(state.config)
+        elapsed_s = max(0.0, time.time() - (state.start_time or 0) / 1000)
+        return Progress(
+            self.experiment_id,
+            time.monotonic() - elapsed_s,
+            max_trials=config.max_trial_number,
+            optimize_mode=optimize_mode_of(config.tuner_section),
+        )
+
     def _until_ended(self) -> None:
         while True:
             state = self.client.experiment(self.experiment_id)
@@ -99,6 +103,8 @@ class ManagedRun:
             time.sleep(POLL_S)
 
     def _show(self, state: ExperimentState) -> None:
+        if self.progress is None:
+            self.progress = self._progress(state)
         self.progress.counts = Counter(state.trial_counts)
         best = self.client.trial_page(self.experiment_id, limit=1, sort="metric")
         score = metric_score(best[0].final_metric) if best else None

@@ -237,6 +237,17 @@ def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Pro
     assert trial["status"] == "SYS_CANCELED"
 
 
+def test_following_a_managed_experiment_asks_nothing_before_it_can_stop_it() -> None:
+    """The experiment runs on the manager once created; a request before `run` (where an interrupt becomes
+    the experiment's stop) would be a window where Ctrl-C leaves it running: none is made."""
+    from manager.api_client import ManagerClient, ManagerError
+    from manager.cli.managed import ManagedRun
+
+    followed = ManagedRun(ManagerClient(f"http://127.0.0.1:{free_port()}", None), "abc12345", lambda _: None)
+    with pytest.raises(ManagerError, match=r"127\.0\.0\.1"):  # nothing answers there: the first request is run's
+        followed.run()
+
+
 def test_errors_through_the_manager_are_one_line(tmp_path: Path, processes: Processes, manager_dir: Path) -> None:
     url = processes.manager(
         env={"TRIALSTREAM_MANAGER_TOKEN": "the-token", "TRIALSTREAM_EXPERIMENTS_DIR": str(manager_dir)}
