@@ -85,17 +85,23 @@ def run_trial(
     follow an attempt that a lost worker launched and whose trial ran on."""
     runtime = current_runtime()
     store = EventStore(runtime.client, experiment_id)
-    submitted = load_submission(store, trial_id)
-    submission = submitted.event
-    assert isinstance(submission, TrialSubmitted)
-    placed = attempt_platform(store, submitted, attempt)  # a hybrid experiment places each attempt anew
-    if placed != runtime.platform.name:
-        raise RuntimeError(f"trial {trial_id} attempt {attempt} is for platform {placed}, not {runtime.platform.name}")
-
     ref = AttemptRef(experiment_id, trial_id, attempt)
     lease = Lease(runtime.client, ref, runtime.name, runtime.settings.trial_lease_s)
     if not lease.acquire(take_over=reattach):
         return "already claimed by another delivery"
+    # Claimed first: with replicas, the claim returns once they have it and what the master had before it, so
+    # the submission read next is one that outlives a failover, not one that only a lost master held.
+    try:
+        submitted = load_submission(store, trial_id)
+    except LookupError:  # the runner's submit reached a master lost before replicating it: it sends it again
+        lease.give_up(lambda pipe: None)
+        raise
+    submission = submitted.event
+    assert isinstance(submission, TrialSubmitted)
+    placed = attempt_platform(store, submitted, attempt)  # a hybrid experiment places each attempt anew
+    if placed != runtime.platform.name:
+        lease.give_up(lambda pipe: None)
+        raise RuntimeError(f"trial {trial_id} attempt {attempt} is for platform {placed}, not {runtime.platform.name}")
 
     control = LogTrialControl(store, submitted, lease)
     try:
