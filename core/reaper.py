@@ -6,9 +6,12 @@ MULTI/EXEC under a WATCH of the attempt's claim: the TrialAttemptLost event, the
 maxTrialRetries allows one, and the release of the lease. A renewal or a normal end touches the
 claim, so an attempt that is alive after all is never declared lost, and two reapers never both act.
 
-A pause of Redis (frozen, restarted) is not a worker's death: every reap round records its Redis
-server time, and a round that finds the previous one longer ago than `quiet_gap_s` holds reaping
+A pause of Redis (frozen, restarted, failed over) is not a worker's death: every reap round records
+its Redis server time and server process, and a round that finds the previous one longer ago than
+`quiet_gap_s`, or recorded by another server process (a replica promoted by Sentinel), holds reaping
 back for `pause_grace_s`, so workers that renew as soon as Redis answers again keep their attempts.
+A failover needs the second test: reapers may reach the new master before the workers' renewals,
+still waiting on the old one, do.
 """
 
 from __future__ import annotations
@@ -43,14 +46,17 @@ REAP_INTERVAL_S = 1.0
 _BATCH = 100
 
 # KEYS: round, hold. ARGV: the longest quiet gap between rounds (ms), the hold after a longer one (ms).
-# Returns {now, hold}: reaping is allowed when now >= hold.
+# The round is "<server time ms> <server run_id>". Returns {now, hold}: reaping is allowed when now >= hold.
 _ROUND = """
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local last = tonumber(redis.call('GET', KEYS[1]))
-redis.call('SET', KEYS[1], now)
+local server = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local last, last_server = string.match(redis.call('GET', KEYS[1]) or '', '^(%d+) ?(%x*)$')
+last = tonumber(last)
+redis.call('SET', KEYS[1], now .. ' ' .. server)
 local hold = tonumber(redis.call('GET', KEYS[2])) or 0
-if last and now - last > tonumber(ARGV[1]) and now + tonumber(ARGV[2]) > hold then
+local silent = last and (now - last > tonumber(ARGV[1]) or last_server ~= server)
+if silent and now + tonumber(ARGV[2]) > hold then
   hold = now + tonumber(ARGV[2])
   redis.call('SET', KEYS[2], hold)
 end
@@ -72,7 +78,7 @@ def pause_grace_s(lease_s: float) -> float:
 
 def reaping_allowed(client: redis.Redis | Pipeline, lease_s: float) -> bool:
     """Record this reap round (in Redis server time) and say whether reaping is allowed now: not
-    within `pause_grace_s` of a silence longer than `quiet_gap_s`, nor within it of a restart."""
+    within `pause_grace_s` of a silence longer than `quiet_gap_s`, of a failover, nor of a restart."""
     arguments = [int(quiet_gap_s(lease_s) * 1000), int(pause_grace_s(lease_s) * 1000)]
     now, hold = client.eval(_ROUND, 2, keys.REAP_ROUND, keys.REAP_HOLD, *arguments)
     return int(now) >= int(hold)

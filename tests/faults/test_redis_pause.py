@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from core import keys
 from core.connections import connect
 from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
-from core.reaper import pause_grace_s, reap_lost_attempts
+from core.reaper import pause_grace_s, reap_lost_attempts, reaping_allowed
 from schemas.events import TrialAttemptLost
 from schemas.trial import TrialJobStatus
 from tests.conftest import Processes, RedisServer, form, wait_for_status, wait_until
@@ -94,3 +95,22 @@ def test_the_first_reap_round_after_a_pause_holds_back(own_redis: RedisServer, t
     assert held.renew()  # the holder renews as soon as Redis answers: its attempt is still its own
     held.end(pipe := client.pipeline())
     pipe.execute()
+
+
+def test_the_first_reap_round_on_a_promoted_replica_holds_back(own_redis: RedisServer, tmp_path: Path) -> None:
+    """A failover is a pause too, however quick: the reapers may reach the new master while the workers'
+    renewals still wait on the old one. A round recorded by another server process holds reaping back."""
+    master = connect(own_redis.url)
+    master.config_set("repl-diskless-sync-delay", 0)  # the replica's first sync at once, not after 5 s
+    replica = RedisServer(tmp_path / "replica-data", "--replicaof", "127.0.0.1", str(own_redis.port))
+    replica.start()
+    try:
+        promoted = connect(replica.url)
+        wait_until(lambda: promoted.role()[3] == "connected", 30, what="the replica's first sync")
+        assert reaping_allowed(master, LEASE_S) and reaping_allowed(master, LEASE_S)  # rounds on one server
+        assert master.wait(1, 10_000) == 1 and promoted.get(keys.REAP_ROUND) == master.get(keys.REAP_ROUND)
+        promoted.replicaof("NO", "ONE")  # what Sentinel does to the replica it elects
+        assert not reaping_allowed(promoted, LEASE_S)  # milliseconds after the last round, on another server
+        assert reaping_allowed(master, LEASE_S)  # the old one, still answering, saw no change of server
+    finally:
+        replica.kill()  # a SIGTERM waits 10 s in its shutdown here
