@@ -1,12 +1,14 @@
 """Leases on running trial attempts: how a lost worker is noticed in seconds, not in RQ's minutes.
 
-A worker claims an attempt (so a duplicate delivery of its job does nothing) and holds a lease on
-it, renewed while the trial runs. Leases expire by Redis server time, so workers' clocks never
-matter. A lease that expired means the worker stopped: `core.reaper` declares the attempt lost.
+A delivery of an attempt's job claims the attempt (so a duplicate delivery does nothing, even one that
+the same worker process runs in another slot) and holds a lease on it, renewed while the trial runs.
+Leases expire by Redis server time, so workers' clocks never matter. A lease that expired means the
+worker stopped: `core.reaper` declares the attempt lost.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,9 +23,9 @@ ENDED = "ended"
 LOST = "lost"
 ORPHANED = "orphaned"  # its worker was lost, its trial runs on: another worker may take the attempt up
 
-# KEYS: claim, leases. ARGV: worker, claim ttl (s), lease member, lease length (ms), take over ('' or a claim)
-# Acquiring again as the same holder succeeds: a client that resends the script after a lost reply
-# must not lock itself out of its own attempt. A claim equal to ARGV[5] (an orphaned attempt) is taken over.
+# KEYS: claim, leases. ARGV: holder, claim ttl (s), lease member, lease length (ms), take over ('' or a claim)
+# Acquiring again as the same holder (one delivery) succeeds: a client that resends the script after a lost
+# reply must not lock itself out of its own attempt. A claim equal to ARGV[5] (an orphaned attempt) is taken over.
 _ACQUIRE = """
 local held = redis.call('GET', KEYS[1])
 if held and held ~= ARGV[1] and (ARGV[5] == '' or held ~= ARGV[5]) then
@@ -80,20 +82,38 @@ class AttemptRef:
         pipeline.zrem(keys.LEASES, self.member)
 
 
-class Lease:
-    """One worker's hold on one attempt."""
+def worker_of(claim: str | None) -> str | None:
+    """The worker named by an attempt's claim (`Lease.holder`), None when no worker holds it."""
+    return None if claim is None or claim in (ENDED, LOST, ORPHANED) else claim.split(" ", 1)[0]
 
-    def __init__(self, client: redis.Redis, ref: AttemptRef, worker: str, seconds: float) -> None:
+
+class Lease:
+    """One delivery's hold on one attempt, for the worker that runs it."""
+
+    def __init__(
+        self, client: redis.Redis, ref: AttemptRef, worker: str, seconds: float, delivery: str | None = None
+    ) -> None:
         self.client = client
         self.ref = ref
         self.worker = worker
         self.seconds = seconds
+        self.delivery = delivery or secrets.token_hex(4)
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
 
     @property
+    def holder(self) -> str:
+        """The claim's value: the worker and this delivery. Two deliveries of one attempt in one worker
+        process (a requeued job in its other slot) are two holders: only one runs the trial."""
+        return f"{self.worker} {self.delivery}"
+
+    def on(self, client: redis.Redis) -> Lease:
+        """The same hold, used through another client."""
+        return Lease(client, self.ref, self.worker, self.seconds, self.delivery)
+
+    @property
     def _args(self) -> list[str | int]:
-        return [self.worker, CLAIM_TTL_S, self.ref.member, int(self.seconds * 1000)]
+        return [self.holder, CLAIM_TTL_S, self.ref.member, int(self.seconds * 1000)]
 
     def acquire(self, take_over: bool = False) -> bool:
         """Claim the attempt and start the lease; False if another delivery already claimed it. With
@@ -116,7 +136,7 @@ class Lease:
             while True:
                 try:
                     pipe.watch(self.ref.claim_key)
-                    if pipe.get(self.ref.claim_key) != self.worker:
+                    if pipe.get(self.ref.claim_key) != self.holder:
                         pipe.unwatch()
                         return False
                     pipe.multi()

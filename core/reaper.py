@@ -25,7 +25,7 @@ from redis.client import Pipeline
 from core import keys
 from core.connections import RETRY_CAP_S
 from core.event_store import EventStore, StoredEvent
-from core.leases import LOST, ORPHANED, AttemptRef
+from core.leases import LOST, ORPHANED, AttemptRef, worker_of
 from core.placement import attempt_platform, listed_platforms, place
 from core.queueing import (
     RELEASE_ATTEMPT,
@@ -154,7 +154,7 @@ def _declare_lost(
                 if not expired or not reaping_allowed(pipe, lease_s):  # a pause since this round began
                     pipe.unwatch()
                     return None  # renewed, ended, or declared by another reaper meanwhile
-                holder: Any = pipe.get(ref.claim_key)
+                holder = worker_of(pipe.get(ref.claim_key))  # type: ignore[arg-type]
                 submitted = load_submission(store, ref.trial_id)
                 assert isinstance(submitted.event, TrialSubmitted)
                 platform = attempt_platform(store, submitted, ref.attempt)

@@ -134,6 +134,7 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
     held = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "ghost:1", seconds=30)
     assert held.acquire() and held.acquire()  # again by its holder (a resent script): still its own
     assert not Lease(client, held.ref, "other:2", seconds=30).acquire()
+    assert not Lease(client, held.ref, "ghost:1", seconds=30).acquire()  # its job again, in the worker's other slot
     grace = pause_grace_s(LEASE_S)  # a server that just started holds reaping back that long
     wait_until(lambda: int(client.info("server")["uptime_in_seconds"]) >= grace, 2 * grace, what="redis uptime")
     assert reap_lost_attempts(client, rq_connection, "reaper", LEASE_S) == []  # alive: nothing to reap
@@ -153,6 +154,8 @@ def test_reapers_race_and_exactly_one_declares_the_attempt_lost(
         thread.join()
 
     assert sum(len(found) for found in verdicts) == 1
+    lost = next(verdict for found in verdicts for verdict in found)
+    assert isinstance(lost, TrialAttemptLost) and lost.worker == "ghost:1"  # the worker's name, not its claim
     assert not held.renew()  # the holder learns its attempt is gone
     assert service.get_trial_job(trial_id).status is TrialJobStatus.WAITING
     assert service.get_trial_job(trial_id).attempt == 2

@@ -61,7 +61,7 @@ class LogTrialControl:
         self._submission = submitted.event
         self._trial_id = submitted.event.trial_id
         self._log = logging.LoggerAdapter(log, {"experiment": store.experiment_id, "trial": self._trial_id})
-        self._lease = Lease(self._quick, lease.ref, lease.worker, lease.seconds)  # never blocks long
+        self._lease = lease.on(self._quick)  # never blocks long
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
         self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
