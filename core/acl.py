@@ -33,7 +33,7 @@ _EXP = f"{_P}:exp:*"
 CONNECTION = "+@connection -@admin -@dangerous +info +time +role +@transaction"
 """Keyless commands every user needs: AUTH, HELLO, PING, SELECT, CLIENT SETNAME, MULTI/EXEC, INFO (the reaper
 reads the server's uptime), TIME (leases run on Redis's clock), ROLE and WAIT (an append waits for the
-replicas ROLE lists: core.connections). WATCH has keys: where no key pattern of the user's matches, it is
+replicas ROLE lists: core.replication). WATCH has keys: where no key pattern of the user's matches, it is
 refused."""
 
 SCRIPTS = "+eval +evalsha +eval_ro +evalsha_ro +script|load +script|exists"

@@ -10,30 +10,32 @@ No read waits for ever: every connection has a socket timeout longer than the lo
 issued on it (`SOCKET_TIMEOUT_S`; RQ's blocking dequeue on the bytes client, `RQ_SOCKET_TIMEOUT_S`)
 and TCP keepalive, so a server that accepts but never answers (a silent partition) surfaces as a
 timeout, not as a thread blocked for ever.
+
+The parts of a client live beside this module: what a URL may be (core.redis_urls), how a client
+follows a Sentinel master (core.sentinel) and how an append waits for replicas (core.replication).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
-from urllib.parse import unquote
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.connection import SSLConnection
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
-from core import keys
-from core.variables import REDIS_URL_ENV, TLS_CA_ENV
+from core.redis_urls import SentinelUrl, parse_sentinel_url, redact_url
+from core.replication import NO_ACKS, AckingRedis, ReplicaAcks
+from core.sentinel import _MasterConnection, _MasterSSLConnection, _sentinels
+from core.variables import TLS_CA_ENV
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,85 +61,6 @@ class RedisUnavailable(ConnectionError):
         if "CERTIFICATE_VERIFY_FAILED" in reason:  # one line that says which setting to fix
             reason = f"its TLS certificate is not trusted: set {TLS_CA_ENV} to the CA that signed it ({reason})"
         super().__init__(f"cannot reach Redis at {redact_url(url)}: {reason}")
-
-
-class InvalidRedisUrl(ValueError):
-    """A Redis URL that cannot be used; the message names the setting and how to write it."""
-
-    def __init__(self, url: str, problem: str) -> None:
-        super().__init__(f"{REDIS_URL_ENV} (--redis) {redact_url(url)}: {problem}; write {URL_FORMS}")
-
-
-URL_FORMS = (
-    "redis://[user:password@]host:port[/db], rediss://... (TLS), unix:///path, or "
-    "redis+sentinel://[user:password@]host:port[,host:port...]/master_name[/db] (rediss+sentinel:// for TLS)"
-)
-SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme -> TLS
-PLAIN_SCHEMES = ("redis", "rediss", "unix")
-
-
-def redact_url(url: str) -> str:
-    """Hide a password in a Redis URL (any scheme, Sentinel's included) before it is printed or logged."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user + ':' if user else ':'}***@{host}"
-
-
-@dataclass(frozen=True)
-class SentinelUrl:
-    """`redis+sentinel://[user:password@]host:port[,host:port...]/master_name[/db]`: the credentials are the
-    master's (the sentinels take none), TLS (`rediss+sentinel`) is to the sentinels and the master alike."""
-
-    sentinels: tuple[tuple[str, int], ...]
-    master: str
-    db: int
-    username: str | None
-    password: str | None
-    tls: bool
-
-
-def parse_sentinel_url(url: str) -> SentinelUrl | None:
-    """The Sentinel URL's parts, None for another scheme; InvalidRedisUrl when it is malformed."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in SENTINEL_SCHEMES:
-        if scheme not in PLAIN_SCHEMES or not sep:
-            raise InvalidRedisUrl(url, f"unknown scheme {scheme + '://' if sep else '(none)'}")
-        return None
-    credentials, _, rest = rest.rpartition("@")
-    username, _, password = credentials.partition(":")
-    hosts, _, path = rest.partition("/")
-    master, _, db = path.strip("/").partition("/")
-    sentinels = []
-    for item in filter(None, hosts.split(",")):
-        host, colon, port = item.rpartition(":")
-        if not colon or not host or not port.isdigit():
-            raise InvalidRedisUrl(url, f"sentinel {item!r} is not host:port")
-        sentinels.append((host.strip("[]"), int(port)))
-    if not sentinels:
-        raise InvalidRedisUrl(url, "no sentinel host:port")
-    if not master or "/" in db or (db and not db.isdigit()):
-        raise InvalidRedisUrl(url, "name the master after the sentinels (/master_name, then /db if not 0)")
-    return SentinelUrl(
-        tuple(sentinels),
-        unquote(master),
-        int(db or 0),
-        unquote(username) or None,
-        unquote(password) or None,
-        SENTINEL_SCHEMES[scheme],
-    )
-
-
-def check_redis_url(url: str) -> str:
-    """`url` if trialstream can use it, else InvalidRedisUrl naming the setting."""
-    if parse_sentinel_url(url) is None:
-        try:
-            redis.connection.parse_url(url)
-        except ValueError as error:
-            raise InvalidRedisUrl(url, str(error).split(" (")[0]) from None
-    return url
 
 
 def retries_within(budget_s: float, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> int:
@@ -181,7 +104,6 @@ def _socket_options(url: str, decode: bool) -> dict[str, Any]:
 # Per pool. redis-py caps a pool at 100 unless told; a worker following a few hundred trials on a
 # remote platform holds a blocking command watcher and a lease renewer per trial.
 MAX_CONNECTIONS = 4096
-SENTINEL_TIMEOUT_S = 2.0  # a sentinel answers in milliseconds; one that does not is skipped for the next
 
 
 @dataclass(frozen=True)
@@ -203,177 +125,6 @@ class RedisOptions:
             kwargs["ssl_certfile"] = self.tls_cert_file
             kwargs["ssl_keyfile"] = self.tls_key_file
         return kwargs
-
-
-class NotReplicated(redis.ConnectionError):
-    """An append that fewer replicas than required confirmed within the timeout: not acknowledged.
-
-    A ConnectionError, so the client's retry policy sends it again (appends are idempotent) on a fresh
-    connection, which asks the sentinels for the master; past that budget it reaches the caller.
-    """
-
-
-_ACKED_SCRIPTS: dict[str, str] = {}  # SHA1 -> text of the scripts whose calls are appends (core.event_store's)
-
-
-def acknowledge_after(script: str) -> None:
-    """Calls of `script` (by EVALSHA, alone or in a pipeline) return only once replicated (`ReplicaAcks`)."""
-    _ACKED_SCRIPTS[hashlib.sha1(script.encode()).hexdigest()] = script
-
-
-def _has_append(commands: Sequence[tuple[tuple[Any, ...], Any]]) -> bool:
-    return any(len(args) > 1 and args[0] == "EVALSHA" and args[1] in _ACKED_SCRIPTS for args, _ in commands)
-
-
-class ReplicaAcks:
-    """`WAIT n timeout` after each append, on the connection that sent it (WAIT counts that
-    connection's writes; inside MULTI or a script it would not block, so it follows EXEC).
-
-    n is every replica connected to the master then (ROLE), and at least `wanted` (None: 1 when
-    there are replicas). Waiting for only one of two would not do: Sentinel promotes by the offsets
-    it last read, which may be the replica without the append (seen in tests/faults/test_failover.py).
-
-    With `wanted` None (a plain URL, the replicas setting unset) a connection asks ROLE once, when
-    it is made: on a server without replicas its appends then cost no round trip more. A replica
-    attached later is waited for from the next connection on; set the replicas setting to wait for it at once.
-
-    When fewer than n replicas answer in time, the append is refused (`NotReplicated`: retried by
-    the client's policy, then raised), the timeout counted in Redis (`keys.REPLICATION_TIMEOUTS`,
-    served as a Prometheus counter by the manager) and logged: what was told "recorded" is on n
-    replicas, never only on a master that may be lost with its disk.
-    """
-
-    def __init__(self, wanted: int | None, timeout_s: float) -> None:
-        self.wanted = wanted
-        self.timeout_ms = max(1, int(timeout_s * 1000))
-
-    def after(self, connection: redis.Connection, commands: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
-        if self.wanted == 0 or not _has_append(commands):
-            return
-        if self.wanted is None and not _replicas_when_connected(connection):
-            return
-        connected = _replicas(connection)  # the replicas connected now: each must have it, whichever is promoted
-        wanted = max(connected, self.wanted if self.wanted is not None else min(connected, 1))
-        if wanted == 0:
-            return
-        connection.send_command("WAIT", wanted, self.timeout_ms)
-        acked = int(connection.read_response())
-        if acked < wanted:
-            connection.send_command("INCR", keys.REPLICATION_TIMEOUTS)
-            connection.read_response()
-            log.warning("an append reached %d of %d replicas in %d ms; sent again", acked, wanted, self.timeout_ms)
-            raise NotReplicated(f"{acked} of {wanted} replicas confirmed the append within {self.timeout_ms} ms")
-
-
-NO_ACKS = ReplicaAcks(0, 1.0)
-_SEEN = "_trialstream_replicas"  # on a connection: (its socket then, replicas connected to its server then)
-
-
-def _replicas(connection: redis.Connection) -> int:
-    """How many replicas the connection's server streams to now (ROLE; 0 when it is one)."""
-    connection.send_command("ROLE")
-    role = connection.read_response()
-    return len(role[2]) if len(role) > 2 else 0
-
-
-def _replicas_when_connected(connection: redis.Connection) -> int:
-    """`_replicas` once per connection: asked again only when it has reconnected (a new socket)."""
-    seen = getattr(connection, _SEEN, None)
-    if seen is None or seen[0] is not connection._sock:
-        seen = (connection._sock, _replicas(connection))
-        setattr(connection, _SEEN, seen)
-    return int(seen[1])
-
-
-class AckingPipeline(redis.client.Pipeline):
-    """A pipeline whose appends are acknowledged only once replicated (`ReplicaAcks`)."""
-
-    acks: ReplicaAcks = NO_ACKS
-
-    def _execute_transaction(self, connection: redis.Connection, commands: Any, raise_on_error: bool) -> list[Any]:
-        try:
-            result: list[Any] = super()._execute_transaction(connection, commands, raise_on_error)
-        except redis.ResponseError as error:  # inside EXEC's reply, past `_MasterConnection.read_response`
-            if not _no_longer_master(error):
-                raise
-            connection.disconnect()
-            raise redis.ConnectionError(f"the master refused a transaction ({error}); sending it again") from error
-        self.acks.after(connection, commands)
-        return result
-
-    def _execute_pipeline(self, connection: redis.Connection, commands: Any, raise_on_error: bool) -> list[Any]:
-        result: list[Any] = super()._execute_pipeline(connection, commands, raise_on_error)  # type: ignore[no-untyped-call]
-        self.acks.after(connection, commands)
-        return result
-
-
-class AckingRedis(redis.Redis):
-    """The client of every trialstream process: appends, alone or in its pipelines, wait for replicas."""
-
-    acks: ReplicaAcks = NO_ACKS
-
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> AckingPipeline:
-        pipe = AckingPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
-        pipe.acks = self.acks
-        return pipe
-
-    def _send_command_parse_response(self, conn: Any, command_name: str, *args: Any, **options: Any) -> Any:
-        reply = super()._send_command_parse_response(conn, command_name, *args, **options)  # type: ignore[no-untyped-call]
-        self.acks.after(conn, [(args, options)])
-        return reply
-
-
-class _MasterConnection(SentinelManagedConnection):
-    """A connection to the master the sentinels name, asked again on every (re)connect.
-
-    redis-py 8.1 reconnects a dropped connection inside a command's retries straight to its last
-    address (`send_packed_command` -> `connect_check_health`, past the Sentinel lookup in
-    `connect`): after a failover each retry would meet the old master, now a replica, until the
-    budget ran out. A master that lost its role or its replicas answers with errors that say so
-    (READONLY, UNBLOCKED, NOREPLICAS): they drop the connection and count as connection errors, so
-    the command is sent again to the master named then.
-    """
-
-    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
-        if not self._sock:
-            self.host, self.port = self.connection_pool.get_master_address()
-        super().connect_check_health(check_health, retry_socket_connect)
-
-    def on_connect_check_health(self, check_health: bool = True) -> None:
-        """Load the append scripts first: a promoted replica has an empty script cache, and a pipeline
-        resent inside its retries would meet NOSCRIPT there (with the rest of its MULTI applied)."""
-        super().on_connect_check_health(check_health)
-        for script in _ACKED_SCRIPTS.values():
-            self.send_command("SCRIPT", "LOAD", script)  # type: ignore[no-untyped-call]
-            self.read_response()
-
-    def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        """As a plain connection: one left by any error while reading is dropped (redis-py's Sentinel
-        connection keeps it by default, so a blocking read cut short by a signal, RQ's warm shutdown,
-        went back to the pool with its reply pending: the next command waited out the block, then
-        read that reply as its own)."""
-        kwargs.setdefault("disconnect_on_error", True)
-        try:
-            return super().read_response(*args, **kwargs)
-        except redis.ResponseError as error:
-            if not _no_longer_master(error):
-                raise
-            self.disconnect()  # type: ignore[no-untyped-call]
-            raise redis.ConnectionError(f"the master cannot take this now ({error}); asking the sentinels") from error
-
-
-_NOT_MASTER_ANYMORE = ("UNBLOCKED", "NOREPLICAS", "READONLY")
-
-
-def _no_longer_master(error: redis.ResponseError) -> bool:
-    """A refusal that means the node is not the master now (or has lost its replicas): the command goes again
-    to the master named then. redis-py raises READONLY as ReadOnlyError without its code, inside EXEC's reply
-    (a script's error) too."""
-    return isinstance(error, redis.ReadOnlyError) or any(reason in str(error) for reason in _NOT_MASTER_ANYMORE)
-
-
-class _MasterSSLConnection(_MasterConnection, SSLConnection):
-    pass
 
 
 def connect(
@@ -414,34 +165,6 @@ def connect(
     wanted = options.replicas if options.replicas is not None else (1 if sentinel else None)
     client.acks = ReplicaAcks(wanted, options.replica_timeout_s)
     return client
-
-
-class _Sentinels(Sentinel):
-    """Sentinels whose answer is not taken from one that is failing the master over.
-
-    The leader of a failover names the old master (SENTINEL MASTERS) until its failover ends, a second
-    or more after it promoted a replica and the others switched. An old master that was only paused
-    answers again meanwhile (no s_down): a client sent there writes to, and reads from, a master whose
-    data the promoted one does not have and which it will discard. The next sentinel is asked instead.
-    """
-
-    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
-        flags = state.get("flags", "")
-        if "failover_in_progress" in (flags if isinstance(flags, set) else str(flags).split(",")):
-            return False
-        return bool(super().check_master_state(state, service_name))  # type: ignore[no-untyped-call]
-
-
-def _sentinels(url: SentinelUrl, tls_kwargs: dict[str, Any]) -> Sentinel:
-    """The sentinel set of `url`, asked with short timeouts (TLS as to the master)."""
-    sentinel_kwargs: dict[str, Any] = {
-        "socket_timeout": SENTINEL_TIMEOUT_S,
-        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
-        "retry": Retry(NoBackoff(), 0),  # the master's client retries; a sentinel that fails is skipped
-    }
-    if url.tls:
-        sentinel_kwargs |= {"ssl": True, **tls_kwargs}
-    return _Sentinels(list(url.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
 
 
 def _probe(url: str, sentinel: SentinelUrl | None, tls_kwargs: dict[str, Any]) -> None:

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 
 from core import keys
-from core.connections import acknowledge_after, same_server
+from core.connections import same_server
+from core.replication import acknowledge_after
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand
 from schemas.upcasters import upcast
 
@@ -43,7 +44,7 @@ end
 if grew then redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1]) end
 return ids
 """
-acknowledge_after(_APPEND)  # with replicas, an append returns once they have it (core.connections.ReplicaAcks)
+acknowledge_after(_APPEND)  # with replicas, an append returns once they have it (core.replication.ReplicaAcks)
 _APPEND_BATCH = 1000  # events per script call: Redis serves nobody else while a script runs
 
 

@@ -16,7 +16,7 @@ import redis
 from redis.client import Pipeline
 
 from core import keys
-from core.connections import acknowledge_after
+from core.replication import acknowledge_after
 
 CLAIM_TTL_S = 7 * 24 * 3600
 ENDED = "ended"

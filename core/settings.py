@@ -17,7 +17,8 @@ from typing import Annotated, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
-from core.connections import RedisOptions, check_redis_url
+from core.connections import RedisOptions
+from core.redis_urls import check_redis_url
 from core.variables import PREFIX
 
 

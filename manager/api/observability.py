@@ -190,7 +190,7 @@ class TrialstreamCollector(Collector):
         return depth, workers
 
     def _replication(self) -> Metric:
-        """Appends refused because too few replicas confirmed them in time (core.connections.ReplicaAcks): each
+        """Appends refused because too few replicas confirmed them in time (core.replication.ReplicaAcks): each
         was sent again, or its error reached its caller; never acknowledged unreplicated."""
         timeouts = CounterMetricFamily(
             "trialstream_redis_replication_timeouts",

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.connections import connect, redact_url
+from core.connections import connect
 from core.logging_setup import configure_logging
+from core.redis_urls import redact_url
 from core.settings import Settings
 from core.variables import MANAGER_TOKEN_ENV as TOKEN_ENV
 from manager.cli.access import required_url

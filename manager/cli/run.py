@@ -11,7 +11,8 @@ from typing import Protocol
 import redis
 from rich.live import Live
 
-from core.connections import connect, redact_url, same_server
+from core.connections import connect, same_server
+from core.redis_urls import redact_url
 from core.settings import Settings
 from manager.cli import interrupts, managed, render
 from manager.cli.access import manager_client

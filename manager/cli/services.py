@@ -35,7 +35,8 @@ def hand_over_to_worker(redis_url: str | None, arguments: list[str]) -> NoReturn
 
 
 def _projector(args: argparse.Namespace, settings: Settings) -> int:
-    from core.connections import connect, redact_url  # here: `trialstream worker` loads none of it
+    from core.connections import connect  # here: `trialstream worker` loads none of it
+    from core.redis_urls import redact_url
     from manager.cli import render
     from manager.cli.access import required_url
     from manager.projector import Projector

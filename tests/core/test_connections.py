@@ -12,19 +12,12 @@ import redis
 from rq import Queue, SimpleWorker
 
 from core import keys
-from core.connections import (
-    NotReplicated,
-    RedisOptions,
-    RedisUnavailable,
-    _sentinels,
-    connect,
-    parse_sentinel_url,
-    quick_client,
-    redact_url,
-    same_server,
-)
+from core.connections import RedisOptions, RedisUnavailable, connect, quick_client, same_server
 from core.event_store import EventStore
 from core.queueing import SERIALIZER
+from core.redis_urls import parse_sentinel_url, redact_url
+from core.replication import NotReplicated
+from core.sentinel import _sentinels
 from core.settings import SettingError, Settings
 from schemas.events import ClusterMetadataSet
 from simulators.waiting import wait_until

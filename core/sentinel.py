@@ -1,0 +1,93 @@
+"""Connections that follow the master the Redis Sentinels name, across a failover.
+
+redis-py's own Sentinel connections reconnect to the last master's address inside a command's
+retries, keep a connection whose read was cut short, and take the answer of a sentinel that is
+failing the master over. `_MasterConnection` and `_Sentinels` mend that; `core.connections.connect`
+uses them for a `redis+sentinel://` URL (core.redis_urls), so a client follows the master named now.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.connection import SSLConnection
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelManagedConnection
+
+from core.redis_urls import SentinelUrl
+from core.replication import _ACKED_SCRIPTS, _no_longer_master
+
+SENTINEL_TIMEOUT_S = 2.0  # a sentinel answers in milliseconds; one that does not is skipped for the next
+
+
+class _MasterConnection(SentinelManagedConnection):
+    """A connection to the master the sentinels name, asked again on every (re)connect.
+
+    redis-py 8.1 reconnects a dropped connection inside a command's retries straight to its last
+    address (`send_packed_command` -> `connect_check_health`, past the Sentinel lookup in
+    `connect`): after a failover each retry would meet the old master, now a replica, until the
+    budget ran out. A master that lost its role or its replicas answers with errors that say so
+    (READONLY, UNBLOCKED, NOREPLICAS): they drop the connection and count as connection errors, so
+    the command is sent again to the master named then.
+    """
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if not self._sock:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        """Load the append scripts first: a promoted replica has an empty script cache, and a pipeline
+        resent inside its retries would meet NOSCRIPT there (with the rest of its MULTI applied)."""
+        super().on_connect_check_health(check_health)
+        for script in _ACKED_SCRIPTS.values():
+            self.send_command("SCRIPT", "LOAD", script)  # type: ignore[no-untyped-call]
+            self.read_response()
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """As a plain connection: one left by any error while reading is dropped (redis-py's Sentinel
+        connection keeps it by default, so a blocking read cut short by a signal, RQ's warm shutdown,
+        went back to the pool with its reply pending: the next command waited out the block, then
+        read that reply as its own)."""
+        kwargs.setdefault("disconnect_on_error", True)
+        try:
+            return super().read_response(*args, **kwargs)
+        except redis.ResponseError as error:
+            if not _no_longer_master(error):
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise redis.ConnectionError(f"the master cannot take this now ({error}); asking the sentinels") from error
+
+
+class _MasterSSLConnection(_MasterConnection, SSLConnection):
+    pass
+
+
+class _Sentinels(Sentinel):
+    """Sentinels whose answer is not taken from one that is failing the master over.
+
+    The leader of a failover names the old master (SENTINEL MASTERS) until its failover ends, a second
+    or more after it promoted a replica and the others switched. An old master that was only paused
+    answers again meanwhile (no s_down): a client sent there writes to, and reads from, a master whose
+    data the promoted one does not have and which it will discard. The next sentinel is asked instead.
+    """
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        flags = state.get("flags", "")
+        if "failover_in_progress" in (flags if isinstance(flags, set) else str(flags).split(",")):
+            return False
+        return bool(super().check_master_state(state, service_name))  # type: ignore[no-untyped-call]
+
+
+def _sentinels(url: SentinelUrl, tls_kwargs: dict[str, Any]) -> Sentinel:
+    """The sentinel set of `url`, asked with short timeouts (TLS as to the master)."""
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        "retry": Retry(NoBackoff(), 0),  # the master's client retries; a sentinel that fails is skipped
+    }
+    if url.tls:
+        sentinel_kwargs |= {"ssl": True, **tls_kwargs}
+    return _Sentinels(list(url.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
