@@ -268,12 +268,14 @@ class Projector:
 
     def _apply_batch(self, experiment_id: str, until: str) -> tuple[str, int]:
         view_keys = ViewKeys(experiment_id, self.namespace)
-        store = EventStore(self.client, experiment_id)
         with self.client.pipeline() as pipe:
             while True:
                 try:
                     pipe.watch(view_keys.position)
                     position = str(pipe.hget(view_keys.position, "position") or "0-0")
+                    # Read on the watched connection, as the views are: across a failover, a batch is folded
+                    # and written on one server, never folded from an old master's log into the new one's views.
+                    store = EventStore(pipe, experiment_id)
                     entries = store.read(after=position, until=until, count=self.batch_size)
                     if not entries:
                         pipe.unwatch()
