@@ -102,7 +102,11 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
         )
         faults = threading.Thread(target=_faults, args=(client, sentinel_set, failovers), daemon=True)
         faults.start()
-        output, _ = runner.communicate(timeout=100)
+        try:
+            output, _ = runner.communicate(timeout=100)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            pytest.fail(_unfinished(client, tmp_path / "logs" / "run.log", processes))
         faults.join(30)
         elapsed = time.monotonic() - started
         assert runner.returncode == 0, processes.logs()[-3000:]
@@ -159,6 +163,20 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
         )
     finally:
         processes.stop()
+
+
+def _unfinished(client: redis.Redis, run_log: Path, processes: Processes) -> str:
+    """Why the experiment did not end: its trials by status, the log of one that had not ended, what the
+    runner and the services said last."""
+    experiment_id = str(client.zrange(keys.EXPERIMENTS, 0, -1)[0])
+    trials = ViewStore(client, experiment_id).trials()
+    waiting = [trial.id for trial in trials if not trial.status.is_terminal]
+    counts = Counter(str(trial.status) for trial in trials)
+    history = _history(EventStore(client, experiment_id), waiting[0]) if waiting else ""
+    return (
+        f"the experiment did not end: {dict(counts)} ({len(trials)} trials in the views); first not ended:\n"
+        f"{history}\nthe runner said:\n{run_log.read_text()[-3000:]}\nthe services said:\n{processes.logs()[-3000:]}"
+    )
 
 
 def _history(store: EventStore, trial_id: str) -> str:
