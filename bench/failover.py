@@ -13,10 +13,7 @@ The data nodes start from deploy/redis/ha-node.conf (each its own copy), as ship
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -24,67 +21,23 @@ from typing import Any
 
 import redis
 
-from bench.harness import REPO, Figure, Section, percentile, repeat, wait_until
+from bench.harness import NODE_CONFIG, REPO, Figure, LoopbackRedis, Section, percentile, repeat, wait_until
 from core.connections import RedisOptions, connect
 from core.event_store import EventStore
 from schemas.events import TrialMetricReported
 
-NODE_CONFIG = REPO / "deploy" / "redis" / "ha-node.conf"
 MASTER = "trialstream"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
 LATENCY_APPENDS, LATENCY_BLOCK = 3000, 100
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class Server:
-    """One redis-server on 127.0.0.1 (a data node from a copy of the shipped config, or a sentinel)."""
-
-    def __init__(self, directory: Path, *, sentinel_of: int | None = None, replica_of: int | None = None) -> None:
-        directory.mkdir(parents=True)
-        self.port = _free_port()
-        binary = shutil.which("redis-server") or "redis-server"
-        common = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(directory), "--logfile", "redis.log"]
-        if sentinel_of is not None:
-            config = directory / "sentinel.conf"
-            config.write_text(
-                f"sentinel monitor {MASTER} 127.0.0.1 {sentinel_of} 2\n"
-                f"sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {MASTER} {FAILOVER_TIMEOUT_MS}\n"
-            )
-            command = [binary, str(config), "--sentinel", *common]
-        else:
-            config = Path(shutil.copy(NODE_CONFIG, directory / "redis.conf"))  # a copy: sentinels rewrite it
-            command = [binary, str(config), *common, "--save", ""]
-            if replica_of is not None:
-                command += ["--replicaof", "127.0.0.1", str(replica_of)]
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        self.client = redis.Redis("127.0.0.1", self.port, socket_timeout=2, decode_responses=True)
-        wait_until(self._answers, 10, f"redis-server on {self.port}")
-
-    def _answers(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.ConnectionError:
-            return False
-
-    def replicas_online(self) -> int:
-        try:
-            role = self.client.execute_command("ROLE")
-        except redis.ConnectionError:
-            return -1
-        return len(role[2]) if role[0] == "master" else -1
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+def _sentinel_config(master_port: int) -> str:
+    return (
+        f"sentinel monitor {MASTER} 127.0.0.1 {master_port} 2\n"
+        f"sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n"
+        f"sentinel failover-timeout {MASTER} {FAILOVER_TIMEOUT_MS}\n"
+    )
 
 
 def _metric(sequence: int) -> TrialMetricReported:
@@ -102,8 +55,8 @@ def _metric(sequence: int) -> TrialMetricReported:
 
 def append_latency(root: Path) -> tuple[list[float], list[float]]:
     """Append latencies in ms (without WAIT, with WAIT 1) on one master with one replica."""
-    master = Server(root / "master")
-    replica = Server(root / "replica", replica_of=master.port)
+    master = LoopbackRedis(root / "master")
+    replica = LoopbackRedis(root / "replica", replica_of=master.port)
     try:
         wait_until(lambda: master.replicas_online() == 1, 10, "the replica to sync")
         url = f"redis://127.0.0.1:{master.port}/0"
@@ -129,12 +82,13 @@ def append_latency(root: Path) -> tuple[list[float], list[float]]:
 def failover_once(root: Path) -> tuple[float, float]:
     """Seconds from the master's SIGKILL to the sentinels naming a new master, and to the first append the new
     master accepted."""
-    master = Server(root / "node0")
-    replicas = [Server(root / f"node{i}", replica_of=master.port) for i in (1, 2)]
-    sentinels: list[Server] = []
+    master = LoopbackRedis(root / "node0")
+    replicas = [LoopbackRedis(root / f"node{i}", replica_of=master.port) for i in (1, 2)]
+    sentinels: list[LoopbackRedis] = []
     try:
         wait_until(lambda: master.replicas_online() == 2, 10, "the replicas to sync")
-        sentinels = [Server(root / f"sentinel{i}", sentinel_of=master.port) for i in range(3)]
+        config = _sentinel_config(master.port)
+        sentinels = [LoopbackRedis(root / f"sentinel{i}", sentinel_config=config) for i in range(3)]
 
         def settled() -> bool:  # every sentinel sees the 2 others and both replicas
             for sentinel in sentinels:

@@ -6,7 +6,9 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -22,7 +24,7 @@ import yaml
 from rq import Queue, Worker
 
 from core import keys
-from core.connections import connect
+from core.connections import RedisOptions, connect
 from core.queueing import queue_name
 from core.settings import Settings
 from manager.config import load_experiment_config
@@ -36,6 +38,7 @@ TRIALS_DIR = BENCH_DIR / "trials"
 SDK_TRIAL = f"{sys.executable} trial.py trialstream_sdk"
 NNI_TRIAL = f"{sys.executable} trial.py nni"
 SEARCH_SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}, "y": {"_type": "choice", "_value": [1, 2, 3, 4]}}
+NODE_CONFIG = REPO / "deploy" / "redis" / "ha-node.conf"  # a data node of the shipped Sentinel set
 
 
 @dataclass(frozen=True)
@@ -103,25 +106,102 @@ def wait_until(probe: Callable[[], T], timeout: float, what: str, interval: floa
     return value
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def replicas_online(client: redis.Redis) -> int:
+    """How many replicas a master streams to (ROLE); -1 when it does not answer or is not a master."""
+    try:
+        role = client.execute_command("ROLE")
+    except redis.ConnectionError:
+        return -1
+    return len(role[2]) if role[0] in ("master", b"master") else -1
+
+
+class LoopbackRedis:
+    """One redis-server on 127.0.0.1: a data node from its own copy of the shipped node config (NODE_CONFIG),
+    the replica of the master on port `replica_of` when given; or, given `sentinel_config`, a sentinel."""
+
+    def __init__(self, directory: Path, *, sentinel_config: str | None = None, replica_of: int | None = None) -> None:
+        directory.mkdir(parents=True)
+        self.port = free_port()
+        binary = shutil.which("redis-server") or "redis-server"
+        common = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(directory), "--logfile", "redis.log"]
+        if sentinel_config is not None:
+            config = directory / "sentinel.conf"
+            config.write_text(sentinel_config)
+            command = [binary, str(config), "--sentinel", *common]
+        else:
+            config = Path(shutil.copy(NODE_CONFIG, directory / "redis.conf"))  # a copy: sentinels rewrite it
+            command = [binary, str(config), *common, "--save", ""]
+            if replica_of is not None:
+                command += ["--replicaof", "127.0.0.1", str(replica_of)]
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.client = redis.Redis("127.0.0.1", self.port, socket_timeout=2, decode_responses=True)
+        wait_until(self._answers, 10, f"redis-server on {self.port}")
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def replicas_online(self) -> int:
+        return replicas_online(self.client)
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
 class BenchStack:
     """A private redis-server set up as `trialstream run` sets up its own (AOF, `appendfsync always`
-    unless told otherwise, unix socket), with a `trialstream projector` and `workers` local workers."""
+    unless told otherwise, unix socket), with a `trialstream projector` and `workers` local workers.
 
-    def __init__(self, root: Path, workers: int = 4, projector: bool = True, appendfsync: str = "always") -> None:
+    With `replica`, that redis-server is also a master with one replica (a LoopbackRedis following it over
+    loopback TCP, which replication needs) that is in sync before any client connects, and every append of
+    this process's clients and of the stack's processes waits for it (`WAIT 1`: TRIALSTREAM_REDIS_REPLICAS=1).
+    The clients stay on the unix socket, so the replica and its acknowledgement are all that differs."""
+
+    def __init__(
+        self,
+        root: Path,
+        workers: int = 4,
+        projector: bool = True,
+        appendfsync: str = "always",
+        replica: bool = False,
+    ) -> None:
         self.root = root
         self.redis = EmbeddedRedis(root / "redis", appendfsync=appendfsync)
         self.workers = workers
         self.with_projector = projector
+        self.with_replica = replica
+        self.replica: LoopbackRedis | None = None
         self.url = ""
         self.services: ServiceProcesses | None = None
         self.projector_pid: int | None = None
 
     def __enter__(self) -> BenchStack:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> BenchStack:
         self.root.mkdir(parents=True, exist_ok=True)
         self.url = self.redis.start()
-        self.client = connect(self.url)
-        self.rq_connection = connect(self.url, decode=False)
-        self.services = ServiceProcesses(Settings(redis_url=self.url), self.root / "logs")
+        if self.with_replica:
+            self._attach_replica()
+        replicas = 1 if self.with_replica else None  # None: today's default, a ROLE per connection and no WAIT
+        self.client = connect(self.url, options=RedisOptions(replicas=replicas))
+        self.rq_connection = connect(self.url, options=RedisOptions(replicas=replicas), decode=False)
+        self.services = ServiceProcesses(Settings(redis_url=self.url, redis_replicas=replicas), self.root / "logs")
         if self.with_projector:
             self.start_projector()
         for index in range(self.workers):
@@ -129,6 +209,20 @@ class BenchStack:
         queue = Queue(queue_name("local"), connection=self.rq_connection)
         wait_until(lambda: len(Worker.all(queue=queue)) >= self.workers, 30, "the workers to register")
         return self
+
+    def _attach_replica(self) -> None:
+        """Open the master to loopback TCP with the shipped node config's replication settings (its AOF stays
+        as set), start the replica and wait until it streams from the master."""
+        with redis.Redis.from_url(self.url, decode_responses=True) as master:
+            for line in NODE_CONFIG.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name and not name.startswith("#") and not name.startswith("append"):
+                    master.config_set(name, value)
+            port = free_port()
+            master.config_set("bind", "127.0.0.1")
+            master.config_set("port", port)
+            self.replica = LoopbackRedis(self.root / "replica", replica_of=port)
+            wait_until(lambda: replicas_online(master) == 1, 30, "the replica to sync")
 
     def start_projector(self) -> None:
         assert self.services is not None
@@ -140,6 +234,8 @@ class BenchStack:
         if self.services is not None:
             self.services.stop()
         self.redis.stop()
+        if self.replica is not None:
+            self.replica.stop()
 
     def experiment_config(self, name: str, **overrides: Any) -> Path:
         """An NNI v2 config for the benchmark trial; `overrides` are NNI keys (camelCase)."""

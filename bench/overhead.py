@@ -100,6 +100,15 @@ def slot_refills_ms(service: TrainingService, concurrency: int) -> list[float]:
     return refills
 
 
+def refill_run(stack: BenchStack, name: str, concurrency: int) -> tuple[float, list[float]]:
+    """An experiment of `TRIALS` trials at `concurrency`: its wall time (s) and its slot refills (ms)."""
+    config = stack.experiment_config(name, trialConcurrency=concurrency, maxTrialNumber=TRIALS)
+    result, wall_s = stack.run_experiment(config)
+    assert all(trial.status == "SUCCEEDED" for trial in result.trials), "a benchmark trial failed"
+    service = TrainingService(stack.client, stack.rq_connection, result.experiment_id)
+    return wall_s, slot_refills_ms(service, concurrency)
+
+
 def run(root: Path, runs: int) -> Section:
     section = Section("Trial overhead", "python -m bench --only overhead")
     with BenchStack(root / "always", workers=WORKERS) as stack:
@@ -119,13 +128,7 @@ def run(root: Path, runs: int) -> Section:
         for concurrency in (1, 4):
 
             def experiment(index: int, concurrency: int = concurrency) -> tuple[float, list[float]]:
-                config = stack.experiment_config(
-                    f"c{concurrency}run{index}", trialConcurrency=concurrency, maxTrialNumber=TRIALS
-                )
-                result, wall_s = stack.run_experiment(config)
-                assert all(trial.status == "SUCCEEDED" for trial in result.trials), "a benchmark trial failed"
-                service = TrainingService(stack.client, stack.rq_connection, result.experiment_id)
-                return wall_s, slot_refills_ms(service, concurrency)
+                return refill_run(stack, f"c{concurrency}run{index}", concurrency)
 
             results = repeat(runs, experiment)
             wall_s = median_of([wall for wall, _ in results])
