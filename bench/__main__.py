@@ -21,6 +21,7 @@ from bench import (
     kubernetes,
     overhead,
     remote,
+    replication,
     report,
     scale,
     scaling,
@@ -42,6 +43,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "stack": stack.run,
     "kubernetes": kubernetes.run,
     "failover": failover.run,
+    "replication": replication.run,
 }
 
 
