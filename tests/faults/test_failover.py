@@ -112,7 +112,7 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
             output, _ = runner.communicate(timeout=100)
         except subprocess.TimeoutExpired:
             runner.kill()
-            pytest.fail(_unfinished(client, tmp_path / "logs" / "run.log", processes))
+            pytest.fail(_unfinished(client, tmp_path / "logs" / "run.log", processes, sentinel_set))
         faults.join(30)
         elapsed = time.monotonic() - started
         assert runner.returncode == 0, processes.logs()[-3000:]
@@ -171,9 +171,9 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
         processes.stop()
 
 
-def _unfinished(client: redis.Redis, run_log: Path, processes: Processes) -> str:
-    """Why the experiment did not end: its trials by status, the log of one that had not ended, what the
-    runner and the services said last."""
+def _unfinished(client: redis.Redis, run_log: Path, processes: Processes, sentinels: SentinelSet) -> str:
+    """Why the experiment did not end: its trials by status, the logs of those that had not ended (and of those
+    whose submission a worker could not find), what the sentinels decided, what the runner and services said."""
     experiment_id = str(client.zrange(keys.EXPERIMENTS, 0, -1)[0])
     trials = ViewStore(client, experiment_id).trials()
     waiting = [trial.id for trial in trials if not trial.status.is_terminal]
@@ -187,8 +187,21 @@ def _unfinished(client: redis.Redis, run_log: Path, processes: Processes) -> str
     return (
         f"the experiment did not end: {dict(counts)} ({len(trials)} trials in the views, {len(submitted)} submitted "
         f"in the log, {len(set(submitted))} different); not ended:\n{histories}\n"
+        f"the sentinels decided:\n{_decisions(sentinels)}\n"
         f"the runner said:\n{run_log.read_text()[-3000:]}\nthe services said:\n{processes.logs()[-3000:]}"
     )
+
+
+def _decisions(sentinels: SentinelSet) -> str:
+    """Each sentinel's failover events (down, promotion, switch) and each data node's role now."""
+    marks = ("+sdown master", "+odown", "+try-failover", "+selected-slave", "+promoted-slave", "+switch-master")
+    lines = []
+    for sentinel in sentinels.sentinels:
+        log = sentinel.directory / "redis.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        lines += [f"{sentinel.port}: {line}" for line in text.splitlines() if any(mark in line for mark in marks)]
+    roles = ", ".join(f"{node.port} {node.role()}" for node in sentinels.nodes)
+    return "\n".join([*lines[-40:], f"roles now: {roles}"])
 
 
 def _history(store: EventStore, trial_id: str) -> str:
