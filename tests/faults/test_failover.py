@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -42,6 +43,7 @@ METRICS = 5  # 4 intermediate and the final
 WORKERS = 4
 CONCURRENCY = 2  # trials per worker
 KILL_AFTER, PAUSE_AFTER = 50, 120  # ended trials before each fault
+DOWN_AFTER_MS = 2500
 # A short lease: a failover (2-3 s here, the renewals' back-off on top) outlasts the gap between two renewals, so
 # the reapers' hold after a change of master (core/reaper.py) is what keeps the attempts: none may be given up.
 ENV = {"TRIALSTREAM_TRIAL_LEASE_S": "5"}
@@ -63,11 +65,20 @@ echo "end $(date +%s%N)" >> "$record"
 """
 
 
-@pytest.mark.skip(
-    reason="issue 27 point 3, unfinished: about 1 run in 10 still does not end: a submission the runner was told was "
-    "recorded (WAIT) is not on the final master, so the runner requeues a trial with no submission every second, and "
-    "a few attempts are declared lost (docs/reliability.md, 'Redis failover')"
-)
+@pytest.fixture
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    """The set tests/support/sentinel.py makes, but down after DOWN_AFTER_MS: with 1 s, a sentinel on this loaded
+    2-core machine once took a just-promoted master for dead and failed it over again (an unplanned failover)."""
+    sentinels = SentinelSet(
+        tmp_path / "sentinel-set", down_after_ms=DOWN_AFTER_MS, failover_timeout_ms=2 * DOWN_AFTER_MS
+    )
+    try:
+        sentinels.start()
+        yield sentinels
+    finally:
+        sentinels.stop()
+
+
 @pytest.mark.timeout(120)
 def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: SentinelSet) -> None:
     records = tmp_path / "records"
@@ -112,8 +123,10 @@ def test_an_experiment_survives_two_failovers(tmp_path: Path, sentinel_set: Sent
             output, _ = runner.communicate(timeout=100)
         except subprocess.TimeoutExpired:
             runner.kill()
+            _unless_unplanned(sentinel_set)
             pytest.fail(_unfinished(client, tmp_path / "logs" / "run.log", processes, sentinel_set))
         faults.join(30)
+        _unless_unplanned(sentinel_set)
         elapsed = time.monotonic() - started
         assert runner.returncode == 0, processes.logs()[-3000:]
         assert len(failovers) == 2, "both faults happened before the experiment ended"
@@ -190,6 +203,29 @@ def _unfinished(client: redis.Redis, run_log: Path, processes: Processes, sentin
         f"the sentinels decided:\n{_decisions(sentinels)}\n"
         f"the runner said:\n{run_log.read_text()[-3000:]}\nthe services said:\n{processes.logs()[-3000:]}"
     )
+
+
+def _switches(sentinels: SentinelSet) -> list[str]:
+    """Every change of master the sentinels made, `old -> new`, each once (each sentinel logs each it learns)."""
+    switches: dict[str, None] = {}
+    for sentinel in sentinels.sentinels:
+        log = sentinel.directory / "redis.log"
+        for line in (log.read_text(errors="replace") if log.exists() else "").splitlines():
+            if "+switch-master" in line:
+                old_port, new_port = line.split()[-3], line.split()[-1]
+                switches[f"{old_port} -> {new_port}"] = None
+    return list(switches)
+
+
+def _unless_unplanned(sentinels: SentinelSet) -> None:
+    """A third change of master is the sentinels taking a live master for dead (load): writes a replica of the
+    deposed master confirmed meanwhile are lost by Sentinel's design (README, "What is not"), so the test's
+    guarantees do not hold for that run: it is skipped, saying so, rather than failed or passed."""
+    switches = _switches(sentinels)
+    if len(switches) > 2:
+        pytest.skip(
+            f"an unplanned failover: the sentinels changed master {len(switches)} times ({', '.join(switches)})"
+        )
 
 
 def _decisions(sentinels: SentinelSet) -> str:
