@@ -275,7 +275,9 @@ def test_an_outage_longer_than_the_client_retries_does_not_kill_a_trial(
     terminal = [str(status) for status in TrialJobStatus if status.is_terminal]
     trial = wait_for_status(service, trial_id, *terminal, timeout=30)
     assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
-    metrics = sorted((m.type, m.sequence, m.value) for m in ViewStore(client, service.experiment_id).metrics(trial_id))
+    views = ViewStore(client, service.experiment_id)  # the status came from the log's tail: the views may lag it
+    wait_until(lambda: views.position() == service.store.head(), 20, what="the projector to reach the head")
+    metrics = sorted((m.type, m.sequence, m.value) for m in views.metrics(trial_id))
     assert metrics == expected_metrics(count)
     assert worker.poll() is None
 
