@@ -162,7 +162,9 @@ def _attempt_report(view: TrialJobDetail, event: Event) -> TrialJobDetail:
             return view.model_copy(update={"worker": event.source})
         case TrialUnreachable(reason=None) if event.attempt == view.attempt and status is TrialJobStatus.UNKNOWN:
             return view.model_copy(update={"status": TrialJobStatus.RUNNING, "message": None})
-        case TrialUnreachable() if event.attempt == view.attempt and event.reason and status is TrialJobStatus.RUNNING:
+        case TrialUnreachable() if (
+            event.attempt == view.attempt and event.reason and can_transition(status, TrialJobStatus.UNKNOWN)
+        ):  # WAITING too: a launch whose answer was lost with the host may have started the trial there
             return view.model_copy(update={"status": TrialJobStatus.UNKNOWN, "message": event.reason})
         case TrialMetricReported(metric_type="FINAL") if event.attempt == view.attempt:
             record = metric_record(event)

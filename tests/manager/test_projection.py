@@ -26,6 +26,7 @@ from schemas.events import (
     TrialRequeued,
     TrialStarted,
     TrialSubmitted,
+    TrialUnreachable,
 )
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 from tests.conftest import form
@@ -159,6 +160,27 @@ def test_a_reattachment_moves_the_worker_of_the_current_attempt_only() -> None:
 
 
 # metrics
+
+
+def unreachable(reason: str | None, attempt: int = 1) -> TrialUnreachable:
+    return TrialUnreachable(experiment_id=EXP, trial_id=TRIAL, attempt=attempt, reason=reason)
+
+
+@pytest.mark.parametrize("before", [S.RUNNING, S.WAITING])  # WAITING: a launch whose answer was lost
+def test_an_unreachable_attempt_is_unknown_until_reached_again_or_started(before: TrialJobStatus) -> None:
+    view = fold([unreachable("host down")], in_status(before))
+    assert (view.status, view.message) == (S.UNKNOWN, "host down")
+    if before is S.WAITING:
+        view = fold([started()], view)  # launched again once reached: it ran, or runs now
+        assert (view.status, view.start_time) == (S.RUNNING, 200)
+    assert fold([unreachable(None)], view).status is S.RUNNING
+    assert apply_to_trial(in_status(before), unreachable("host down", attempt=2)) == in_status(before)
+
+
+@pytest.mark.parametrize("status", TERMINAL)
+def test_an_ended_trial_is_never_unknown(status: TrialJobStatus) -> None:
+    view = in_status(status)
+    assert apply_to_trial(view, unreachable("host down")) is view
 
 
 def test_a_final_metric_is_kept_once_however_often_delivered() -> None:

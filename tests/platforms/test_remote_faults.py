@@ -135,6 +135,47 @@ def test_a_worker_killed_during_the_launch_leaves_a_trial_whose_start_the_next_w
     assert periodical(service, trial_id) == [0, 1]
 
 
+@pytest.mark.parametrize("then", ["heal", "cancel"])
+def test_a_host_cut_off_before_the_launch_answers_makes_its_trial_unknown_not_waiting(
+    remote, remote_workers: RemoteWorkers, ssh_hosts: list[SshHost], tmp_path: Path, then: str
+) -> None:
+    """The launch's answer is lost with the connection, after the trial started: the attempt is followed as on
+    a host that went down (UNKNOWN), launched again once the host is back (which only reports the running
+    one), or, canceled meanwhile, killed there once the host is back."""
+    host = ssh_hosts[0]
+    if host.veth is None:
+        pytest.skip("partitions need the network-namespace hosts")
+    hold, reached = tmp_path / "hold", tmp_path / "reached"
+    host.add_command("ln", HOLDING_LN.replace("HOLD", str(hold)).replace("REACHED", str(reached)))
+    hold.touch()
+    service = remote(hosts=[host], unreachableTimeout="5m")
+    remote_workers.start(env={"TRIALSTREAM_SSH_TIMEOUT_S": "2"})
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    trial_id = service.submit_trial_job(form(0, before=[0], gate=str(gate), started=str(started), after=[1])).id
+    wait_until(reached.exists, 30, what="the launch to reach its `ln -sfn`, after the trial started")
+    pid = int((attempt_dir(host, service, trial_id) / "pid").read_text().split()[0])
+    _cut(host)
+    try:
+        hold.unlink()  # the launch ends on the host; its answer cannot reach the worker
+        wait_for_status(service, trial_id, "UNKNOWN", timeout=60)
+        if then == "cancel":
+            service.cancel_trial_job(trial_id)
+            wait_for_status(service, trial_id, "USER_CANCELED")
+            assert not process_gone(pid)  # the host could not be reached: it runs on there
+    finally:
+        _heal(host)
+    if then == "cancel":
+        wait_until(lambda: process_gone(pid), 30, what="the canceled trial to be killed once its host is back")
+        return
+    running = wait_for_status(service, trial_id, "RUNNING", timeout=60)
+    assert running.url and f"@{host.address}:{host.port}/" in running.url
+    gate.touch()
+    trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60)
+    assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
+    assert len([e for e in history(service, trial_id) if isinstance(e, TrialStarted)]) == 1
+    assert periodical(service, trial_id) == [0, 1]
+
+
 # --- A3: a full disk ------------------------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from core.platform import (
     Lost,
     OutputStream,
     OutputUnavailable,
+    StopRequest,
     TrialAssignment,
     TrialControl,
     TrialOutcome,
@@ -77,7 +78,7 @@ _LAUNCH = (
 set -e
 d="$HOME/$1"; code="$HOME/$2"; watch="$HOME/$3"; key="$4"; command="$5"; python_path="$6"
 shift 6
-if [ -e "$d/pid" ]; then recorded "$d" || :; echo "$p $d"; exit 0; fi
+if [ -e "$d/pid" ]; then recorded "$d" || :; mkdir -p "$watch"; ln -sfn "$d" "$watch/$key"; echo "$p $d"; exit 0; fi
 rm -rf "$d"
 mkdir -p "$d/.nni" "$d/code" "$watch"
 cp -R "$code/." "$d/code/"
@@ -227,8 +228,10 @@ class RemotePlatform:
                 self._ledger(placed).release(attempt_member(trial))
                 not_started[placed.label] = error
                 continue
-            except SshError as error:  # it may have started there: the next delivery goes to the same host
-                return Deferred(f"could not launch on {placed.label}: {error}")
+            except SshError as error:  # it may have started there: followed as such, and asked again (idempotent)
+                follower.relaunch = self._packages[trial.experiment_id]
+                if not placed.connection.connected:
+                    placed.mark_down(str(error))  # UNKNOWN, then lost, unless the host is back in time
             return self._followed(placed, follower)
 
     def reattach(
@@ -242,10 +245,11 @@ class RemotePlatform:
         follower.gpus = self._held_gpus(host, trial)
         try:
             state = follower.state()
-        except SshError as error:
+        except SshError as error:  # whether it started is not known: launched again (idempotent) once reached
+            follower.relaunch = self._packages[trial.experiment_id]
             if not host.connection.connected:
                 host.mark_down(str(error))  # unreachable now: followed as down (UNKNOWN, then lost)
-            state = "running"
+            return self._followed(host, follower)
         if state == "never started":
             self._ledger(host).release(attempt_member(trial))
             return None
@@ -481,6 +485,7 @@ class _AttemptFollower:
         self.absolute = self.directory  # made absolute by the launch or a state check (its host's $HOME)
         self.gpus: list[int] = []  # held on the host, known once launched
         self.unknown = False
+        self.relaunch: CodePackage | None = None  # the launch's answer was lost: whether it started is not known
         self.linked = False  # in this worker's watch directory, so its monitor reports it
         self.start_recorded = False
 
@@ -586,6 +591,13 @@ class _AttemptFollower:
     def _round(self) -> TrialOutcome | Lost | Abandoned | None:
         """One look at the trial while its host answers: its start, output, new forms, end or stop."""
         control = self.control
+        stop = control.stop_request()
+        if stop is not None and stop.lease_lost:  # another worker follows it now: leave it running
+            return Abandoned(stop.reason)
+        if self.relaunch is not None:
+            relaunched = self._relaunch(self.relaunch, stop)
+            if relaunched is not None:
+                return relaunched
         if not self.linked:
             self._link()
         if not self.start_recorded:
@@ -593,9 +605,6 @@ class _AttemptFollower:
         if self.unknown:
             control.unreachable(None)
             self.unknown = False
-        stop = control.stop_request()
-        if stop is not None and stop.lease_lost:  # another worker follows it now: leave it running
-            return Abandoned(stop.reason)
         files = self.host.files(self.key)
         self.output.pull(False, files.stdout, files.metrics)
         for form in control.new_forms():
@@ -611,6 +620,21 @@ class _AttemptFollower:
             self.kill()
             self.output.pull(True)
             return TrialOutcome(stop.status, message=stop.reason)
+        return None
+
+    def _relaunch(self, package: CodePackage, stop: StopRequest | None) -> TrialOutcome | None:
+        """The host answers again after a launch whose answer was lost: stopped, whatever may run is killed;
+        else the launch runs again, which starts the trial only if the first one did not."""
+        if stop is not None:
+            self.kill()
+            return TrialOutcome(stop.status, message=stop.reason)
+        try:
+            self.launch(package)
+        except NotStarted as error:
+            if not error.answered:
+                raise SshError(str(error), "disconnected") from error
+            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
+        self.relaunch = None
         return None
 
     def _while_down(self, down_s: float) -> TrialOutcome | Lost | Abandoned | None:
