@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.code_archive import MAX_ARCHIVE_BYTES
 from core.event_store import InvalidExperimentId
 from core.registry import UnknownPlatform
-from manager.api import native, nni, observability, webui
+from manager.api import native, nni, observability, timeline, webui
 from manager.api.listings import ListingCache
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
@@ -80,6 +80,7 @@ def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     api.include_router(native.router)
     api.include_router(observability.router(host))
     api.include_router(nni.trial_output_router)
+    api.include_router(timeline.router)
     api.include_router(nni.router, prefix="/api/v1/nni")
     api.include_router(nni.router, prefix="/nni/{experiment_id}/api/v1/nni")
     api.include_router(webui.router, prefix="/nni/{experiment_id}")

@@ -25,6 +25,7 @@ AREAS = {  # command -> the module (of this package) that registers and runs it
     "replay": "event_log",
     "export": "event_log",
     "import": "event_log",
+    "timeline": "timeline",
     "experiments": "experiments",
     "worker": "services",
     "projector": "services",

@@ -146,7 +146,7 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
 
 def _import(args: argparse.Namespace, settings: Settings) -> int:
     redis_required(settings)
-    log = _read_log_file(args.file)
+    log = read_log_path(args.file)
     if args.experiment_id:
         log = renamed(log, args.experiment_id)
     if settings.redis_url is not None:
@@ -157,7 +157,7 @@ def _import(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _read_log_file(path: str) -> LogFile:
+def read_log_path(path: str) -> LogFile:
     try:
         if path == "-":
             return read_log_file(sys.stdin)

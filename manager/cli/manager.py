@@ -114,6 +114,7 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     host.start()
     log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
+    log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, args.port, f"/{prefix}" if prefix else "")
     try:
         server.run()  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
     except KeyboardInterrupt:
