@@ -25,7 +25,9 @@ from manager.training_service import TrainingService
 from schemas.events import TrialEnded, TrialReattached, TrialStarted, TrialUnreachable
 from schemas.trial import TrialJobStatus
 from simulators.sshd import SshHost, SshUser
-from tests.conftest import form, wait_for_status, wait_until
+from tests.api.test_timeline_page import drawn, ready
+from tests.conftest import Processes, form, wait_for_status, wait_until
+from tests.support.browser import Browser, browser  # noqa: F401  (the fixture)
 from tests.support.conformance import history
 from tests.support.remote_setup import RemoteWorkers
 
@@ -111,27 +113,47 @@ def _heal(host: SshHost) -> None:
 
 
 def test_a_partitioned_host_makes_its_trial_unknown_and_the_trial_goes_on_when_it_is_back(
-    remote, remote_workers: RemoteWorkers, ssh_hosts: list[SshHost], tmp_path: Path
+    remote,
+    remote_workers: RemoteWorkers,
+    ssh_hosts: list[SshHost],
+    tmp_path: Path,
+    processes: Processes,
+    browser: Browser,  # noqa: F811
 ) -> None:
-    if ssh_hosts[0].veth is None:
+    """Watched on the experiment's timeline page as it happens (issue 28): the UNKNOWN period drawn live."""
+    host = ssh_hosts[0]
+    if host.veth is None:
         pytest.skip("partitions need the network-namespace hosts")
-    service = remote(hosts=ssh_hosts[:1], unreachableTimeout="5m")
+    service = remote(hosts=[host], unreachableTimeout="5m")
     remote_workers.start()
     gate, started = tmp_path / "gate", tmp_path / "started"
     trial_id = service.submit_trial_job(form(0, before=[0], gate=str(gate), started=str(started), after=[1])).id
     wait_until(lambda: periodical(service, trial_id) == [0], 30, what="metric 0")
-    _cut(ssh_hosts[0])
+    driver = browser.driver
+    driver.get(f"{processes.manager()}/timeline/{service.experiment_id}")
+    ready(driver)
+    key = f"{trial_id}/1"
+    assert drawn(driver)[key]["outcome"] == "RUNNING"
+    assert [f"{host.address}:{host.port}" in lane for lane in drawn(driver)[key]["lanes"]] == [True]
+    _cut(host)
     try:
         unknown = wait_for_status(service, trial_id, "UNKNOWN", timeout=60)
         assert "unreachable" in (unknown.message or "")
+        wait_until(lambda: drawn(driver)[key]["outcome"] == "UNKNOWN", 30, what="the page to follow the log")
+        browser.screenshot("host-cut-off")
         gate.touch()  # the trial finishes while its host cannot be reached
     finally:
-        _heal(ssh_hosts[0])
+        _heal(host)
     trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=60)
     assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
     assert periodical(service, trial_id) == [0, 1]
     reasons = [e.reason for e in history(service, trial_id) if isinstance(e, TrialUnreachable)]
     assert reasons[0] and reasons[-1] is None  # UNKNOWN, then reachable again
+    wait_until(lambda: drawn(driver)[key]["outcome"] == "SUCCEEDED", 30, what="the page to show the end")
+    [(cut_at, back_at)] = drawn(driver)[key]["unknown"]
+    assert cut_at is not None and back_at is not None and cut_at < back_at
+    browser.screenshot("host-back")
+    assert browser.uncaught_errors() == []
 
 
 @pytest.mark.parametrize("retries", [0, 1])
