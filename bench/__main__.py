@@ -26,6 +26,7 @@ from bench import (
     scale,
     scaling,
     stack,
+    timeline,
     tuners,
     versus_nni,
 )
@@ -44,6 +45,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "kubernetes": kubernetes.run,
     "failover": failover.run,
     "replication": replication.run,
+    "timeline": timeline.run,
 }
 
 

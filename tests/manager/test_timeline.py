@@ -26,8 +26,8 @@ from schemas.events import (
     TrialUnreachable,
 )
 from schemas.trial import TrialJobStatus, metric_score
-from simulators.experiment_log import START_MS, synthetic_log
 from tests.manager.test_projection import submitted
+from tests.support.experiment_log import START_MS, synthetic_log
 
 S = TrialJobStatus
 EXP, TRIAL = "exp1", "t1"  # as tests.manager.test_projection builds its events

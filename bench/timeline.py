@@ -1,0 +1,127 @@
+"""The experiment timeline (issue 28) at scale: a 10,000-trial log of 100 metrics each (a synthetic log,
+tests/support/experiment_log.py: 1,040,000 entries) served by a real `trialstream manager` and loaded in headless
+Chromium, beside reading the same log out of Redis (the baseline: what any view of it must at least do).
+
+- cold: the manager's first answer for the experiment (it reads and folds the whole log; later answers only
+  fold what was appended since);
+- page: from navigation to `window.timeline.ready` (the window drawn as clusters, the views loaded), the fold
+  warm: what a person opening the page waits for;
+- zoom: a window of 5 minutes (a few hundred attempts drawn one by one), asked by the page's own code path;
+- the file `trialstream timeline -o` writes (with the log inside) and its load from disk to ready.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.harness import BenchStack, Figure, Section, free_port, median_of, repeat, wait_until
+from core.event_store import EventStore
+from manager.transfer import LogFile, import_log
+from tests.support.experiment_log import synthetic_log
+
+TRIALS, METRICS = 10_000, 100
+EXPERIMENT = "timeline10k"
+LOAD_TARGET_S = 3.0
+
+
+def _chromium() -> object:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1000"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def _load_s(driver: object, url: str) -> float:
+    """Navigation to `window.timeline.ready`, in seconds."""
+    started = time.perf_counter()
+    driver.get(url)  # type: ignore[attr-defined]
+    wait_until(
+        lambda: driver.execute_script("return !!(window.timeline && window.timeline.ready)"),  # type: ignore[attr-defined]
+        120,
+        "the timeline to be ready",
+        interval=0.02,
+    )
+    return time.perf_counter() - started
+
+
+def run(root: Path, runs: int) -> Section:
+    section = Section("The experiment timeline", "python -m bench --only timeline")
+    with BenchStack(root / "timeline", workers=0, projector=False) as stack:
+        started = time.perf_counter()
+        entries = list(synthetic_log(EXPERIMENT, TRIALS, METRICS))
+        import_log(stack.client, LogFile(EXPERIMENT, entries, {}))
+        print(f"    wrote {len(entries):,} entries in {time.perf_counter() - started:.0f}s", flush=True)
+        del entries
+
+        def read_all(_: int) -> float:
+            store, began, count, after = EventStore(stack.client, EXPERIMENT), time.perf_counter(), 0, "-"
+            while batch := store.raw_range(after, "+", 10_000):
+                count, after = count + len(batch), f"({batch[-1].id}"
+            return time.perf_counter() - began
+
+        baseline = median_of(repeat(runs, read_all))
+        port = free_port()
+        assert stack.services is not None
+        stack.services.start("manager", "--port", str(port), log_name="manager")
+        url = f"http://127.0.0.1:{port}"
+        api = f"{url}/api/v1/experiments/{EXPERIMENT}"
+        with httpx.Client(timeout=600) as client:
+            wait_until(lambda: _answers(client, f"{url}/api/v1/health"), 60, "the manager")
+            began = time.perf_counter()
+            whole = client.get(f"{api}/timeline", params={"px": 1400}).json()
+            cold = time.perf_counter() - began
+            views_bytes = len(client.get(f"{api}/timeline/views").content)
+            zoom_from = whole["start"] + (whole["end"] - whole["start"]) // 2
+            began = time.perf_counter()
+            zoomed = client.get(f"{api}/timeline", params={"from": zoom_from, "to": zoom_from + 300_000}).json()
+            zoom_ms = (time.perf_counter() - began) * 1000
+        driver = _chromium()
+        try:
+            page = median_of(repeat(runs, lambda _: _load_s(driver, f"{url}/timeline/{EXPERIMENT}")))
+            html = root / "timeline" / "timeline10k.html"
+            began = time.perf_counter()
+            _write_file(stack.url, html)
+            written = time.perf_counter() - began
+            from_disk = median_of(repeat(runs, lambda _: _load_s(driver, html.as_uri())))
+        finally:
+            driver.quit()  # type: ignore[attr-defined]
+    section.add(
+        Figure("read the whole log out of Redis (baseline)", baseline, "s"),
+        Figure("the manager's first answer (read + fold the log)", cold, "s"),
+        Figure("page load to drawn, served (fold warm)", page, "s", f"<= {LOAD_TARGET_S}"),
+        Figure("a 5-minute window's answer", zoom_ms, "ms"),
+        Figure("`trialstream timeline -o` (the file, log inside)", written, "s"),
+        Figure("the file opened from disk to drawn", from_disk, "s", f"<= {LOAD_TARGET_S}"),
+    )
+    section.notes.append(
+        f"{TRIALS:,} trials of {METRICS} intermediate metrics and a final one, 8 local workers' lanes, every 50th "
+        f"trial's first attempt lost and retried: {len(whole['clusters'])} clusters drawn for the whole span, "
+        f"{len(zoomed['attempts'])} attempts in the 5-minute window; the views answer is {views_bytes / 1e6:.1f} MB; "
+        f"the file is {html.stat().st_size / 1e6:.0f} MB. Headless Chromium, 1600x1000."
+    )
+    return section
+
+
+def _answers(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _write_file(redis_url: str, html: Path) -> None:
+    """As a user would: `trialstream timeline EXP -o FILE`, against the stack's Redis."""
+    subprocess.run(
+        [sys.executable, "-m", "manager.cli", "--redis", redis_url, "timeline", EXPERIMENT, "-o", str(html)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
