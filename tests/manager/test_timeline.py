@@ -3,7 +3,11 @@ the trial table at any point, which must be what `replay --until` shows there (c
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +17,7 @@ import redis
 from core.event_store import EventStore, encode_event
 from manager.replay import replayed
 from manager.timeline import MAX_ATTEMPTS, Timeline, attempt_detail
+from manager.timeline_page import file_data, file_page, served_page
 from manager.transfer import LogFile, import_log
 from manager.views import ViewStore
 from schemas.events import (
@@ -191,3 +196,36 @@ def test_the_table_at_any_point_is_what_replay_until_shows_there(client: redis.R
             trials = ViewStore(client, "replayed", replay.namespace).trials()
         expected = {trial.id: (str(trial.status), trial.attempt, metric_score(trial.final_metric)) for trial in trials}
         assert _table_at(views, _position(point)) == expected, point
+
+
+MARKUP = "</script><img src=x onerror=alert(1)><!-- \u2028"
+
+
+def test_trial_text_in_the_offline_file_stays_data_and_only_its_own_scripts_may_run() -> None:
+    events = [*HISTORY[:2], trial_event(TrialEnded, attempt=1, status=S.FAILED, message=MARKUP)]
+    log = entries(events)
+    page = file_page({"mode": "file", "experimentId": EXP}, file_data(EXP, log, "log " + MARKUP, {}))
+    assert MARKUP not in page
+    found = re.search(r'<script id="timeline-data" type="application/json">(.*?)</script>', page, re.S)
+    assert found is not None and "<" not in found.group(1)  # nothing in the data can end its element
+    data = json.loads(found.group(1))
+    assert data["timeline"]["attempts"][0]["message"] == MARKUP
+    assert gzip.decompress(base64.b64decode(data["log"])).decode() == "log " + MARKUP
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)
+    assert csp is not None and "connect-src 'none'" in csp.group(1)
+    inline = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(inline) == 2  # echarts and the page's own code, nothing else runs
+    for script in inline:
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in csp.group(1)
+
+
+def test_the_served_page_loads_its_scripts_from_the_manager_alone() -> None:
+    page = served_page(
+        {"mode": "server", "experimentId": EXP, "api": "/api/v1/experiments/" + EXP}, "/p/timeline/assets/"
+    )
+    assert re.findall(r'<script src="([^"]+)"', page) == [
+        "/p/timeline/assets/echarts.min.js",
+        "/p/timeline/assets/timeline.js",
+    ]
+    assert "<script>" not in page
