@@ -21,6 +21,7 @@ from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
 
 from core.event_store import StoredEvent
 from core.variables import REDIS_URL_ENV
@@ -170,6 +171,12 @@ def test_a_lost_attempt_and_its_retry_in_their_workers_lanes_before_and_after_th
     )
     wait_until(lambda: rows(driver) == {}, 10, what="an empty table before the submission")
     browser.screenshot("cursor-before-submission")
+
+    # played forward from there, the trial appears as the cursor passes its submission
+    Select(driver.find_element(By.ID, "speed")).select_by_visible_text("10x")
+    driver.find_element(By.ID, "play").click()
+    wait_until(lambda: trial_id in rows(driver), 30, what="the trial to appear as the cursor plays")
+    driver.find_element(By.ID, "play").click()
 
     click_attempt(driver, f"{trial_id}/1")
     kinds = [li.get_attribute("data-type") for li in driver.find_elements(By.CSS_SELECTOR, "#detail-history li")]
