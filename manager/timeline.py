@@ -221,6 +221,8 @@ class Timeline:
         if self.experiment is not None and self.experiment.status != before:
             self.experiment_changes.append([entry_id, self.experiment.status])
         text = _marker_text(event)
+        if isinstance(event, ExperimentResumed) and before == "RUNNING":
+            text = "taken over: its runner had stopped without ending it (crashed, or lost its claim)"
         if text is not None:
             self.markers.append({"id": entry_id, "time": at, "kind": event.type, "text": text})
 

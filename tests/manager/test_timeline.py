@@ -22,6 +22,9 @@ from manager.transfer import LogFile, import_log
 from manager.views import ViewStore
 from schemas.events import (
     Event,
+    ExperimentCreated,
+    ExperimentFinished,
+    ExperimentResumed,
     TrialAttemptLost,
     TrialCancelRequested,
     TrialEnded,
@@ -229,3 +232,21 @@ def test_the_served_page_loads_its_scripts_from_the_manager_alone() -> None:
         "/p/timeline/assets/timeline.js",
     ]
     assert "<script>" not in page
+
+
+def test_a_resume_of_an_experiment_its_runner_never_ended_is_marked_as_a_takeover() -> None:
+    created = ExperimentCreated(experiment_id=EXP, config={}, working_directory="/w")
+    events: list[Event] = [
+        created,
+        ExperimentResumed(experiment_id=EXP),  # RUNNING: the runner before it crashed or lost its claim
+        ExperimentFinished(experiment_id=EXP, status="STOPPED"),
+        ExperimentResumed(experiment_id=EXP),  # a stopped experiment taken up again
+    ]
+    timeline = Timeline(EXP)
+    timeline.feed(entries(events))
+    assert [(m["kind"], m["text"]) for m in timeline.window()["markers"]] == [
+        ("ExperimentCreated", "created"),
+        ("ExperimentResumed", "taken over: its runner had stopped without ending it (crashed, or lost its claim)"),
+        ("ExperimentFinished", "STOPPED"),
+        ("ExperimentResumed", "resumed"),
+    ]
