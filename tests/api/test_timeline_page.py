@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+import httpx
 import redis
 from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
@@ -27,6 +27,7 @@ from core.event_store import StoredEvent
 from core.variables import REDIS_URL_ENV
 from manager.replay import replayed
 from manager.training_service import TrainingService
+from manager.transfer import export_log
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost, TrialStarted
 from simulators.waiting import wait_until
@@ -193,7 +194,7 @@ def test_a_lost_attempt_and_its_retry_in_their_workers_lanes_before_and_after_th
     subprocess.run([*cli, "timeline", service.experiment_id, "-o", str(html)], env=env, cwd=REPO, check=True)
     log = tmp_path / "exported.jsonl"
     with log.open("w") as out:
-        subprocess.run([*cli, "export", service.experiment_id], env=env, cwd=REPO, check=True, stdout=out)
+        export_log(client, service.experiment_id, out)  # what `trialstream export` writes
     offline = tmp_path / "from-log.html"
     no_redis = {k: v for k, v in os.environ.items() if k != REDIS_URL_ENV}
     subprocess.run([*cli, "timeline", "--log", str(log), "-o", str(offline)], env=no_redis, cwd=REPO, check=True)
@@ -214,44 +215,38 @@ def test_a_lost_attempt_and_its_retry_in_their_workers_lanes_before_and_after_th
     assert browser.uncaught_errors() == []
 
 
-def test_the_timeline_api_says_what_is_missing_and_refuses_a_backward_window(
-    make_service: ServiceFactory, processes: Processes
+def test_the_timeline_under_a_url_prefix_behind_a_token_says_what_is_missing(
+    make_service: ServiceFactory, processes: Processes, tmp_path: Path
 ) -> None:
+    """The page and its data under `--url-prefix` and a token, as NNI's web UI is; unknown experiments,
+    trials and attempts are a clear 404, a window ending before it starts a 422, and only the page's own
+    files are served as its assets."""
     service = make_service("true")
-    url = processes.manager()
-    api = f"{url}/api/v1/experiments"
-    assert web.get(f"{api}/nope/timeline").status_code == 404
-    assert web.get(f"{api}/{service.experiment_id}/timeline/attempts/t1/1").status_code == 404
-    assert web.get(f"{api}/{service.experiment_id}/timeline", params={"from": 10, "to": 5}).status_code == 422
-    page = web.get(f"{url}/timeline/{service.experiment_id}")
-    assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
-    assert web.get(f"{url}/timeline/nope").status_code == 404
-    index = web.get(f"{url}/timeline/")
-    assert f'href="/timeline/{service.experiment_id}"' in index.text
-    assert web.get(f"{url}/timeline/assets/echarts.min.js").status_code == 200
-    assert web.get(f"{url}/timeline/assets/nope.js").status_code == 404
-    assert "[project]" not in web.get(f"{url}/timeline/assets/..%2Fpyproject.toml").text  # only its own files
-
-
-@pytest.mark.parametrize("prefix", ["some/prefix"])
-def test_the_timeline_under_a_url_prefix_behind_a_token(
-    make_service: ServiceFactory, processes: Processes, tmp_path: Path, prefix: str
-) -> None:
-    service = make_service("true")
+    experiment = service.experiment_id
     token = secrets.token_urlsafe(24)
     (tmp_path / "token").write_text(token)
-    url = processes.manager("--url-prefix", prefix, "--token-file", str(tmp_path / "token"))
-    page = f"{url}/{prefix}/timeline/{service.experiment_id}"
-    assert web.get(page).status_code == 401
-    answered = web.get(page, headers={"authorization": f"Bearer {token}"})
-    assert answered.status_code == 200
-    found = re.search(r'id="timeline-config" type="application/json">(.*?)</script>', answered.text, re.S)
+    url = processes.manager("--url-prefix", "some/prefix", "--token-file", str(tmp_path / "token"))
+    base = f"{url}/some/prefix"
+    bearer = {"authorization": f"Bearer {token}"}
+
+    def get(path: str, **params: Any) -> httpx.Response:
+        return web.get(f"{base}{path}", headers=bearer, params=params)
+
+    assert web.get(f"{base}/timeline/{experiment}").status_code == 401
+    assert web.get(f"{base}/api/v1/experiments/{experiment}/timeline").status_code == 401
+    page = get(f"/timeline/{experiment}")
+    assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
+    found = re.search(r'id="timeline-config" type="application/json">(.*?)</script>', page.text, re.S)
     assert found is not None
-    config = json.loads(found.group(1))
-    assert config["api"] == f"/{prefix}/api/v1/experiments/{service.experiment_id}"
-    assert f"/{prefix}/timeline/assets/timeline.js" in answered.text
-    window = web.get(
-        f"{url}/{prefix}/api/v1/experiments/{service.experiment_id}/timeline",
-        headers={"authorization": f"Bearer {token}"},
-    )
-    assert window.status_code == 200 and window.json()["experimentId"] == service.experiment_id
+    assert json.loads(found.group(1))["api"] == f"/some/prefix/api/v1/experiments/{experiment}"
+    assert "/some/prefix/timeline/assets/timeline.js" in page.text
+    assert get("/timeline/assets/echarts.min.js").status_code == 200
+    assert get("/timeline/assets/nope.js").status_code == 404
+    assert "[project]" not in get("/timeline/assets/..%2Fpyproject.toml").text  # only its own files
+    assert f'href="/some/prefix/timeline/{experiment}"' in get("/timeline/").text
+    assert get(f"/api/v1/experiments/{experiment}/timeline").json()["experimentId"] == experiment
+    assert get("/timeline/nope").status_code == 404
+    assert get("/api/v1/experiments/nope/timeline").status_code == 404
+    missing = get(f"/api/v1/experiments/{experiment}/timeline/attempts/t1/1")
+    assert missing.status_code == 404 and "no trial 't1'" in missing.text
+    assert get(f"/api/v1/experiments/{experiment}/timeline", **{"from": 10, "to": 5}).status_code == 422
