@@ -25,6 +25,7 @@ from manager.algorithms import AlgorithmError, optimize_mode_of, resolve
 from manager.config import experiment_spec
 from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
+from manager.projector import Projector
 from manager.replay import describe
 from manager.search_space import SearchSpaceError, validate_search_space
 from manager.views import TrialOrder
@@ -202,11 +203,12 @@ def remove_experiment(experiment_id: Experiment, host: Host) -> dict[str, int]:
 
 
 def _caught_up(host: ManagerHost, experiment_id: str) -> None:
-    """Wait (bounded) until the projected views include every event logged before this request.
+    """Make the projected views include every event logged before this request.
 
     Pages and counts come from the projected indexes, while an experiment's status folds the log's
     tail: without this, an experiment read as DONE could list trials still RUNNING, or none at all.
-    With no projector alive it answers at once with what is projected."""
+    The projector gets CATCH_UP_S to get there; one that is not alive, or still slow (reconnecting after
+    a Redis restart), is helped: the request projects up to there itself, as concurrent projectors may."""
     service = host.service(experiment_id)
     target = service.store.last_id()
     if target is None:
@@ -217,6 +219,7 @@ def _caught_up(host: ManagerHost, experiment_id: str) -> None:
         if position is not None and stream_position(str(position)) >= stream_position(target):
             return
         if time.monotonic() >= give_up or not host.client.exists(keys.PROJECTOR_HEARTBEAT):
+            Projector(host.client).catch_up(experiment_id, until=target)
             return
         time.sleep(0.01)
 

@@ -6,9 +6,14 @@ import json
 
 import redis
 from fastapi.responses import StreamingResponse
+from fastapi.testclient import TestClient
 
+from core import keys
+from core.settings import Settings
 from manager.api import listings
+from manager.api.app import ApiOptions, build_api
 from manager.api.listings import ListingCache
+from manager.host import ManagerHost
 from manager.projector import Projector
 from tests.conftest import ServiceFactory, form
 
@@ -56,3 +61,15 @@ def test_a_large_experiment_is_streamed_and_kept_answers_stay_within_their_bytes
     for key in ("one", "two", "three"):
         small.answer(service.views, ("e", key, ""), lambda: ['"xyz"'], None)  # 7 bytes each: one fits
     assert small._bytes <= 10 and len(small._answers) == 1
+
+
+def test_a_listing_projects_what_no_projector_has_yet(make_service: ServiceFactory, client: redis.Redis) -> None:
+    """The manager's own API, in process, with no projector at all (after a Redis restart the projector's
+    heartbeat may be gone, or it may still be reconnecting): what was logged before the request is listed,
+    projected by the request itself, never an ended experiment with trials missing or still RUNNING."""
+    service = make_service("true")
+    submitted = [service.submit_trial_job(form(index)).id for index in range(3)]
+    assert not client.exists(keys.PROJECTOR_HEARTBEAT)
+    api = TestClient(build_api(ManagerHost(client, Settings(), project=False), ApiOptions()))
+    page = api.get(f"/api/v1/experiments/{service.experiment_id}/trials").json()
+    assert [trial["id"] for trial in page["items"]] == submitted and page["total"] == 3
