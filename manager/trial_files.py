@@ -8,7 +8,7 @@ outside it (`..`, an absolute path, a symlink out) is refused. The bytes are the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from schemas.trial import TrialJobDetail
 
 # NNI's names for a trial's output. `trial.log` is first the file of that name in the trial's directory (what NNI
 # serves: `nni`'s log and what the trial printed, on local), else its stdout.
+OUTPUT_TAIL = 64 * 1024  # the end of an attempt's stdout the timeline keeps
 OUTPUT_STREAMS: dict[str, OutputStream] = {"trial.log": "stdout", "stdout": "stdout", "stderr": "stderr"}
 FILE_CHUNK_BYTES = 64 * 1024
 
@@ -65,6 +66,17 @@ def _read_all(
     while chunk := read_output(assignment, url, stream, offset):
         offset += len(chunk)
         yield chunk
+
+
+def output_tail(chunks: Iterable[bytes], limit: int = OUTPUT_TAIL) -> dict[str, Any]:
+    """The last `limit` bytes of `chunks` as text, and whether more came before them: what the timeline
+    shows of an attempt's output (its page and its file)."""
+    tail, truncated = b"", False
+    for chunk in chunks:
+        tail += chunk
+        if len(tail) > limit:
+            tail, truncated = tail[-limit:], True
+    return {"text": tail.decode(errors="replace"), "truncated": truncated}
 
 
 def trial_file(trial: TrialJobDetail, name: str) -> Path:

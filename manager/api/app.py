@@ -124,6 +124,7 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     api.state.host = host
     api.state.options = options
     api.state.listings = ListingCache()
+    api.state.timelines = timeline.Timelines()
     for error_type, status in _ERRORS.items():
         api.add_exception_handler(error_type, _handler(status))
     api.add_exception_handler(RequestValidationError, _invalid_request)

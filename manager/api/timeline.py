@@ -27,12 +27,11 @@ from manager.api.native import Experiment, Host
 from manager.host import ManagerHost
 from manager.timeline import Timeline, attempt_detail
 from manager.timeline_page import ASSETS, SERVED_CSP, served_page
-from manager.trial_files import output_chunks, started_attempt
+from manager.trial_files import output_chunks, output_tail, started_attempt
 
 router = APIRouter(tags=["timeline"])
 FOLDS_KEPT = 8  # experiments whose fold stays in memory (the least recently asked for goes first)
 READ_BATCH = 10_000
-OUTPUT_TAIL = 64 * 1024  # the end of a trial's stdout the detail panel shows
 _PAGE_HEADERS = {
     "content-security-policy": SERVED_CSP,
     "x-content-type-options": "nosniff",
@@ -64,13 +63,7 @@ class Timelines:
                     return timeline
 
 
-_TIMELINES_LOCK = threading.Lock()
-
-
 def timelines(request: Request) -> Timelines:
-    with _TIMELINES_LOCK:
-        if not hasattr(request.app.state, "timelines"):
-            request.app.state.timelines = Timelines()
     found: Timelines = request.app.state.timelines
     return found
 
@@ -132,16 +125,10 @@ def _output(host: ManagerHost, experiment_id: str, trial_id: str, attempt: int) 
     trial = host.service(experiment_id).get_trial_job(trial_id)
     if started_attempt(trial) != attempt:
         return {"error": f"only the output of the trial's latest started attempt ({started_attempt(trial)}) is kept"}
-    tail = b""
-    truncated = False
     try:
-        for chunk in output_chunks(host.settings, host.client, trial, "stdout"):
-            tail += chunk
-            if len(tail) > OUTPUT_TAIL:
-                tail, truncated = tail[-OUTPUT_TAIL:], True
+        return output_tail(output_chunks(host.settings, host.client, trial, "stdout"))
     except OutputUnavailable as error:
         return {"error": str(error)}
-    return {"text": tail.decode(errors="replace"), "truncated": truncated}
 
 
 # the pages

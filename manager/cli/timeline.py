@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,8 @@ from manager.cli.access import RedisExperiment, opened_experiment, redis_require
 from manager.cli.event_log import read_log_path
 from manager.timeline_page import file_data, file_page
 from manager.transfer import LogFile, export_log, read_log_file
+from manager.trial_files import output_tail
 from schemas.trial import TrialJobDetail
-
-OUTPUT_TAIL = 64 * 1024  # the end of each attempt's stdout the file keeps
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,16 +63,16 @@ def _outputs(experiment: RedisExperiment) -> dict[str, dict[str, Any]]:
 
 
 def _tail(experiment: RedisExperiment, trial: TrialJobDetail, attempt: int) -> dict[str, Any]:
-    tail, offset, truncated = b"", 0, False
-    try:
+    def chunks() -> Iterator[bytes]:
+        offset = 0
         while chunk := experiment.output(trial, attempt, "stdout", offset):
             offset += len(chunk)
-            tail += chunk
-            if len(tail) > OUTPUT_TAIL:
-                tail, truncated = tail[-OUTPUT_TAIL:], True
+            yield chunk
+
+    try:
+        return output_tail(chunks())
     except Exception as error:  # a host away, a pod gone: that attempt's output is missing, the file is still written
         return {"error": str(error) or type(error).__name__}
-    return {"text": tail.decode(errors="replace"), "truncated": truncated}
 
 
 def _write(path: str, log: LogFile, data: dict[str, Any]) -> None:
