@@ -131,8 +131,23 @@ class ViewKeys:
         return f"{self._base}:counts"
 
     @property
+    def timeline(self) -> str:
+        """Hash: the timeline's fold (manager.timeline) but its trials and markers; `head` is the position."""
+        return f"{self._base}:timeline"
+
+    @property
+    def timeline_trials(self) -> str:
+        """Hash: trial id -> its attempts on the timeline and its view changes, JSON."""
+        return f"{self._base}:timeline:trials"
+
+    @property
+    def timeline_markers(self) -> str:
+        """List of the timeline's experiment markers, JSON, in log order."""
+        return f"{self._base}:timeline:markers"
+
+    @property
     def fixed(self) -> frozenset[str]:
-        """The views' keys but the per-trial metric lists."""
+        """The views' keys but the per-trial ones."""
         return frozenset(
             {
                 self.position,
@@ -143,12 +158,23 @@ class ViewKeys:
                 self.order,
                 self.ranking,
                 self.counts,
+                self.timeline,
+                self.timeline_trials,
+                self.timeline_markers,
             }
         )
+
+    def per_trial(self, trial_id: str) -> tuple[str, str]:
+        """The keys one trial's views may have."""
+        return self.metrics(trial_id), self.timeline_entries(trial_id)
 
     def metrics(self, trial_id: str) -> str:
         """List of MetricRecord JSON of one trial, in log order."""
         return f"{self._base}:metrics:{trial_id}"
+
+    def timeline_entries(self, trial_id: str) -> str:
+        """String: the ids of one trial's entries, 16 bytes each (manager.timeline), appended in log order."""
+        return f"{self._base}:timeline:entries:{trial_id}"
 
     @property
     def pattern(self) -> str:

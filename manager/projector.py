@@ -27,6 +27,7 @@ from core.connections import same_server
 from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, stream_position
 from core.keys import ViewKeys
 from manager.projection import apply_to_experiment, apply_to_trial, metric_record_json
+from manager.timeline_views import TimelineBatch
 from manager.views import ViewStore
 from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus, metric_score
@@ -62,8 +63,8 @@ def _position(client: redis.Redis | redis.client.Pipeline, view_keys: ViewKeys) 
 
 
 def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
-    """The keys the views may have: one of each kind, and a metric list per trial."""
-    return set(view_keys.fixed) | {view_keys.metrics(trial_id) for trial_id in trial_ids}
+    """The keys the views may have: one of each kind, and a metric list and timeline entries per trial."""
+    return set(view_keys.fixed) | {name for trial_id in trial_ids for name in view_keys.per_trial(trial_id)}
 
 
 def _rank_score(trial: TrialJobDetail) -> float | None:
@@ -276,11 +277,14 @@ class Projector:
                     # Read on the watched connection, as the views are: across a failover, a batch is folded
                     # and written on one server, never folded from an old master's log into the new one's views.
                     store = EventStore(pipe, experiment_id)
-                    entries = store.read(after=position, until=until, count=self.batch_size)
-                    if not entries:
+                    raw = store.raw_range(f"({position}", until, self.batch_size)
+                    if not raw:
                         pipe.unwatch()
                         return position, 0
-                    self._write_batch(pipe, view_keys, entries)
+                    entries = [entry.decode() for entry in raw]
+                    timeline = TimelineBatch.read(pipe, view_keys, position, raw)
+                    timeline.fold(raw, entries)
+                    self._write_batch(pipe, view_keys, entries, timeline)
                     pipe.execute()
                     return entries[-1].id, len(entries)
                 except redis.WatchError as error:
@@ -299,8 +303,11 @@ class Projector:
             self._raw_client = same_server(self.client, decode=False)
         return self._raw_client
 
-    def _write_batch(self, pipe: redis.client.Pipeline, view_keys: ViewKeys, entries: list[LogEntry]) -> None:
-        """Fold `entries` in memory, then queue every write and the new position in one MULTI.
+    def _write_batch(
+        self, pipe: redis.client.Pipeline, view_keys: ViewKeys, entries: list[LogEntry], timeline: TimelineBatch
+    ) -> None:
+        """Fold `entries` in memory, then queue every write (the timeline's, folded too) and the new position in
+        one MULTI.
 
         An event whose fold raises changes nothing (nor do its metrics): it is recorded as
         unreadable with the error, like an entry that does not decode.
@@ -360,6 +367,7 @@ class Projector:
             self._write_metrics(pipe, view_keys, new_metrics)
         if unreadable:
             self._write_unreadable(pipe, view_keys, unreadable)
+        timeline.queue(pipe)
         pipe.hset(view_keys.position, "position", entries[-1].id)
         pipe.hincrby(view_keys.position, "applied", len(entries))
 

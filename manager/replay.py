@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from redis.client import Pipeline
 
 from core import keys
+from core.connections import same_server
 from core.event_store import (
     STREAM_ID,
     EventStore,
@@ -283,13 +284,17 @@ def snapshot_views(client: redis.Redis, experiment_id: str, namespace: str = key
             try:
                 pipe.watch(view_keys.position)
                 trial_ids: Any = pipe.hkeys(view_keys.trials)
-                names = sorted(known | {view_keys.metrics(trial_id) for trial_id in trial_ids})
+                names = sorted(known | {name for trial_id in trial_ids for name in view_keys.per_trial(trial_id)})
                 kinds.update(_types(client, [name for name in names if kinds.get(name, "none") == "none"]))
                 present = [(name, kinds[name]) for name in names if kinds[name] != "none"]
                 pipe.multi()
                 for name, kind in present:
                     _READERS[kind](pipe, name)
                 values: list[Any] = pipe.execute()
+                values = [
+                    _appended(client, name, value) if kind == "string" else value
+                    for (name, kind), value in zip(present, values, strict=True)
+                ]
                 return ViewSnapshot(
                     {
                         name[len(prefix) :]: (kind, dict(value) if kind == "zset" else value)
@@ -305,6 +310,12 @@ def _pattern(view_keys: ViewKeys) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", view_keys.pattern[:-1]) + "*"
 
 
+def _appended(client: redis.Redis, name: str, length: int) -> str:
+    """The first `length` bytes of an append-only string (binary: shown in hex), as they were when it had them."""
+    value: Any = same_server(client, decode=False).getrange(name, 0, length - 1) if length else b""
+    return bytes(value).hex()
+
+
 def _types(client: redis.Redis, names: list[str]) -> dict[str, str]:
     with client.pipeline(transaction=False) as pipe:
         for name in names:
@@ -316,7 +327,7 @@ _READERS: dict[str, Callable[[Pipeline, str], Any]] = {
     "hash": lambda pipe, name: pipe.hgetall(name),
     "list": lambda pipe, name: pipe.lrange(name, 0, -1),
     "set": lambda pipe, name: pipe.smembers(name),
-    "string": lambda pipe, name: pipe.get(name),
+    "string": lambda pipe, name: pipe.strlen(name),  # bytes only ever appended: read up to it after (_appended)
     "zset": lambda pipe, name: pipe.zrange(name, 0, -1, withscores=True),
 }
 

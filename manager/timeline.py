@@ -20,13 +20,13 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 from urllib.parse import urlsplit
 
-from core.event_store import StoredEvent, decode_entry, stream_position
+from core.event_store import LogEntry, StoredEvent, decode_entry, stream_position
 from manager.algorithms import optimize_mode_of
-from manager.projection import apply_to_experiment, apply_to_trial, metric_record
-from manager.replay import describe
+from manager.projection import apply_to_experiment, apply_to_trial
 from schemas.config import ExperimentConfig
 from schemas.events import (
     Event,
@@ -91,6 +91,7 @@ class Attempt:
     number: int
     platform: str
     submitted: int
+    order: int  # created as the experiment's order-th attempt: the order attempts are listed in
     retry_of: str | None = None
     started: int | None = None
     ended: int | None = None
@@ -132,6 +133,32 @@ class Attempt:
         low, high = bisect_left(self.metric_times, start), bisect_right(self.metric_times, end)
         return high - low + sum(1 for at, _ in self.marks if start <= at <= end)
 
+    def kept(self) -> dict[str, Any]:
+        """All but its metric times (those are its trial's entries'): what the projector keeps of it."""
+        return {
+            "number": self.number,
+            "platform": self.platform,
+            "submitted": self.submitted,
+            "order": self.order,
+            "retryOf": self.retry_of,
+            "started": self.started,
+            "ended": self.ended,
+            "outcome": self.outcome,
+            "message": self.message,
+            "segments": [[s.lane, s.start, s.end] for s in self.segments],
+            "unknown": self.unknown,
+            "marks": self.marks,
+        }
+
+    @classmethod
+    def from_kept(cls, trial: str, state: dict[str, Any]) -> Attempt:
+        attempt = cls(trial, state["number"], state["platform"], state["submitted"], state["order"])
+        attempt.retry_of, attempt.started, attempt.ended = state["retryOf"], state["started"], state["ended"]
+        attempt.outcome, attempt.message, attempt.unknown = state["outcome"], state["message"], state["unknown"]
+        attempt.segments = [Segment(*segment) for segment in state["segments"]]
+        attempt.marks = [(at, kind) for at, kind in state["marks"]]
+        return attempt
+
     def to_json(self, markers: list[list[Any]]) -> dict[str, Any]:
         return {
             "key": self.key,
@@ -152,14 +179,62 @@ class Attempt:
 
 @dataclass
 class _Trial:
-    view: TrialJobDetail
+    folded_view: TrialJobDetail | str  # the view, or its JSON as read back: parsed when first needed
     attempts: list[Attempt]
     changes: list[list[Any]]  # [entry id, status, attempt, final metric score]
     entry_ms: array[int] = field(default_factory=lambda: array("q"))  # its entries' ids, for its history
     entry_seq: array[int] = field(default_factory=lambda: array("q"))
+    entry_metric: array[int] = field(default_factory=lambda: array("q"))  # the attempt of an intermediate metric; 0
+    kept_entries: bytes = b""  # `packed_entries` read back (up to `kept_head`), unpacked when first asked for
+    kept_head: tuple[int, int] = (0, 0)
+
+    @property
+    def view(self) -> TrialJobDetail:
+        if isinstance(self.folded_view, str):
+            self.folded_view = TrialJobDetail.model_validate_json(self.folded_view)
+        return self.folded_view
+
+    def record(self, position: tuple[int, int], metric_attempt: int = 0) -> None:
+        self.entry_ms.append(position[0])
+        self.entry_seq.append(position[1])
+        self.entry_metric.append(metric_attempt)
 
     def entry_ids(self) -> list[str]:
+        self.unpacked()
         return [f"{ms}-{seq}" for ms, seq in zip(self.entry_ms, self.entry_seq, strict=True)]
+
+    def kept(self) -> dict[str, Any]:
+        return {"attempts": [attempt.kept() for attempt in self.attempts], "changes": self.changes}
+
+    def packed_entries(self) -> bytes:
+        """Its entries folded here, 16 bytes each (ms; seq << 16 | metric attempt): appended to as the log grows."""
+        packed = array("q", bytes(16 * len(self.entry_ms)))
+        packed[0::2] = self.entry_ms
+        packed[1::2] = array(
+            "q", (seq << 16 | metric for seq, metric in zip(self.entry_seq, self.entry_metric, strict=True))
+        )
+        return packed.tobytes()
+
+    def unpacked(self) -> None:
+        """Unpack the entries read back (cut at `kept_head`: a reader may see appends past it) in front of those
+        folded since, and its attempts' metric times likewise: a first look at a long log unpacks none."""
+        if not self.kept_entries:
+            return
+        packed = array("q")
+        packed.frombytes(self.kept_entries)
+        self.kept_entries = b""
+        ms, tags = packed[0::2], packed[1::2]
+        keep = len(ms)
+        while keep and (ms[keep - 1], tags[keep - 1] >> 16) > self.kept_head:
+            keep -= 1
+        ms, tags = ms[:keep], tags[:keep]
+        metric = array("q", [tag & 0xFFFF for tag in tags])
+        self.entry_ms = ms + self.entry_ms
+        self.entry_seq = array("q", [tag >> 16 for tag in tags]) + self.entry_seq
+        self.entry_metric = metric + self.entry_metric
+        for attempt in self.attempts:
+            number, times = attempt.number, zip(ms, metric, strict=True)
+            attempt.metric_times = array("q", [at for at, n in times if n == number]) + attempt.metric_times
 
 
 class Timeline:
@@ -176,15 +251,57 @@ class Timeline:
         self._lane_list: list[Lane] = []  # by id
         self.trials: dict[str, _Trial] = {}
         self.attempts: list[Attempt] = []
+        self.attempt_count = 0  # attempts created: more than `attempts` holds in a projector's partial fold
         self.markers: list[dict[str, Any]] = []
+
+    # keeping it: what the projector writes as the log grows (manager.timeline_views), and reads back
+
+    def header(self) -> dict[str, Any]:
+        """The fold's own state but its trials and markers."""
+        return {
+            "head": self.head,
+            "start": self.start,
+            "end": self.end,
+            "attempts": self.attempt_count,
+            "lanes": [[lane.platform, lane.worker, lane.host] for lane in self._lane_list],
+            "experimentChanges": self.experiment_changes,
+        }
+
+    @classmethod
+    def restored(
+        cls,
+        experiment_id: str,
+        header: dict[str, Any],
+        experiment: ExperimentView | None,
+        markers: list[dict[str, Any]],
+        trials: Iterable[tuple[str, str, dict[str, Any], bytes]],
+    ) -> Timeline:
+        """The fold as `header` and each trial's (id, view JSON, state, packed entries) say: every trial's, or (for the
+        projector, which appends new entries and markers) only the ones a batch names, with no entries."""
+        timeline = cls(experiment_id)
+        timeline.head, timeline.start, timeline.end = header["head"], header["start"], header["end"]
+        timeline.attempt_count, timeline.experiment_changes = header["attempts"], header["experimentChanges"]
+        for platform, worker, host in header["lanes"]:
+            timeline._lane(platform, host, worker)
+        timeline.experiment, timeline.markers = experiment, markers
+        head = stream_position(timeline.head)
+        for trial_id, view, state, packed in trials:
+            attempts = [Attempt.from_kept(trial_id, attempt) for attempt in state["attempts"]]
+            trial = timeline.trials[trial_id] = _Trial(view, attempts, state["changes"])
+            trial.kept_entries, trial.kept_head = packed, head
+            timeline.attempts.extend(attempts)
+        timeline.attempts.sort(key=lambda attempt: attempt.order)
+        return timeline
 
     # folding
 
-    def feed(self, entries: Iterable[tuple[str, dict[str, str]]]) -> int:
-        """Fold entries that follow the head (others are skipped: a re-read overlap is harmless)."""
+    def feed(self, entries: Iterable[tuple[str, dict[str, str]]], decoded: Iterable[LogEntry] | None = None) -> int:
+        """Fold entries that follow the head (others are skipped: a re-read overlap is harmless); `decoded`, the
+        same entries decoded, when the caller has them."""
         count = 0
         head = stream_position(self.head)
-        for entry_id, fields in entries:
+        known: Iterable[LogEntry | None] = repeat(None) if decoded is None else decoded
+        for (entry_id, fields), entry in zip(entries, known, strict=False):
             ms, _, seq = entry_id.partition("-")
             position = (int(ms), int(seq))
             if position <= head:
@@ -193,27 +310,39 @@ class Timeline:
             self.head, self.end = entry_id, position[0]
             if self.start is None:
                 self.start = position[0]
-            self._fold(entry_id, position, fields)
+            self._fold(entry_id, position, fields, entry)
             count += 1
         return count
 
-    def _fold(self, entry_id: str, position: tuple[int, int], fields: dict[str, str]) -> None:
+    def _fold(self, entry_id: str, position: tuple[int, int], fields: dict[str, str], entry: LogEntry | None) -> None:
         trial = self.trials.get(fields.get("trial", ""))
         if trial is not None:
-            trial.entry_ms.append(position[0])
-            trial.entry_seq.append(position[1])
-            raw = fields.get("json", "")
-            if fields.get("type") == "TrialMetricReported" and _PERIODICAL in raw:
-                _periodical(trial, raw, position[0])  # changes no view (the projection's own rule)
+            if entry is None:  # read off the JSON, without building the event
+                raw = fields.get("json", "")
+                periodical = fields.get("type") == "TrialMetricReported" and _PERIODICAL in raw
+                found = _ATTEMPT.search(raw) if periodical else None
+                number = int(found.group(1)) if found else None
+            else:
+                event = entry.event if isinstance(entry, StoredEvent) else None
+                periodical = isinstance(event, TrialMetricReported) and event.metric_type == "PERIODICAL"
+                number = event.attempt if isinstance(event, TrialMetricReported) else None
+            if periodical:  # changes no view (the projection's own rule)
+                trial.entry_ms.append(position[0])
+                trial.entry_seq.append(position[1])
+                trial.entry_metric.append(_metric_time(trial, number, position[0]))
                 return
-        entry = decode_entry(entry_id, fields)
+            trial.record(position)
+        entry = entry or decode_entry(entry_id, fields)
         if not isinstance(entry, StoredEvent):
             return  # unreadable: never applied, as the projector does
         event = entry.event
-        if isinstance(event, TrialEvent):
-            self._trial_event(entry_id, position[0], event)
-        else:
-            self._experiment_event(entry_id, position[0], event)
+        try:
+            if isinstance(event, TrialEvent):
+                self._trial_event(entry_id, position, event)
+            else:
+                self._experiment_event(entry_id, position[0], event)
+        except Exception:
+            return
 
     def _experiment_event(self, entry_id: str, at: int, event: Event) -> None:
         before = self.experiment.status if self.experiment else None
@@ -226,24 +355,23 @@ class Timeline:
         if text is not None:
             self.markers.append({"id": entry_id, "time": at, "kind": event.type, "text": text})
 
-    def _trial_event(self, entry_id: str, at: int, event: TrialEvent) -> None:
+    def _trial_event(self, entry_id: str, position: tuple[int, int], event: TrialEvent) -> None:
         trial = self.trials.get(event.trial_id)
+        at = position[0]
         if trial is None:
             if not isinstance(event, TrialSubmitted):
                 return  # before its submission: no view (projection's own rule)
             view = apply_to_trial(None, event)
             assert view is not None
-            first = Attempt(event.trial_id, 1, view.platform, at)
-            trial = self.trials[event.trial_id] = _Trial(view, [first], [])
-            trial.entry_ms.append(at)
-            trial.entry_seq.append(stream_position(entry_id)[1])
-            self.attempts.append(first)
+            trial = self.trials[event.trial_id] = _Trial(view, [], [])
+            self._new_attempt(trial, Attempt(event.trial_id, 1, view.platform, at, self.attempt_count))
+            trial.record(position)
             self._changed(trial, entry_id)
             return
         self._attempt_event(trial, at, event)
         view = apply_to_trial(trial.view, event)  # type: ignore[arg-type]
         if view is not None and view is not trial.view:
-            trial.view = view
+            trial.folded_view = view
             self._changed(trial, entry_id)
 
     def _changed(self, trial: _Trial, entry_id: str) -> None:
@@ -265,8 +393,8 @@ class Timeline:
                 _unreachable(attempt, at, event.reason)
             case TrialMetricReported() if event.metric_type == "FINAL":
                 attempt.marks.append((at, "FINAL"))
-            case TrialMetricReported():
-                attempt.metric_times.append(at)
+            case TrialMetricReported():  # an intermediate one whose JSON the fast path missed
+                trial.entry_metric[-1] = _metric_time(trial, event.attempt, at)
             case TrialCancelRequested() if trial.attempts[-1].ended is None:
                 early = event.status is TrialJobStatus.EARLY_STOPPED
                 trial.attempts[-1].marks.append((at, "early stop" if early else "cancel"))
@@ -275,10 +403,15 @@ class Timeline:
             case TrialAttemptLost() if attempt.ended is None:
                 self._end(attempt, at, LOST, event.reason)
                 if event.status is TrialJobStatus.WAITING:
-                    retry = Attempt(trial.view.id, attempt.number + 1, event.retry_platform or attempt.platform, at)
+                    platform = event.retry_platform or attempt.platform
+                    retry = Attempt(trial.view.id, attempt.number + 1, platform, at, self.attempt_count)
                     retry.retry_of = attempt.key
-                    trial.attempts.append(retry)
-                    self.attempts.append(retry)
+                    self._new_attempt(trial, retry)
+
+    def _new_attempt(self, trial: _Trial, attempt: Attempt) -> None:
+        trial.attempts.append(attempt)
+        self.attempts.append(attempt)
+        self.attempt_count += 1
 
     def _reattached(self, attempt: Attempt, at: int, worker: str) -> None:
         """Another worker follows the attempt now: a new segment in its lane (same host)."""
@@ -348,6 +481,8 @@ class Timeline:
         if cluster and len(overlapping) > MAX_ATTEMPTS:
             answer["clusters"] = self._clusters(overlapping, max(1, (end - start) * CLUSTER_GAP_PX // max(px, 1)))
             return answer
+        for attempt in overlapping:
+            self.trials[attempt.trial].unpacked()
         marks = sum(a.marker_count(start, end) for a in overlapping)
         keep_marks = marks <= max_markers
         answer["markersOmitted"] = 0 if keep_marks else marks
@@ -392,8 +527,9 @@ class Timeline:
     def attempt(self, trial_id: str, number: int) -> Attempt:
         trial = self.trials.get(trial_id)
         found = next((a for a in trial.attempts if a.number == number), None) if trial else None
-        if found is None:
+        if trial is None or found is None:
             raise LookupError(f"no attempt {number} of trial {trial_id!r} in experiment {self.experiment_id}")
+        trial.unpacked()
         return found
 
     def entry_ids(self, trial_id: str) -> list[str]:
@@ -404,47 +540,15 @@ class Timeline:
         return trial.entry_ids()
 
 
-def attempt_detail(
-    timeline: Timeline, trial_id: str, number: int, entries: Iterable[tuple[str, dict[str, str]]], output: Any
-) -> dict[str, Any]:
-    """What the page shows of one attempt: the trial's history (as `trials show --history`, from `entries`, the
-    ones `Timeline.entry_ids` names), the attempt's metrics, and `output` as the caller could read it."""
-    timeline.attempt(trial_id, number)  # LookupError for an unknown one
-    history: list[dict[str, Any]] = []
-    metrics: list[dict[str, Any]] = []
-    for entry_id, fields in entries:
-        entry = decode_entry(entry_id, fields)
-        line = describe(entry)
-        history.append(
-            {"id": line.id, "time": line.time_ms, "type": line.type, "attempt": line.attempt}
-            | {"source": line.source, "summary": line.summary}
-        )
-        if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported):
-            event = entry.event
-            if event.attempt == number:
-                metrics.append(
-                    {"id": entry_id, "time": stream_position(entry_id)[0], "type": event.metric_type}
-                    | {"sequence": event.sequence, "value": _score(event), "data": event.data}
-                )
-    return {"trial": trial_id, "attempt": number, "history": history, "metrics": metrics, "output": output}
-
-
-def _score(event: TrialMetricReported) -> float | None:
-    try:
-        return metric_score(metric_record(event).value)
-    except ValueError:
-        return None
-
-
-def _periodical(trial: _Trial, raw: str, at: int) -> None:
-    """An intermediate metric, timed on its attempt; its attempt read off the JSON (no other field is an
-    object or holds an unescaped quote, so the key is the event's own)."""
-    found = _ATTEMPT.search(raw)
-    number = int(found.group(1)) if found else None
+def _metric_time(trial: _Trial, number: int | None, at: int) -> int:
+    """An intermediate metric, timed on its attempt (read off the JSON by the fast path: no other field is an
+    object or holds an unescaped quote, so the key is the event's own); the attempt's number, 0 if none."""
     latest = trial.attempts[-1]
     attempt = latest if latest.number == number else next((a for a in trial.attempts if a.number == number), None)
-    if attempt is not None:
-        attempt.metric_times.append(at)
+    if attempt is None:
+        return 0
+    attempt.metric_times.append(at)
+    return attempt.number
 
 
 def _unreachable(attempt: Attempt, at: int, reason: str | None) -> None:

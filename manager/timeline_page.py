@@ -15,10 +15,16 @@ import gzip
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from core.event_store import StoredEvent, decode_entry, stream_position
+from manager.projection import metric_record
+from manager.replay import describe
 from manager.timeline import Timeline
+from schemas.events import TrialMetricReported
+from schemas.trial import metric_score
 
 STATIC = Path(__file__).resolve().parent / "static"
 TEMPLATE = STATIC / "timeline" / "timeline.html"
@@ -33,6 +39,38 @@ SERVED_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
+
+
+def attempt_detail(
+    timeline: Timeline, trial_id: str, number: int, entries: Iterable[tuple[str, dict[str, str]]], output: Any
+) -> dict[str, Any]:
+    """What the page shows of one attempt: the trial's history (as `trials show --history`, from `entries`, the
+    ones `Timeline.entry_ids` names), the attempt's metrics, and `output` as the caller could read it."""
+    timeline.attempt(trial_id, number)  # LookupError for an unknown one
+    history: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    for entry_id, fields in entries:
+        entry = decode_entry(entry_id, fields)
+        line = describe(entry)
+        history.append(
+            {"id": line.id, "time": line.time_ms, "type": line.type, "attempt": line.attempt}
+            | {"source": line.source, "summary": line.summary}
+        )
+        if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported):
+            event = entry.event
+            if event.attempt == number:
+                metrics.append(
+                    {"id": entry_id, "time": stream_position(entry_id)[0], "type": event.metric_type}
+                    | {"sequence": event.sequence, "value": _score(event), "data": event.data}
+                )
+    return {"trial": trial_id, "attempt": number, "history": history, "metrics": metrics, "output": output}
+
+
+def _score(event: TrialMetricReported) -> float | None:
+    try:
+        return metric_score(metric_record(event).value)
+    except ValueError:
+        return None
 
 
 def file_data(

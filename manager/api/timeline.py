@@ -6,8 +6,9 @@ window it shows (clusters when zoomed out over more attempts than it should draw
 the trial table at its cursor, `.../attempts/<trial>/<n>` for what a click opens, and follows the log's SSE
 stream while the experiment runs.
 
-Each experiment's fold (manager.timeline) is kept while it is asked for and caught up with the log on each
-request: a live page costs the entries appended since its last question, not the whole log.
+Each experiment's fold (manager.timeline) starts from the one its projector keeps (manager.timeline_views), is
+kept in memory while it is asked for, and is caught up with the log on each request: a first look costs the
+kept fold and the entries past it, a live page the entries appended since its last question.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from core.event_store import EventStore
 from core.platform import OutputUnavailable
 from manager.api.native import Experiment, Host
 from manager.host import ManagerHost
-from manager.timeline import Timeline, attempt_detail
-from manager.timeline_page import ASSETS, SERVED_CSP, served_page
+from manager.timeline import Timeline
+from manager.timeline_page import ASSETS, SERVED_CSP, attempt_detail, served_page
+from manager.timeline_views import restore
 from manager.trial_files import output_chunks, output_tail, started_attempt
 
 router = APIRouter(tags=["timeline"])
@@ -43,24 +45,33 @@ class Timelines:
     """Folds kept per experiment; each caught up under its own lock (two pages never fold the same entries)."""
 
     def __init__(self) -> None:
-        self._folds: OrderedDict[str, tuple[Timeline, threading.Lock]] = OrderedDict()
+        self._folds: OrderedDict[str, tuple[Timeline | None, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
 
     def caught_up(self, store: EventStore) -> Timeline:
         experiment_id = store.experiment_id
         with self._lock:
             if experiment_id not in self._folds:
-                self._folds[experiment_id] = (Timeline(experiment_id), threading.Lock())
+                self._folds[experiment_id] = (None, threading.Lock())
                 while len(self._folds) > FOLDS_KEPT:
                     self._folds.popitem(last=False)
             self._folds.move_to_end(experiment_id)
-            timeline, lock = self._folds[experiment_id]
+            kept, lock = self._folds[experiment_id]
         with lock:
+            timeline = kept or self._first(store)
             while True:
                 batch = store.raw_range(f"({timeline.head}", "+", READ_BATCH)
                 timeline.feed((entry.id, entry.fields) for entry in batch)
                 if len(batch) < READ_BATCH:
                     return timeline
+
+    def _first(self, store: EventStore) -> Timeline:
+        """The projector's fold where it keeps one (then only the entries past its position are read), or none."""
+        timeline = restore(store.client, store.experiment_id) or Timeline(store.experiment_id)
+        with self._lock:
+            if store.experiment_id in self._folds:
+                self._folds[store.experiment_id] = (timeline, self._folds[store.experiment_id][1])
+        return timeline
 
 
 def timelines(request: Request) -> Timelines:

@@ -224,10 +224,16 @@ def test_export_then_import_into_another_redis_gives_the_same_views(
     assert copied_entries == client.xrange(keys.events(exp)) and marker[1]["type"] == "ExperimentImported"
     assert other.hgetall(keys.idempotency(exp)) == client.hgetall(keys.idempotency(exp))
     assert other.zscore(keys.EXPERIMENTS, exp) == client.zscore(keys.EXPERIMENTS, exp)
+    imported_at = marker[0].split("-")[0]
     assert diff_views(client, exp, other_client=other, labels=("original", "imported")) == [
         "experiment[view].imported: original false vs imported true",  # every trial's view the same
         f"position[applied]: original {len(lines) - 2} vs imported {len(lines) - 1}",
         f'position[position]: original "{copied_entries[-1][0]}" vs imported "{marker[0]}"',
+        # the timeline: the same but for the import's own mark
+        f"timeline[header].end: original {copied_entries[-1][0].split('-')[0]} vs imported {imported_at}",
+        f'timeline[header].head: original "{copied_entries[-1][0]}" vs imported "{marker[0]}"',
+        f"timeline:markers[2]: original (missing) vs imported "
+        f'{{"id":"{marker[0]}","time":{imported_at},"kind":"ExperimentImported","text":"imported"}}',
     ]
     with replayed(other, exp) as replay:  # and a fresh fold of the imported log says the same
         assert diff_views(other, exp, keys.LOG_PREFIX, replay.namespace) == []

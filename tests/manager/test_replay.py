@@ -211,12 +211,18 @@ def test_diff_views_compares_two_redis_databases(
 
     canceled = service.store.read()[-1]
     assert isinstance(canceled, StoredEvent)
-    EventStore(client, service.experiment_id).append(canceled.event)  # a duplicate: only the position moves
+    EventStore(client, service.experiment_id).append(canceled.event)  # a duplicate: the position moves
     Projector(client).catch_up(service.experiment_id)
     differences = diff_views(client, service.experiment_id, other_client=other, labels=("here", "there"))
     assert any(line.startswith("position[position]: here ") for line in differences), differences
     assert any(line.startswith("position[applied]: here ") for line in differences), differences
-    assert len(differences) == 2
+    # and the timeline, which draws every entry: its head, and the trial's entries and cancel marks
+    timeline = [line for line in differences if not line.startswith("position[")]
+    assert {line.split(": ")[0].split("[")[0] for line in timeline} == {
+        "timeline",
+        "timeline:trials",
+        f"timeline:entries:{trial_id}",
+    }, differences
     assert snapshot_views(other, service.experiment_id).applied == 5  # created, 2 metadata, submit, cancel
 
 

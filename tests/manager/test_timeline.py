@@ -15,9 +15,11 @@ import pytest
 import redis
 
 from core.event_store import EventStore, encode_event
-from manager.replay import replayed
-from manager.timeline import MAX_ATTEMPTS, Timeline, attempt_detail
-from manager.timeline_page import file_data, file_page, served_page
+from manager.projector import Projector
+from manager.replay import check, replayed
+from manager.timeline import MAX_ATTEMPTS, Timeline
+from manager.timeline_page import attempt_detail, file_data, file_page, served_page
+from manager.timeline_views import restore
 from manager.transfer import LogFile, import_log
 from manager.views import ViewStore
 from schemas.events import (
@@ -250,3 +252,63 @@ def test_a_resume_of_an_experiment_its_runner_never_ended_is_marked_as_a_takeove
         ("ExperimentFinished", "STOPPED"),
         ("ExperimentResumed", "resumed"),
     ]
+
+
+# the timeline the projector keeps (manager.timeline_views): what a first look reads instead of the whole log
+
+
+def _kept_log(client: redis.Redis, experiment_id: str) -> list[str]:
+    """A log with lost and retried attempts, then a trial cut off, taken over, lost and retried (HISTORY); its ids."""
+    import_log(client, LogFile(experiment_id, list(synthetic_log(experiment_id, 12, metrics=3, lost_every=5)), {}))
+    store = EventStore(client, experiment_id)
+    for event in HISTORY:
+        store.append(event.model_copy(update={"experiment_id": experiment_id}))
+    return [entry.id for entry in store.raw_range()]
+
+
+def _fresh(client: redis.Redis, experiment_id: str, until: str = "+") -> Timeline:
+    timeline = Timeline(experiment_id)
+    timeline.feed((entry.id, entry.fields) for entry in EventStore(client, experiment_id).raw_range("-", until))
+    return timeline
+
+
+def _assert_same(kept: Timeline | None, fresh: Timeline) -> None:
+    assert kept is not None
+    assert (kept.head, kept.start, kept.end) == (fresh.head, fresh.start, fresh.end)
+    assert kept.window(px=1400) == fresh.window(px=1400)
+    assert kept.window(cluster=False) == fresh.window(cluster=False)  # every attempt, every marker
+    assert kept.views() == fresh.views()
+    for trial_id in fresh.trials:
+        assert kept.entry_ids(trial_id) == fresh.entry_ids(trial_id)
+
+
+def test_the_timeline_the_projector_keeps_is_the_fold_of_its_log_whatever_its_batches(client: redis.Redis) -> None:
+    """Batches of 7 entries split trials, attempts and metrics between them; a reader restores the kept fold at
+    the views' position and folds only what follows; `replay --check` (batches of 2,000) finds no difference."""
+    ids = _kept_log(client, "kept")
+    middle = ids[len(ids) // 2]
+    Projector(client, batch_size=7).catch_up("kept", until=middle)
+    halfway = restore(client, "kept")
+    _assert_same(halfway, _fresh(client, "kept", middle))
+    assert halfway is not None
+    halfway.feed((entry.id, entry.fields) for entry in EventStore(client, "kept").raw_range(f"({middle}"))
+    _assert_same(halfway, _fresh(client, "kept"))  # as a page catches up with the log
+
+    Projector(client, batch_size=7).catch_up("kept")
+    kept = restore(client, "kept")
+    _assert_same(kept, _fresh(client, "kept"))
+    assert kept is not None and kept.attempt(TRIAL, 1).unknown == [[_position(ids[-10])[0], _position(ids[-9])[0]]]
+    assert check(client, "kept") == []
+
+
+def test_views_projected_before_the_timeline_was_kept_get_it_from_their_log(client: redis.Redis) -> None:
+    """A projector that meets views without a timeline (an older version's) folds the log up to their position
+    once and keeps it from there; until then a reader is told there is none (and folds the log itself)."""
+    ids = _kept_log(client, "older")
+    Projector(client, batch_size=50).catch_up("older", until=ids[len(ids) // 3])
+    older = [str(name) for name in client.scan_iter(match="ts:view:older:timeline*")]
+    assert older and client.delete(*older)
+    assert restore(client, "older") is None
+    Projector(client, batch_size=50).catch_up("older")
+    _assert_same(restore(client, "older"), _fresh(client, "older"))
+    assert check(client, "older") == []

@@ -1,0 +1,133 @@
+"""The timeline kept as a view: the projector folds each batch onto what it kept of the fold (manager.timeline),
+so a page's first look at a long experiment reads the fold, not the whole log.
+
+Kept with the other views of an experiment (core.keys.ViewKeys), written in the MULTI that moves their position:
+- `timeline` (hash): the fold's header (head, span, lanes, the experiment's status changes); its head is the views'
+  position, or the timeline is not kept for that experiment and its reader folds the log itself;
+- `timeline:trials` (hash): each trial's attempts and view changes, rewritten when they change;
+- `timeline:markers` (list): the experiment's markers, appended to;
+- `timeline:entries:<trial>` (string): the ids of the trial's entries (16 bytes each), appended to.
+The trials' and the experiment's views are the projector's own, read at the same position. Like every view, it
+is disposable: a rebuild or a replay folds it again from the log, the same whatever the batches.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from core import keys
+from core.connections import same_server
+from core.event_store import EventStore, LogEntry, RawEntry
+from core.keys import ViewKeys
+from manager.timeline import Timeline
+from schemas.trial import ExperimentView
+
+READ_BATCH = 10_000
+_COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
+
+
+class TimelineBatch:
+    """One projector batch on the timeline: `read` before the batch's MULTI, `fold`, then `queue` in it."""
+
+    def __init__(self, view_keys: ViewKeys, timeline: Timeline, states: dict[str, str]) -> None:
+        self.view_keys = view_keys
+        self.timeline = timeline
+        self._states = states  # the trials' states as read: rewritten only when they change
+
+    @classmethod
+    def read(
+        cls, pipe: redis.client.Pipeline, view_keys: ViewKeys, position: str, entries: list[RawEntry]
+    ) -> TimelineBatch:
+        """What the batch folds onto: the kept header, and the trials its entries name (their views, states and
+        no entries: those are appended). Where nothing was kept past the log's start (views projected before the
+        timeline was), the log up to `position` is folded first, so the batch writes the whole timeline."""
+        header: Any = pipe.hget(view_keys.timeline, "header")
+        if header is None and position != "0-0":
+            return cls(view_keys, _folded(EventStore(pipe, view_keys.experiment_id), position), {})
+        trial_ids = sorted({entry.fields["trial"] for entry in entries if entry.fields.get("trial")})
+        states: dict[str, str] = {}
+        if header is None:
+            return cls(view_keys, Timeline(view_keys.experiment_id), states)
+        raw_experiment: Any = pipe.hget(view_keys.experiment, "view")
+        experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
+        trials = []
+        if trial_ids:
+            raw_states: Any = pipe.hmget(view_keys.timeline_trials, trial_ids)
+            raw_views: Any = pipe.hmget(view_keys.trials, trial_ids)
+            for trial_id, state, view in zip(trial_ids, raw_states, raw_views, strict=True):
+                if state is not None and view is not None:
+                    states[trial_id] = state
+                    trials.append((trial_id, view, json.loads(state), b""))
+        timeline = Timeline.restored(view_keys.experiment_id, json.loads(header), experiment, [], trials)
+        return cls(view_keys, timeline, states)
+
+    def fold(self, entries: list[RawEntry], decoded: list[LogEntry]) -> None:
+        self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded)
+
+    def queue(self, pipe: redis.client.Pipeline) -> None:
+        """The batch's writes, in its MULTI: the header, the trials that changed, what was appended."""
+        view_keys, timeline = self.view_keys, self.timeline
+        pipe.hset(view_keys.timeline, "header", json.dumps(timeline.header(), **_COMPACT))  # type: ignore[arg-type]
+        changed: Any = {}
+        for trial_id, trial in timeline.trials.items():
+            state = json.dumps(trial.kept(), **_COMPACT)  # type: ignore[arg-type]
+            if state != self._states.get(trial_id):
+                changed[trial_id] = state
+            if packed := trial.packed_entries():
+                pipe.append(view_keys.timeline_entries(trial_id), packed)
+        if changed:
+            pipe.hset(view_keys.timeline_trials, mapping=changed)
+        if timeline.markers:  # the batch's own: a batch folds onto none of the kept ones
+            pipe.rpush(view_keys.timeline_markers, *(json.dumps(m, **_COMPACT) for m in timeline.markers))  # type: ignore[arg-type]
+
+
+def restore(client: redis.Redis, experiment_id: str, namespace: str = keys.LOG_PREFIX) -> Timeline | None:
+    """The timeline as the projector kept it, at the views' position; None where it is not kept."""
+    view_keys = ViewKeys(experiment_id, namespace)
+    with client.pipeline() as pipe:  # MULTI: all at one position
+        pipe.hget(view_keys.position, "position")
+        pipe.hget(view_keys.timeline, "header")
+        pipe.hgetall(view_keys.timeline_trials)
+        pipe.lrange(view_keys.timeline_markers, 0, -1)
+        pipe.hgetall(view_keys.trials)
+        pipe.hget(view_keys.experiment, "view")
+        position, raw_header, states, markers, views, experiment = pipe.execute()
+    if raw_header is None:
+        return None
+    header = json.loads(raw_header)
+    if header["head"] != (position or "0-0"):
+        return None  # another version's views: not the fold at their position
+    trial_ids = [trial_id for trial_id in states if trial_id in views]
+    packed = _entries(same_server(client, decode=False), view_keys, trial_ids)  # later appends are cut at the head
+    return Timeline.restored(
+        experiment_id,
+        header,
+        ExperimentView.model_validate_json(experiment) if experiment else None,
+        [json.loads(marker) for marker in markers],
+        (
+            (trial_id, views[trial_id], json.loads(states[trial_id]), entries)
+            for trial_id, entries in zip(trial_ids, packed, strict=True)
+        ),
+    )
+
+
+def _entries(raw: redis.Redis, view_keys: ViewKeys, trial_ids: list[str]) -> list[bytes]:
+    found: list[bytes] = []
+    for first in range(0, len(trial_ids), 1000):
+        names = [view_keys.timeline_entries(trial_id) for trial_id in trial_ids[first : first + 1000]]
+        values: Any = raw.mget(names)
+        found += [value or b"" for value in values]
+    return found
+
+
+def _folded(store: EventStore, until: str) -> Timeline:
+    """The log up to `until`, folded in memory."""
+    timeline = Timeline(store.experiment_id)
+    while batch := store.raw_range(f"({timeline.head}", until, READ_BATCH):
+        timeline.feed((entry.id, entry.fields) for entry in batch)
+        if len(batch) < READ_BATCH:
+            break
+    return timeline
