@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -41,37 +42,36 @@ _PAGE_HEADERS = {
 }
 
 
+@dataclass
+class _Fold:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    timeline: Timeline | None = None  # made by the first request that holds the lock
+
+
 class Timelines:
-    """Folds kept per experiment; each caught up under its own lock (two pages never fold the same entries)."""
+    """Folds kept per experiment; each made and caught up under its own lock (two pages never fold the same
+    entries, nor read the kept fold twice)."""
 
     def __init__(self) -> None:
-        self._folds: OrderedDict[str, tuple[Timeline | None, threading.Lock]] = OrderedDict()
+        self._folds: OrderedDict[str, _Fold] = OrderedDict()
         self._lock = threading.Lock()
 
     def caught_up(self, store: EventStore) -> Timeline:
         experiment_id = store.experiment_id
         with self._lock:
-            if experiment_id not in self._folds:
-                self._folds[experiment_id] = (None, threading.Lock())
-                while len(self._folds) > FOLDS_KEPT:
-                    self._folds.popitem(last=False)
+            fold = self._folds.setdefault(experiment_id, _Fold())
             self._folds.move_to_end(experiment_id)
-            kept, lock = self._folds[experiment_id]
-        with lock:
-            timeline = kept or self._first(store)
+            while len(self._folds) > FOLDS_KEPT:
+                self._folds.popitem(last=False)
+        with fold.lock:
+            if fold.timeline is None:  # the projector's fold where it keeps one, then only the entries past it
+                fold.timeline = restore(store.client, experiment_id) or Timeline(experiment_id)
+            timeline = fold.timeline
             while True:
                 batch = store.raw_range(f"({timeline.head}", "+", READ_BATCH)
                 timeline.feed((entry.id, entry.fields) for entry in batch)
                 if len(batch) < READ_BATCH:
                     return timeline
-
-    def _first(self, store: EventStore) -> Timeline:
-        """The projector's fold where it keeps one (then only the entries past its position are read), or none."""
-        timeline = restore(store.client, store.experiment_id) or Timeline(store.experiment_id)
-        with self._lock:
-            if store.experiment_id in self._folds:
-                self._folds[store.experiment_id] = (timeline, self._folds[store.experiment_id][1])
-        return timeline
 
 
 def timelines(request: Request) -> Timelines:
