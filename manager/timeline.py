@@ -9,7 +9,9 @@ clocks of the processes that wrote the events.
 
 Intermediate metrics are most of a big log and change no view: they are counted and timed per attempt from
 their JSON alone, without building the event. Everything here is data in memory; reading the log is the
-caller's (manager.api.timeline, manager.cli.timeline).
+caller's (manager.api.timeline, manager.cli.timeline), and so is keeping the fold as the log grows: the
+projector writes `header`, each trial's `kept` state and packed entries, and a reader makes the fold `restored`
+from them (manager.timeline_views).
 """
 
 from __future__ import annotations
