@@ -226,8 +226,11 @@ def _caught_up(host: ManagerHost, experiment_id: str) -> None:
 
 def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
     service = host.service(experiment_id)
-    _caught_up(host, experiment_id)
+    # The status first, then the counts projected up to the log's end read after it: an experiment read as DONE
+    # counts every trial that ended before it finished (read the other way round, a trial ending meanwhile was
+    # still RUNNING in the counts of an experiment already DONE).
     view = service.experiment_view()
+    _caught_up(host, experiment_id)
     counts = {name: count for name, count in service.views.counts().items() if name in TrialJobStatus.__members__}
     return ExperimentState(
         id=view.id,
