@@ -134,10 +134,14 @@ def _reported_errors() -> tuple[type[Exception], ...]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    """Read once, here, and handed down: no other module reads trialstream's variables."""
+    """Read once, here, and handed down: no other module reads trialstream's variables. The platforms they plug
+    in are known from here on, to the control plane too (`run` and `manager` check a config's platform by name)."""
+    from core.registry import add_platforms
     from core.settings import Settings
 
-    return Settings.from_environment(redis_url=args.redis, manager_url=args.manager)
+    settings = Settings.from_environment(redis_url=args.redis, manager_url=args.manager)
+    add_platforms(settings.platforms)
+    return settings
 
 
 def _fail(message: str, code: int) -> NoReturn:

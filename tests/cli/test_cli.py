@@ -85,6 +85,18 @@ def test_real_nni_trial_code_runs_unmodified(tmp_path: Path, processes: Processe
         assert trial["finalMetric"] == trial["hyperParameters"]["x"] * 10  # attribution is exact
 
 
+def test_run_takes_a_config_on_a_platform_the_platforms_setting_plugs_in(tmp_path: Path, processes: Processes) -> None:
+    """TRIALSTREAM_PLATFORMS is the control plane's setting too, not only the workers': `trialstream run` (as
+    `trialstream manager`) accepts a config naming the plugged-in platform, and its worker runs the trials."""
+    platforms = {"TRIALSTREAM_PLATFORMS": "detached=tests.platforms.detached:DetachedPlatform"}
+    config = write_local_config(tmp_path, SDK_TRIAL, maxTrialNumber=2, trainingService={"platform": "detached"})
+    processes.projector()
+    processes.worker("detached", env=platforms)
+    result = trialstream("run", str(config), "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url, **platforms})
+    assert result.returncode == 0, result.stderr + processes.logs()
+    assert [trial["status"] for trial in json.loads(result.stdout)["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+
+
 def test_external_redis_mode_and_trial_commands(tmp_path: Path, processes: Processes) -> None:
     config = write_local_config(tmp_path, SDK_TRIAL)
     processes.projector()
