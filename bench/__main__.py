@@ -19,6 +19,7 @@ from bench import (
     failover,
     ingestion,
     kubernetes,
+    load,
     overhead,
     remote,
     replication,
@@ -46,6 +47,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "failover": failover.run,
     "replication": replication.run,
     "timeline": timeline.run,
+    "load": load.run,
 }
 
 

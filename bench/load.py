@@ -1,0 +1,199 @@
+"""Many concurrent trials on one stack (issue 29): one Redis, one `trialstream manager` (its runner, tuner and
+projector), and worker processes whose trials are threads (bench/load_platform.py), each reporting one intermediate
+metric a second. The load steps up until something breaks: a step breaks when its trials do not all succeed within
+a deadline, or fewer metrics are stored per second than the trials report, or the views fall more than 10 s behind.
+
+Per step: the metrics' lag into the log (each metric's value is the time it was reported; its entry id the time it was
+stored), the views' lag behind the log (sampled each second), the manager's answer times for a page of 100 trials and
+for NNI's whole trial list, Redis's CPU (cores) and memory, and the rate the log took.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness import BenchStack, Figure, Section, free_port, median_of, percentile, stream_ms, wait_until
+from core.event_store import EventStore
+from core.settings import Settings
+from manager.stack import ServiceProcesses
+from manager.views import ViewStore
+
+STEPS = (1_000, 2_500, 5_000, 10_000)
+METRICS, INTERVAL_S = 30, 1.0
+SLOTS = 2_500  # trials one worker process follows at most
+TARGET = "bench.load_platform:ThreadPlatform"
+MAX_VIEWS_LAG_S = 10.0
+
+
+@dataclass
+class Step:
+    trials: int
+    wall_s: float = 0.0
+    succeeded: int = 0
+    views_lag_s: list[float] = field(default_factory=list)
+    page_ms: list[float] = field(default_factory=list)
+    nni_list_ms: list[float] = field(default_factory=list)
+    redis_cores: float = 0.0
+    redis_mb: float = 0.0
+    metric_lag_ms: list[float] = field(default_factory=list)
+    stored_per_s: float = 0.0
+    why: str = ""  # what broke
+
+    @property
+    def offered_per_s(self) -> float:
+        return self.trials / INTERVAL_S
+
+
+def _config(trials: int) -> dict[str, Any]:
+    return {
+        "experimentName": f"load{trials}",
+        "trialCommand": f"metrics={METRICS} interval={INTERVAL_S}",
+        "trialCodeDirectory": "/",
+        "trialConcurrency": trials,
+        "maxTrialNumber": trials,
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "Random", "classArgs": {"seed": 7}},
+        "trainingService": {"platform": "threads"},
+    }
+
+
+def _redis_cpu(stack: BenchStack) -> float:
+    info: Any = stack.client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _sample(stack: BenchStack, client: httpx.Client, experiment_id: str, step: Step, done: threading.Event) -> None:
+    """Each second until `done`: the views' lag, a page of trials; every fifth, NNI's whole trial list."""
+    store, views = EventStore(stack.client, experiment_id), ViewStore(stack.client, experiment_id)
+    tick = 0
+    while not done.wait(1.0):
+        head, position = store.head(), views.position()
+        if head and position != "0-0":
+            step.views_lag_s.append((stream_ms(head) - stream_ms(position)) / 1000)
+        began = time.perf_counter()
+        client.get(f"/api/v1/experiments/{experiment_id}/trials", params={"offset": 0, "limit": 100})
+        step.page_ms.append((time.perf_counter() - began) * 1000)
+        if tick % 5 == 0:
+            began = time.perf_counter()
+            client.get(f"/nni/{experiment_id}/api/v1/nni/trial-jobs")
+            step.nni_list_ms.append((time.perf_counter() - began) * 1000)
+        tick += 1
+
+
+def _metrics(stack: BenchStack, experiment_id: str, step: Step) -> None:
+    """From the log: each intermediate metric's lag (stored minus reported), and the busiest second's rate."""
+    per_second: dict[int, int] = {}
+    after = "-"
+    store = EventStore(stack.client, experiment_id)
+    while batch := store.raw_range(after, "+", 10_000):
+        after = f"({batch[-1].id}"
+        for entry in batch:
+            if entry.fields.get("type") != "TrialMetricReported" or '"PERIODICAL"' not in entry.fields["json"]:
+                continue
+            stored = stream_ms(entry.id)
+            reported = float(json.loads(json.loads(json.loads(entry.fields["json"])["data"])))
+            step.metric_lag_ms.append(stored - reported * 1000)
+            per_second[stored // 1000] = per_second.get(stored // 1000, 0) + 1
+    step.stored_per_s = max(per_second.values(), default=0)
+
+
+def _run_step(root: Path, trials: int) -> Step:
+    step = Step(trials)
+    with BenchStack(root / f"step{trials}", workers=0, projector=False) as stack:
+        services = ServiceProcesses(Settings(redis_url=stack.url, platforms={"threads": TARGET}), stack.root / "logs")
+        try:
+            port = free_port()
+            services.start("manager", "--port", str(port), log_name="manager")
+            workers = -(-trials // SLOTS)
+            for index in range(workers):
+                services.start(
+                    "--platform", "threads", "--concurrency", str(SLOTS), log_name=f"worker-{index}", module="workers"
+                )
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                wait_until(lambda: _answers(client), 60, "the manager")
+                cpu_before, began = _redis_cpu(stack), time.perf_counter()
+                created = client.post("/api/v1/experiments", json={"config": _config(trials)})
+                created.raise_for_status()
+                experiment_id = created.json()["id"]
+                done = threading.Event()
+                sampler = threading.Thread(target=_sample, args=(stack, client, experiment_id, step, done))
+                sampler.start()
+                deadline = time.monotonic() + 3 * METRICS * INTERVAL_S + trials / 50
+                try:
+                    while time.monotonic() < deadline:
+                        if client.get(f"/api/v1/experiments/{experiment_id}").json()["status"] != "RUNNING":
+                            break
+                        time.sleep(1)
+                    else:
+                        step.why = "the experiment did not end within its deadline"
+                finally:
+                    done.set()
+                    sampler.join()
+                step.wall_s = time.perf_counter() - began
+                step.redis_cores = (_redis_cpu(stack) - cpu_before) / step.wall_s
+                memory: Any = stack.client.info("memory")
+                step.redis_mb = float(memory["used_memory_peak"]) / 1e6
+                counts = ViewStore(stack.client, experiment_id).counts()
+                step.succeeded = int(counts.get("SUCCEEDED", 0))
+        finally:
+            services.stop()
+        _metrics(stack, experiment_id, step)
+    if not step.why and step.succeeded < trials:
+        step.why = f"{trials - step.succeeded} of {trials} trials did not succeed"
+    if not step.why and step.views_lag_s and max(step.views_lag_s) > MAX_VIEWS_LAG_S:
+        step.why = f"the views fell {max(step.views_lag_s):.0f} s behind the log"
+    if not step.why and step.stored_per_s < 0.9 * step.offered_per_s:
+        step.why = f"the log took {step.stored_per_s:.0f} metrics/s of the {step.offered_per_s:.0f}/s reported"
+    return step
+
+
+def _answers(client: httpx.Client) -> bool:
+    try:
+        return client.get("/api/v1/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run(root: Path, runs: int) -> Section:
+    section = Section("Many concurrent trials on one stack (issue 29)", "python -m bench --only load")
+    for trials in STEPS:
+        step = _run_step(root, trials)
+        label = f"{trials:,} trials"
+        section.add(
+            Figure(f"{label}: wall time (submit all, {METRICS} metrics each at 1/s, end)", step.wall_s, "s"),
+            Figure(f"{label}: succeeded", step.succeeded, "trials"),
+            Figure(f"{label}: metrics stored, busiest second", step.stored_per_s, "/s"),
+            Figure(f"{label}: metric -> in the log p50", _p(step.metric_lag_ms, 50), "ms"),
+            Figure(f"{label}: metric -> in the log p99", _p(step.metric_lag_ms, 99), "ms"),
+            Figure(f"{label}: views behind the log, median of samples", _median(step.views_lag_s), "s"),
+            Figure(f"{label}: views behind the log, worst sample", max(step.views_lag_s, default=None), "s"),
+            Figure(f"{label}: a page of 100 trials, p50", _p(step.page_ms, 50), "ms"),
+            Figure(f"{label}: NNI's whole trial list, p50", _p(step.nni_list_ms, 50), "ms"),
+            Figure(f"{label}: Redis CPU", step.redis_cores, "cores"),
+            Figure(f"{label}: Redis memory, peak", step.redis_mb, "MB"),
+        )
+        if step.why:
+            section.notes.append(f"At {label} the first thing that broke: {step.why}.")
+            break
+    section.notes.append(
+        f"Trials are threads of `trialstream worker --platform threads` processes ({SLOTS:,} per process), each "
+        f"reporting {METRICS} intermediate metrics 1 s apart and a final one through the worker's control (one append "
+        "per report); one `trialstream manager` (its runner, Random tuner and projector) and one redis-server as "
+        "`trialstream run` starts it (AOF, appendfsync always, unix socket)."
+    )
+    return section
+
+
+def _p(samples: list[float], q: float) -> float | None:
+    return percentile(samples, q) if samples else None
+
+
+def _median(samples: list[float]) -> float | None:
+    return median_of(samples) if samples else None
