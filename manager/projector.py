@@ -24,7 +24,7 @@ import redis
 
 from core import keys
 from core.connections import same_server
-from core.event_store import EventStore, LogEntry, StoredEvent, UnreadableEvent, stream_position
+from core.event_store import EventStore, RawEntry, StoredEvent, UnreadableEvent, stream_position
 from core.keys import ViewKeys
 from manager.projection import apply_to_experiment, apply_to_trial, metric_record_json
 from manager.timeline_views import TimelineBatch
@@ -281,12 +281,9 @@ class Projector:
                     if not raw:
                         pipe.unwatch()
                         return position, 0
-                    entries = [entry.decode() for entry in raw]
-                    timeline = TimelineBatch.read(pipe, view_keys, position, raw)
-                    timeline.fold(raw, entries)
-                    self._write_batch(pipe, view_keys, entries, timeline)
+                    self._write_batch(pipe, view_keys, position, raw)
                     pipe.execute()
-                    return entries[-1].id, len(entries)
+                    return raw[-1].id, len(raw)
                 except redis.WatchError as error:
                     if _connection_lost(error):  # the EXEC may or may not have landed: the position says
                         log.warning(
@@ -304,20 +301,23 @@ class Projector:
         return self._raw_client
 
     def _write_batch(
-        self, pipe: redis.client.Pipeline, view_keys: ViewKeys, entries: list[LogEntry], timeline: TimelineBatch
+        self, pipe: redis.client.Pipeline, view_keys: ViewKeys, position: str, raw: list[RawEntry]
     ) -> None:
-        """Fold `entries` in memory, then queue every write (the timeline's, folded too) and the new position in
-        one MULTI.
+        """Fold the entries after `position` in memory, the timeline's too, then queue every write and the new
+        position in one MULTI.
 
         An event whose fold raises changes nothing (nor do its metrics): it is recorded as
         unreadable with the error, like an entry that does not decode.
         """
+        entries = [entry.decode() for entry in raw]
         stored = [entry for entry in entries if isinstance(entry, StoredEvent)]
         trial_ids = sorted({entry.event.trial_id for entry in stored if isinstance(entry.event, TrialEvent)})
         trials = self._load_trials(pipe, view_keys, trial_ids)
         loaded = dict(trials)
         raw_experiment = pipe.hget(view_keys.experiment, "view")
         experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
+        timeline = TimelineBatch.read(pipe, view_keys, position, raw, loaded, experiment)  # the views read once
+        timeline.fold(raw, entries)
         experiment_changed = False
         unreadable = {entry.id: entry.error for entry in entries if isinstance(entry, UnreadableEvent)}
         candidates: dict[str, tuple[str, str]] = {}  # `trial|dedup key` -> (trial, record JSON), in log order

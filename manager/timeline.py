@@ -276,10 +276,10 @@ class Timeline:
         header: dict[str, Any],
         experiment: ExperimentView | None,
         markers: list[dict[str, Any]],
-        trials: Iterable[tuple[str, str, dict[str, Any], bytes]],
+        trials: Iterable[tuple[str, TrialJobDetail | str, dict[str, Any], bytes]],
     ) -> Timeline:
-        """The fold as `header` and each trial's (id, view JSON, state, packed entries) say: every trial's, or (for the
-        projector, which appends new entries and markers) only the ones a batch names, with no entries."""
+        """The fold as `header` and each trial's (id, view or its JSON, state, packed entries) say: every trial's, or
+        (for the projector, which appends new entries and markers) only the ones a batch names, with no entries."""
         timeline = cls(experiment_id)
         timeline.head, timeline.start, timeline.end = header["head"], header["start"], header["end"]
         timeline.attempt_count, timeline.experiment_changes = header["attempts"], header["experimentChanges"]

@@ -14,6 +14,7 @@ is disposable: a rebuild or a replay folds it again from the log, the same whate
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -23,7 +24,7 @@ from core.connections import same_server
 from core.event_store import EventStore, LogEntry, RawEntry
 from core.keys import ViewKeys
 from manager.timeline import Timeline
-from schemas.trial import ExperimentView
+from schemas.trial import ExperimentView, TrialJobDetail
 
 READ_BATCH = 10_000
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
@@ -39,10 +40,17 @@ class TimelineBatch:
 
     @classmethod
     def read(
-        cls, pipe: redis.client.Pipeline, view_keys: ViewKeys, position: str, entries: list[RawEntry]
+        cls,
+        pipe: redis.client.Pipeline,
+        view_keys: ViewKeys,
+        position: str,
+        entries: list[RawEntry],
+        views: Mapping[str, TrialJobDetail | None],
+        experiment: ExperimentView | None,
     ) -> TimelineBatch:
-        """What the batch folds onto: the kept header, and the trials its entries name (their views, states and
-        no entries: those are appended). Where nothing was kept past the log's start (views projected before the
+        """What the batch folds onto: the kept header, and the trials its entries name (their states, their views
+        as the projector read them, or read here for a trial named only by an entry that does not decode; no
+        entries: those are appended). Where nothing was kept past the log's start (views projected before the
         timeline was), the log up to `position` is folded first, so the batch writes the whole timeline."""
         header: Any = pipe.hget(view_keys.timeline, "header")
         if header is None and position != "0-0":
@@ -51,13 +59,13 @@ class TimelineBatch:
         states: dict[str, str] = {}
         if header is None:
             return cls(view_keys, Timeline(view_keys.experiment_id), states)
-        raw_experiment: Any = pipe.hget(view_keys.experiment, "view")
-        experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
-        trials = []
+        trials: list[tuple[str, TrialJobDetail | str, dict[str, Any], bytes]] = []
         if trial_ids:
             raw_states: Any = pipe.hmget(view_keys.timeline_trials, trial_ids)
-            raw_views: Any = pipe.hmget(view_keys.trials, trial_ids)
-            for trial_id, state, view in zip(trial_ids, raw_states, raw_views, strict=True):
+            unread = [trial_id for trial_id in trial_ids if trial_id not in views]
+            raw_views: Any = dict(zip(unread, pipe.hmget(view_keys.trials, unread), strict=True)) if unread else {}
+            for trial_id, state in zip(trial_ids, raw_states, strict=True):
+                view = views[trial_id] if trial_id in views else raw_views[trial_id]
                 if state is not None and view is not None:
                     states[trial_id] = state
                     trials.append((trial_id, view, json.loads(state), b""))
