@@ -62,6 +62,7 @@ WORKER_OWNED = (
 
 READ_ONLY = (
     keys.EXPERIMENTS,
+    keys.ARCHIVED,  # an append checks that its experiment is not archived (core.event_store)
     f"{_P}:view:*",
     f"{_EXP}:runner",
     f"{_EXP}:runner-epoch",

@@ -24,10 +24,14 @@ from schemas.upcasters import upcast
 
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
 
-# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: experiment id, then per entry: idempotency key
-# or '', stream id ('*': new), commands stream or '', n, n field/value pairs. A batch is appended atomically; a key seen
-# before returns its first id. docs/architecture.md ("Keys in Redis") says what the commands and activity keys are for.
+# KEYS: stream, idempotency hash, activity zset, activity clock, archived hash. ARGV: experiment id, then per entry:
+# idempotency key or '', stream id ('*': new), commands stream or '', n, n field/value pairs. A batch is appended
+# atomically; a key seen before returns its first id; nothing is appended to an archived experiment (manager.archive).
+# docs/architecture.md ("Keys in Redis") says what the commands and activity keys are for.
 _APPEND = """
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+  return redis.error_reply('ARCHIVED experiment ' .. ARGV[1] .. ' is archived: restore it before appending')
+end
 local ids, grew, i = {}, false, 2
 while i <= #ARGV do
   local key, id, commands, n = ARGV[i], false, ARGV[i + 2], tonumber(ARGV[i + 3])
@@ -73,6 +77,11 @@ EXPERIMENT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
 class InvalidExperimentId(ValueError):
     pass
+
+
+class ExperimentArchived(RuntimeError):
+    """An append to an experiment whose log is in its archive: what reads it there is a copy that expires, so
+    nothing is appended before the experiment is restored (manager.archive.restore; `resume` does it)."""
 
 
 def check_experiment_id(experiment_id: str) -> str:
@@ -245,8 +254,13 @@ class EventStore:
             self._run_script(arguments, pipeline)
 
     def _run_script(self, arguments: list[str], pipeline: Pipeline | None) -> Any:
-        script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK]
-        return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
+        script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK, keys.ARCHIVED]
+        try:
+            return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
+        except redis.ResponseError as error:
+            if str(error).startswith("ARCHIVED"):
+                raise ExperimentArchived(str(error).removeprefix("ARCHIVED ")) from None
+            raise
 
     def _arguments(self, events: Sequence[Event], idempotency_keys: list[str | None]) -> list[str]:
         arguments = []

@@ -18,6 +18,7 @@ REAP_ROUND = f"{LOG_PREFIX}:reaper:round"  # "<server time ms> <run_id>" of the 
 MANAGER_HOSTED = f"{LOG_PREFIX}:manager:hosted"  # set: experiments a `trialstream manager` runs, resumed at its start
 REAP_HOLD = f"{LOG_PREFIX}:reaper:hold"  # no reaping before this server time (ms): after a pause or restart
 REPLICATION_TIMEOUTS = f"{LOG_PREFIX}:replication:timeouts"  # counter: appends that too few replicas confirmed in time
+ARCHIVED = f"{LOG_PREFIX}:archived"  # hash: experiment id -> where its archive is (manager.archive.ArchiveRecord), JSON
 
 
 def events(experiment_id: str) -> str:
@@ -67,6 +68,16 @@ def runner_epoch(experiment_id: str) -> str:
     """Counted up each time a runner claims the experiment: a runner whose claim lapsed takes it back
     only if nobody claimed it since."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:runner-epoch"
+
+
+def thawed(experiment_id: str) -> str:
+    """Set of the keys an archived experiment's read-through copy restored, expiring with them."""
+    return f"{LOG_PREFIX}:exp:{experiment_id}:thawed"
+
+
+def staging(experiment_id: str, token: str) -> str:
+    """Prefix of the keys a restore writes before it renames them into place at once; they expire if it dies."""
+    return f"{LOG_PREFIX}:staging:{experiment_id}:{token}{':' if token else ''}"
 
 
 def placement_turn(experiment_id: str) -> str:
@@ -144,6 +155,12 @@ class ViewKeys:
     def timeline_markers(self) -> str:
         """List of the timeline's experiment markers, JSON, in log order."""
         return f"{self._base}:timeline:markers"
+
+    @property
+    def kept_when_archived(self) -> frozenset[str]:
+        """The views an archived experiment keeps in Redis (a few hundred bytes): what lists experiments
+        (status, times, counts) reads them without bringing the experiment back."""
+        return frozenset({self.position, self.experiment, self.counts})
 
     @property
     def fixed(self) -> frozenset[str]:

@@ -92,6 +92,15 @@ class Settings(EnvironmentSettings):
         default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"
     )
     manager_url: str | None = Field(default=None, description="talk to this `trialstream manager` instead of Redis")
+    archive_location: str | None = Field(
+        default=None, description="where ended experiments are archived: a directory or s3://bucket/prefix"
+    )  # default: <experiments_dir>/archive
+    archive_endpoint_url: str | None = Field(default=None, description="an S3-compatible server, for s3:// archives")
+    archive_after_h: float | None = Field(
+        default=None, ge=0, description="archive an experiment this many hours after it ended; default: by hand only"
+    )
+    archive_check_s: float = Field(default=60.0, gt=0, description="how often archive_after_h is applied")
+    archive_thaw_s: float = Field(default=3600.0, gt=0, description="how long a read of an archived one stays in Redis")
     platforms: Annotated[dict[str, str], BeforeValidator(_platform_targets)] = Field(
         default_factory=dict, description="extra platform adapters: name=module:Class, comma-separated"
     )

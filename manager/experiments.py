@@ -18,7 +18,9 @@ from core.assignments import secrets_by_platform
 from core.connections import same_server
 from core.event_store import EventStore
 from core.queueing import ExperimentJob, enqueue
+from manager.archive.moves import archived, forget, thaw
 from manager.training_service import TrainingService
+from manager.views import ViewStore
 from schemas.events import ExperimentCreated, ExperimentFinished
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -92,15 +94,23 @@ def finish_experiment(
 
 
 def resolve_experiment(client: redis.Redis, experiment_id: str | None) -> str:
-    """The given experiment if it exists, else the newest one."""
+    """The given experiment if it exists, else the newest one; an archived one is read from its archive
+    (manager.archive.moves.thaw) for a while from now."""
     if experiment_id is None:
         newest = client.zrange(keys.EXPERIMENTS, -1, -1)
         if not newest:
             raise ExperimentNotFound("no experiment has been run against this Redis yet")
-        return str(newest[0])
+        experiment_id = str(newest[0])
+    else:
+        resolve_known(client, experiment_id)
+    thaw(client, experiment_id)
+    return experiment_id
+
+
+def resolve_known(client: redis.Redis, experiment_id: str) -> None:
+    """A clear not-found for an experiment this Redis never had (or deleted); nothing is read from an archive."""
     if client.zscore(keys.EXPERIMENTS, experiment_id) is None:
         raise ExperimentNotFound(f"experiment {experiment_id!r} not found")
-    return experiment_id
 
 
 class ExperimentRunning(RuntimeError):
@@ -119,13 +129,19 @@ class ExperimentSummary(BaseModel):
 
 
 def list_experiments(client: redis.Redis) -> list[ExperimentSummary]:
-    """Every experiment of this Redis, oldest first, read through the views and the log's tail."""
+    """Every experiment of this Redis, oldest first, read through the views and the log's tail (an archived
+    one through the views it keeps in Redis: a listing does not bring it back)."""
     rq_connection = same_server(client, decode=False)
     summaries = []
+    archived_ids = set(client.hkeys(keys.ARCHIVED))
     for experiment_id in client.zrange(keys.EXPERIMENTS, 0, -1):
         service = TrainingService(client, rq_connection, str(experiment_id))
         view = service.experiment_view()
-        counts = Counter(str(trial.status) for trial in service.list_trial_jobs())
+        if experiment_id in archived_ids:
+            kept = ViewStore(client, view.id).counts()  # `lost` and `retried` attempts too
+            counts = Counter({status: count for status, count in kept.items() if status.isupper()})
+        else:
+            counts = Counter(str(trial.status) for trial in service.list_trial_jobs())
         summaries.append(
             ExperimentSummary(
                 id=view.id,
@@ -160,17 +176,19 @@ def _text(value: str | bytes) -> str:
 
 def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
     """Delete everything Redis holds of a stopped experiment: its log and what serves it, its views
-    in every namespace, its queued and finished jobs, and its entries in shared sets. Returns how many
-    keys went. Refused while a runner holds the experiment's claim."""
-    resolve_experiment(client, experiment_id)  # an unknown id is a clear not-found
+    in every namespace, its queued and finished jobs, its entries in shared sets, and its archive if it
+    has one. Returns how many keys went. Refused while a runner holds the experiment's claim."""
+    resolve_known(client, experiment_id)
+    record = archived(client, experiment_id)
     runner_key = keys.runner(experiment_id)
     pattern_id = _glob_escaped(experiment_id)
     owned = set(client.scan_iter(match=f"{keys.LOG_PREFIX}:exp:{pattern_id}:*", count=1000))
     owned |= set(client.scan_iter(match=f"*:view:{pattern_id}:*", count=1000))
+    owned |= set(client.scan_iter(match=f"{keys.staging(pattern_id, '*')}*", count=1000))
     job_keys = _job_keys(client, experiment_id)
     job_ids = {match.group("job") for match in job_keys.values()}
     with client.pipeline(transaction=True) as pipe:
-        pipe.watch(runner_key)  # a runner that claims it from now on makes the deletion fail
+        pipe.watch(runner_key, keys.ARCHIVED)  # a runner that claims it from now on makes the deletion fail
         if pipe.exists(runner_key):
             holder: Any = pipe.get(runner_key)
             raise ExperimentRunning(f"experiment {experiment_id} is running ({holder}): stop it first")
@@ -189,12 +207,15 @@ def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
         pipe.zrem(keys.EXPERIMENTS, experiment_id)
         pipe.zrem(keys.ACTIVITY, experiment_id)
         pipe.srem(keys.MANAGER_HOSTED, experiment_id)  # a manager must not resume what is gone
+        pipe.hdel(keys.ARCHIVED, experiment_id)
         try:
             pipe.execute()
         except redis.WatchError:
-            taken = f"experiment {experiment_id} was just taken up by a runner: stop it first"
+            taken = f"experiment {experiment_id} was just taken up by a runner or moved: try again"
             raise ExperimentRunning(taken) from None
-    return len(owned) + len(job_keys)
+    if record is not None:
+        forget(record, experiment_id)  # after Redis: a crash in between leaves files, never a record without them
+    return len(owned) + len(job_keys) + (record.keys if record is not None else 0)
 
 
 def _job_keys(client: redis.Redis, experiment_id: str) -> dict[str, re.Match[str]]:

@@ -24,6 +24,7 @@ from core import keys
 from core.connections import same_server
 from core.event_store import EventStore, StoredEvent
 from core.settings import Settings
+from manager.archive.policy import start_policy
 from manager.config import ExperimentSpec
 from manager.experiment_process import ExperimentProcess
 from manager.experiments import ExperimentNotFound, delete_experiment, finish_experiment, resolve_experiment
@@ -85,6 +86,7 @@ class ManagerHost:
                 target=self._projector.run, args=(self._stop,), name="projector", daemon=True
             )
             self._projector_thread.start()
+            start_policy(self.client, self.settings, self._stop)
         hosted: Any = self.client.smembers(keys.MANAGER_HOSTED)
         for experiment_id in sorted(str(member) for member in hosted):
             try:

@@ -26,6 +26,7 @@ from core.assignments import configured_platforms, experiment_secrets
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
+from manager.archive.moves import restore
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
 from manager.experiments import create_experiment, finish_experiment, move_legacy_secrets
@@ -234,7 +235,8 @@ class ExperimentRunner:
         An imported log's run is not here: only with `allow_imported` is it taken up, its unfinished
         trials first ended as SYS_CANCELED. A DONE experiment is taken up only with `changes` (NNI's
         update of a finished experiment: a larger budget, say), logged once the claim is taken and
-        before the replay, so the runner starts under them."""
+        before the replay, so the runner starts under them. An archived experiment is restored first."""
+        restore(client, experiment_id)
         service = TrainingService(client, rq_connection, experiment_id)
         experiment = service.experiment_view()
         if experiment.imported and not allow_imported:

@@ -32,10 +32,13 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.code_archive import MAX_ARCHIVE_BYTES
-from core.event_store import InvalidExperimentId
+from core.event_store import ExperimentArchived, InvalidExperimentId
 from core.registry import UnknownPlatform
 from manager.api import native, nni, observability, timeline, webui
 from manager.api.listings import ListingCache
+from manager.archive.moves import ArchiveError
+from manager.archive.segments import CorruptArchive
+from manager.archive.stores import ArchiveStoreError
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.runner import RunnerError
@@ -70,6 +73,10 @@ _ERRORS: dict[type[Exception], int] = {
     RunnerError: 409,
     MissingClusterMetadata: 409,
     native.ClusterMetadataOfTheConfig: 409,
+    ExperimentArchived: 409,
+    ArchiveError: 409,
+    ArchiveStoreError: 503,  # the archive an archived experiment is read from does not answer
+    CorruptArchive: 503,
     UnicodeEncodeError: 422,  # a lone surrogate in a request's text (a search space, a form) reaching Redis
 }
 

@@ -100,10 +100,13 @@ def _reported_errors() -> tuple[type[Exception], ...]:
 
     from core.acl import AclError
     from core.connections import RedisUnavailable
-    from core.event_store import InvalidExperimentId
+    from core.event_store import ExperimentArchived, InvalidExperimentId
     from core.registry import UnknownPlatform
     from core.settings import SettingError
     from manager.api_client import ManagerError
+    from manager.archive.moves import ArchiveError
+    from manager.archive.segments import CorruptArchive
+    from manager.archive.stores import ArchiveStoreError
     from manager.experiments import ExperimentNotFound, ExperimentRunning
     from manager.replay import InvalidPosition, UnknownEventType
     from manager.runner import RunnerError
@@ -130,6 +133,10 @@ def _reported_errors() -> tuple[type[Exception], ...]:
         redis.RedisError,
         ManagerError,
         AclError,
+        ArchiveError,
+        ArchiveStoreError,
+        CorruptArchive,
+        ExperimentArchived,
     )
 
 

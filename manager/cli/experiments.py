@@ -1,4 +1,5 @@
-"""`trialstream experiments list|delete`: every experiment of a manager, a shared Redis or the experiments root."""
+"""`trialstream experiments list|delete|archive|restore`: every experiment of a manager, a shared Redis or the
+experiments root."""
 
 from __future__ import annotations
 
@@ -6,12 +7,24 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
 
 from core.connections import connect
 from core.settings import Settings
+from manager.archive.moves import archive, restore
+from manager.archive.policy import store_of
 from manager.cli import render
 from manager.cli.access import manager_client
-from manager.experiments import ExperimentRunning, ExperimentSummary, delete_experiment, list_experiments
+from manager.experiments import (
+    ExperimentRunning,
+    ExperimentSummary,
+    delete_experiment,
+    list_experiments,
+    resolve_known,
+)
 from manager.runner import RunnerError
 from manager.stack import embedded_experiments, experiment_dir, experiments_root, live_url, served_data
 from schemas.api import ExperimentState
@@ -30,6 +43,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     delete.add_argument("experiment_id")
     delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     delete.set_defaults(handler=_delete)
+    archive = experiments.add_parser(
+        "archive", help="move an ended experiment's log and views out of Redis into the archive; reads go on"
+    )
+    archive.add_argument("experiment_id")
+    archive.set_defaults(handler=_archive)
+    restore = experiments.add_parser("restore", help="bring an archived experiment back into Redis for good")
+    restore.add_argument("experiment_id")
+    restore.set_defaults(handler=_restore)
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
@@ -85,6 +106,44 @@ def _delete(args: argparse.Namespace, settings: Settings) -> int:
     shutil.rmtree(directory)
     print(f"deleted experiment {experiment_id} and its directory {directory}")
     return 0
+
+
+def _archive(args: argparse.Namespace, settings: Settings) -> int:
+    store = store_of(settings)
+    with _experiment_redis(settings, args.experiment_id) as client:
+        record = archive(
+            client,
+            args.experiment_id,
+            store,
+            thaw_s=settings.archive_thaw_s,
+        )
+    print(f"archived experiment {args.experiment_id} to {store.location} ({record.keys} keys, {record.size:,} bytes)")
+    return 0
+
+
+def _restore(args: argparse.Namespace, settings: Settings) -> int:
+    with _experiment_redis(settings, args.experiment_id) as client:
+        restored = restore(client, args.experiment_id)
+    print(
+        f"restored experiment {args.experiment_id} ({restored} keys)"
+        if restored
+        else f"{args.experiment_id} is in Redis"
+    )
+    return 0
+
+
+@contextmanager
+def _experiment_redis(settings: Settings, experiment_id: str) -> Iterator[redis.Redis]:
+    """The Redis holding the experiment: the shared one, or the embedded experiment's (served for the command)."""
+    if settings.manager_url is not None and settings.redis_url is None:
+        raise RunnerError("archive and restore work on Redis itself: set TRIALSTREAM_REDIS_URL (the manager's Redis)")
+    if settings.redis_url is not None:
+        client = connect(settings.redis_url, options=settings.redis_options())
+        resolve_known(client, experiment_id)
+        yield client
+        return
+    with served_data(experiment_dir(experiments_root(settings), experiment_id)) as url:
+        yield connect(url)
 
 
 def _confirm(question: str) -> None:

@@ -37,6 +37,7 @@ def hand_over_to_worker(redis_url: str | None, arguments: list[str]) -> NoReturn
 def _projector(args: argparse.Namespace, settings: Settings) -> int:
     from core.connections import connect  # here: `trialstream worker` loads none of it
     from core.redis_urls import redact_url
+    from manager.archive.policy import start_policy
     from manager.cli import render
     from manager.cli.access import required_url
     from manager.projector import Projector
@@ -51,5 +52,6 @@ def _projector(args: argparse.Namespace, settings: Settings) -> int:
     # scanning what was loaded at start-up each time, cost ~20 % of a rebuild (bench/FINDINGS.md).
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    start_policy(client, settings, stop)
     Projector(client).run(stop)
     return 0

@@ -14,8 +14,12 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from core import keys
+from core.connections import connect
 from core.variables import PREFIX
 from manager.api.webui import url_prefix_problem
+from manager.archive.moves import archive
+from manager.archive.stores import open_store
 from schemas import nni_rest
 from schemas.trial import (
     ExperimentView,
@@ -271,6 +275,20 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert web.get(f"{prefixed}/experiment").json()["id"] == experiment_id
     missing = web.get(f"{url}/nni/nosuchexp/api/v1/nni/check-status")
     assert missing.status_code == 404 and "error" in missing.json()
+
+    # archived (manager.archive), it reads the same; the listings read what stays in Redis, the rest thaws it
+    paths = ["/experiment", "/check-status", "/job-statistics", "/trial-jobs", f"/trial-jobs/{jobs[1].trialJobId}"]
+    paths += ["/metric-data", f"/metric-data/{jobs[0].trialJobId}", "/metric-data-latest", "/export-data"]
+    answers = {path: _nni(url, path) for path in paths}
+    listed = web.get(f"{url}/api/v1/experiments").json()
+    client = connect(processes.redis_url)
+    wait_until(lambda: not client.exists(keys.runner(experiment_id)), 30, what="the runner to let go")
+    archive(client, experiment_id, open_store(str(tmp_path / "archive")))
+    assert not client.exists(keys.events(experiment_id), keys.ViewKeys(experiment_id).trials)
+    assert _nni(url, "/experiments-info") == [metadata] and web.get(f"{url}/api/v1/experiments").json() == listed
+    assert not client.exists(keys.thawed(experiment_id))
+    assert {path: _nni(url, path) for path in paths} == answers
+    assert client.exists(keys.thawed(experiment_id), keys.events(experiment_id)) == 2
 
 
 def test_trial_files_serve_output_and_stay_in_the_trial_directory(tmp_path: Path, processes: Processes) -> None:

@@ -1,0 +1,154 @@
+"""Where archives are kept: a directory (the default) or an S3-compatible bucket, named by one location.
+
+    /srv/archive  or  file:///srv/archive   a directory (on a disk every reader of the experiment sees)
+    s3://bucket/prefix                      a bucket; credentials from boto3's usual chain (AWS_* variables,
+                                            ~/.aws), an endpoint URL for servers other than AWS (MinIO, ...)
+
+An object is written whole or not at all (a directory's through a renamed temporary file, fsynced), so a
+crash never leaves a half-written one under its name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+
+class ArchiveStoreError(RuntimeError):
+    pass
+
+
+class ArchiveStore(Protocol):
+    location: str
+    endpoint_url: str | None  # an S3-compatible server's, written beside the location where archives are named
+
+    def put(self, name: str, data: bytes) -> None: ...
+
+    def get(self, name: str) -> bytes: ...
+
+    def names(self, prefix: str) -> list[str]:
+        """Every object's name under `prefix` (a folder: `exp/`)."""
+        ...
+
+    def delete(self, names: list[str]) -> None: ...
+
+
+class DirectoryStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser()
+        self.location = str(self.root)
+        self.endpoint_url: str | None = None
+
+    def put(self, name: str, data: bytes) -> None:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power cut
+        finally:
+            os.close(directory)
+
+    def get(self, name: str) -> bytes:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            raise ArchiveStoreError(f"{self.root / name} is missing from the archive") from None
+
+    def names(self, prefix: str) -> list[str]:
+        folder = self.root / prefix
+        files = folder.rglob("*") if folder.is_dir() else []
+        return sorted(str(path.relative_to(self.root)) for path in files if path.is_file() and _finished(path))
+
+    def delete(self, names: list[str]) -> None:
+        folders = set()
+        for name in names:
+            (self.root / name).unlink(missing_ok=True)
+            folders.add((self.root / name).parent)
+        for folder in folders:  # an archive's folder, then its experiment's, once empty
+            for empty in (folder, folder.parent):
+                try:
+                    empty.rmdir()
+                except OSError:
+                    break
+
+
+def _finished(path: Path) -> bool:
+    """Not a temporary file a put is still writing (or a dead one left)."""
+    return not path.name.startswith(".part-")
+
+
+class S3Store:
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None) -> None:
+        import boto3  # the `s3` extra: only users of a bucket install it
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.endpoint_url = endpoint_url
+        self._client: Any = boto3.client("s3", endpoint_url=endpoint_url)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def put(self, name: str, data: bytes) -> None:
+        with self._errors(name):
+            self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+
+    def get(self, name: str) -> bytes:
+        with self._errors(name):
+            return bytes(self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read())
+
+    def names(self, prefix: str) -> list[str]:
+        found = []
+        with self._errors(prefix):
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+            for page in pages:
+                found += [item["Key"] for item in page.get("Contents", [])]
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        return sorted(key[cut:] for key in found)
+
+    def delete(self, names: list[str]) -> None:
+        for start in range(0, len(names), 1000):  # S3's most per request
+            objects = [{"Key": self._key(name)} for name in names[start : start + 1000]]
+            with self._errors(names[start]):
+                self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+
+    @contextmanager
+    def _errors(self, name: str) -> Iterator[None]:
+        """boto3's errors (a missing object, no credentials, no answer) as one that names the object."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except self._client.exceptions.NoSuchKey:
+            raise ArchiveStoreError(f"{self.location}/{name} is missing from the archive") from None
+        except (BotoCoreError, ClientError) as error:
+            raise ArchiveStoreError(f"{self.location}/{name}: {error}") from None
+
+
+def open_store(location: str, endpoint_url: str | None = None) -> ArchiveStore:
+    """The store a location names: a path or file:// URL, or s3://bucket/prefix."""
+    parsed = urlparse(location)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ArchiveStoreError(f"archive location {location!r}: name the bucket, s3://BUCKET/prefix")
+        return S3Store(parsed.netloc, parsed.path, endpoint_url)
+    if parsed.scheme == "file":
+        return DirectoryStore(Path(parsed.path))
+    if parsed.scheme:
+        raise ArchiveStoreError(f"archive location {location!r}: use a directory, file:///path or s3://bucket/prefix")
+    return DirectoryStore(Path(location))
