@@ -281,6 +281,7 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     paths += ["/metric-data", f"/metric-data/{jobs[0].trialJobId}", "/metric-data-latest", "/export-data"]
     answers = {path: _nni(url, path) for path in paths}
     listed = web.get(f"{url}/api/v1/experiments").json()
+    timeline = web.get(f"{url}/api/v1/experiments/{experiment_id}/timeline").json()
     client = connect(processes.redis_url)
     wait_until(lambda: not client.exists(keys.runner(experiment_id)), 30, what="the runner to let go")
     archive(client, experiment_id, open_store(str(tmp_path / "archive")))
@@ -288,6 +289,7 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert _nni(url, "/experiments-info") == [metadata] and web.get(f"{url}/api/v1/experiments").json() == listed
     assert not client.exists(keys.thawed(experiment_id))
     assert {path: _nni(url, path) for path in paths} == answers
+    assert web.get(f"{url}/api/v1/experiments/{experiment_id}/timeline").json() == timeline
     assert client.exists(keys.thawed(experiment_id), keys.events(experiment_id)) == 2
 
 

@@ -15,6 +15,8 @@ import redis
 
 from core import keys
 from core.event_store import EventStore, StoredEvent
+from manager.archive.moves import archive, archived
+from manager.archive.stores import open_store
 from manager.stack import embedded_experiments, live_url
 from manager.views import ViewStore
 from schemas.events import ExperimentResumed, TrialStarted
@@ -94,9 +96,11 @@ def test_resume_continues_a_crashed_runner_without_rerunning_or_overspending(
     assert sum(isinstance(e, StoredEvent) and isinstance(e.event, ExperimentResumed) for e in entries) == 1
     wait_until(lambda: (view := views.experiment()) is not None and view.status == "DONE", 10, what="DONE")
 
+    archive(client, experiment_id, open_store(str(tmp_path / "archive")))  # a resume brings it back first
     again = trialstream(redis_url, "resume", experiment_id)
     _, errors = again.communicate(timeout=30)
     assert again.returncode == 1 and f"experiment {experiment_id} is done" in errors
+    assert archived(client, experiment_id) is None and client.pttl(keys.events(experiment_id)) == -1
 
 
 def test_resume_after_an_embedded_run_was_killed(tmp_path: Path) -> None:
