@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench import (
     api,
+    archive,
     failover,
     ingestion,
     kubernetes,
@@ -48,6 +49,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "replication": replication.run,
     "timeline": timeline.run,
     "load": load.run,
+    "archive": archive.run,
 }
 
 
