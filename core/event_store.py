@@ -19,17 +19,19 @@ from redis.client import Pipeline
 from core import keys
 from core.connections import same_server
 from core.replication import acknowledge_after
-from schemas.events import EVENT_ADAPTER, Event, TrialCommand
+from schemas.compact import METRIC, compact_metric, expanded
+from schemas.events import EVENT_ADAPTER, Event, TrialCommand, TrialMetricReported
 from schemas.upcasters import upcast
 
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
 
-# KEYS: stream, idempotency hash, activity zset, activity clock, archived hash. ARGV: experiment id, then per entry:
-# idempotency key or '', stream id ('*': new), commands stream or '', n, n field/value pairs. A batch is appended
-# atomically; a key seen before returns its first id; nothing is appended to an archived experiment (manager.archive).
+# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: experiment id, then per entry: idempotency
+# key or '', stream id ('*': new), commands stream or '', n, n field/value pairs. A batch is appended atomically; a
+# key seen before returns its first id; nothing is appended to an archived experiment (manager.archive: the archived
+# hash is read by name, as a worker may only read it, and a script's KEYS need write access under ACLs).
 # docs/architecture.md ("Keys in Redis") says what the commands and activity keys are for.
 _APPEND = """
-if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+if redis.call('HEXISTS', '$ARCHIVED', ARGV[1]) == 1 then
   return redis.error_reply('ARCHIVED experiment ' .. ARGV[1] .. ' is archived: restore it before appending')
 end
 local ids, grew, i = {}, false, 2
@@ -47,7 +49,7 @@ while i <= #ARGV do
 end
 if grew then redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1]) end
 return ids
-"""
+""".replace("$ARCHIVED", keys.ARCHIVED)
 acknowledge_after(_APPEND)  # with replicas, an append returns once they have it (core.replication.ReplicaAcks)
 _APPEND_BATCH = 1000  # events per script call: Redis serves nobody else while a script runs
 
@@ -103,11 +105,14 @@ def is_stream_id(text: str) -> bool:
 
 
 def stored_payload(fields: dict[str, str]) -> dict[str, Any]:
-    """The entry's JSON object, or {} when it has none that parses (unreadable entries too)."""
+    """The entry's JSON object (a compact metric's expanded), or {} when it has none that parses (unreadable
+    entries too)."""
     try:
         payload = json.loads(fields.get("json", ""))
     except ValueError:
         return {}
+    if isinstance(payload, list) and fields.get("type") == METRIC:
+        return expanded(payload, fields.get("trial", ""))
     return payload if isinstance(payload, dict) else {}
 
 
@@ -119,6 +124,11 @@ def stream_position(entry_id: str) -> tuple[int, int]:
 
 def decode_entry(entry_id: str, fields: dict[str, str]) -> LogEntry:
     """The entry's event at the current schema version (older versions are upcast), or why it cannot be read."""
+    if fields.get("json", "").startswith("["):  # a metric in compact form (schemas.compact)
+        try:
+            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upcast(stored_payload(fields))))
+        except (ValidationError, ValueError, RecursionError) as error:
+            return UnreadableEvent(entry_id, fields, _reason(error))
     try:
         return StoredEvent(entry_id, EVENT_ADAPTER.validate_json(fields["json"]))
     except KeyError as error:
@@ -167,12 +177,16 @@ def _from_bytes(entry_id: bytes, fields: dict[bytes, bytes]) -> RawEntry:
 
 
 def encode_event(event: Event) -> dict[str, str]:
-    """Stream fields: `type` and `trial` let readers filter without decoding the JSON.
+    """Stream fields: `type` and `trial` let readers filter without decoding the JSON; a metric's JSON is its
+    compact form (schemas.compact).
 
     Not validated again: pydantic checked the event when it was built (so never build one with
     `model_construct`), and tests check that every event type reads back as it was written.
     """
-    payload = event.model_dump_json(by_alias=True, exclude_none=True)
+    if isinstance(event, TrialMetricReported):
+        payload = compact_metric(event)
+    else:
+        payload = event.model_dump_json(by_alias=True, exclude_none=True)
     return {"type": event.type, "trial": getattr(event, "trial_id", ""), "json": payload}
 
 
@@ -254,7 +268,7 @@ class EventStore:
             self._run_script(arguments, pipeline)
 
     def _run_script(self, arguments: list[str], pipeline: Pipeline | None) -> Any:
-        script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK, keys.ARCHIVED]
+        script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK]
         try:
             return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
         except redis.ResponseError as error:
