@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from bench.harness import BenchStack, Figure, Section, free_port, median_of, percentile, stream_ms, wait_until
-from core.event_store import EventStore
+from core.event_store import EventStore, stored_payload
 from core.settings import Settings
 from manager.stack import ServiceProcesses
 from manager.views import ViewStore
@@ -95,10 +95,11 @@ def _metrics(stack: BenchStack, experiment_id: str, step: Step) -> None:
     while batch := store.raw_range(after, "+", 10_000):
         after = f"({batch[-1].id}"
         for entry in batch:
-            if entry.fields.get("type") != "TrialMetricReported" or '"PERIODICAL"' not in entry.fields["json"]:
+            payload = stored_payload(entry.fields) if entry.fields.get("type") == "TrialMetricReported" else {}
+            if payload.get("metricType") != "PERIODICAL":
                 continue
             stored = stream_ms(entry.id)
-            reported = float(json.loads(json.loads(json.loads(entry.fields["json"])["data"])))
+            reported = float(json.loads(json.loads(payload["data"])))
             step.metric_lag_ms.append(stored - reported * 1000)
             per_second[stored // 1000] = per_second.get(stored // 1000, 0) + 1
     step.stored_per_s = max(per_second.values(), default=0)

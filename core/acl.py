@@ -62,7 +62,7 @@ WORKER_OWNED = (
 
 READ_ONLY = (
     keys.EXPERIMENTS,
-    keys.ARCHIVED,  # an append checks that its experiment is not archived (core.event_store)
+    keys.ARCHIVED,  # read by the append script (a call of its own, not one of its KEYS: those need write access)
     f"{_P}:view:*",
     f"{_EXP}:runner",
     f"{_EXP}:runner-epoch",

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from core.event_store import LogEntry, StoredEvent, decode_entry, stream_position
 from manager.algorithms import optimize_mode_of
 from manager.projection import apply_to_experiment, apply_to_trial
+from schemas.compact import periodical_attempt
 from schemas.config import ExperimentConfig
 from schemas.events import (
     Event,
@@ -321,9 +322,15 @@ class Timeline:
         if trial is not None:
             if entry is None:  # read off the JSON, without building the event
                 raw = fields.get("json", "")
-                periodical = fields.get("type") == "TrialMetricReported" and _PERIODICAL in raw
-                found = _ATTEMPT.search(raw) if periodical else None
-                number = int(found.group(1)) if found else None
+                if fields.get("type") != "TrialMetricReported":
+                    periodical, number = False, None
+                elif raw.startswith("["):  # the compact form
+                    number = _compact_attempt(raw)
+                    periodical = number is not None
+                else:
+                    periodical = _PERIODICAL in raw
+                    found = _ATTEMPT.search(raw) if periodical else None
+                    number = int(found.group(1)) if found else None
             else:
                 event = entry.event if isinstance(entry, StoredEvent) else None
                 periodical = isinstance(event, TrialMetricReported) and event.metric_type == "PERIODICAL"
@@ -540,6 +547,15 @@ class Timeline:
         if trial is None:
             raise LookupError(f"no trial {trial_id!r} in experiment {self.experiment_id}")
         return trial.entry_ids()
+
+
+def _compact_attempt(raw: str) -> int | None:
+    """The attempt of an intermediate metric in compact form (schemas.compact), None for another or a bad one."""
+    try:
+        values = json.loads(raw)
+    except ValueError:
+        return None
+    return periodical_attempt(values) if isinstance(values, list) else None
 
 
 def _metric_time(trial: _Trial, number: int | None, at: int) -> int:

@@ -148,7 +148,7 @@ def test_an_attempt_s_detail_is_its_trial_s_history_and_its_own_metrics() -> Non
     by_id = dict(log)
     trial_entries = [(entry_id, by_id[entry_id]) for entry_id in timeline.entry_ids(TRIAL)]
     detail = attempt_detail(timeline, TRIAL, 2, trial_entries, {"error": "none here"})
-    assert [line["type"] for line in detail["history"]] == [json.loads(f["json"])["type"] for _, f in log]
+    assert [line["type"] for line in detail["history"]] == [f["type"] for _, f in log]
     assert [(m["type"], m["sequence"], m["value"]) for m in detail["metrics"]] == [
         ("PERIODICAL", 0, 0.5),
         ("FINAL", 1, 0.93),

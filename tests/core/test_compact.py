@@ -1,0 +1,75 @@
+"""The log's compact form of metric events (schemas.compact): read back as written, beside entries in the object
+form written before it, and a third of the size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.event_store import StoredEvent, UnreadableEvent, decode_entry, encode_event, stored_payload
+from schemas.events import TrialMetricReported
+
+METRICS = [
+    TrialMetricReported(
+        experiment_id="exp1",
+        trial_id="t1",
+        attempt=1,
+        parameter_id="5",
+        metric_type="PERIODICAL",
+        sequence=2,
+        data='"0.5"',
+    ),
+    TrialMetricReported(
+        experiment_id="e-2_x",
+        trial_id="Ab9_z",
+        attempt=3,
+        source="worker-7 h",
+        parameter_id="",
+        metric_type="FINAL",
+        sequence=0,
+        data=json.dumps(json.dumps({"default": 0.93, "loss": 'ünïcode "quoted" </script>'})),
+        time=1_790_000_000_123,
+    ),
+    TrialMetricReported(
+        experiment_id="exp1",
+        trial_id="t1",
+        attempt=1,
+        parameter_id="0",
+        metric_type="REQUEST_PARAMETER",
+        sequence=9,
+        data="",
+    ),
+]
+
+
+@pytest.mark.parametrize("event", METRICS, ids=lambda event: event.metric_type)
+def test_a_compact_metric_reads_back_as_written_and_as_the_object_it_replaces(event: TrialMetricReported) -> None:
+    fields = encode_event(event)
+    assert fields["json"].startswith("[") and fields["trial"] == event.trial_id
+
+    entry = decode_entry("1-0", fields)
+    assert isinstance(entry, StoredEvent) and entry.event == event
+    written_before = {**fields, "json": event.model_dump_json(by_alias=True, exclude_none=True)}
+    assert stored_payload(fields) == json.loads(written_before["json"])  # what readers of the JSON see
+    old = decode_entry("1-0", written_before)  # logs written before the compact form read as ever
+    assert isinstance(old, StoredEvent) and old.event == event
+    assert len(written_before["json"]) - len(fields["json"]) >= 100  # the names, the trial id, the long type
+
+
+def test_the_compact_form_holds_every_field_of_a_metric_event() -> None:
+    # a field added to the event needs its place in schemas.compact (compact_metric and expanded)
+    assert set(TrialMetricReported.model_fields) == {
+        *("experiment_id", "time", "source", "trial_id", "type", "v"),
+        *("attempt", "parameter_id", "metric_type", "sequence", "data"),
+    }
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ['[2,"exp1"]', '[2,"exp1",1,"w",1,"0","P","not a sequence","1"]', "[", '["x"]'],
+)
+def test_a_damaged_compact_entry_is_unreadable_with_a_reason(stored: str) -> None:
+    entry = decode_entry("1-0", {"type": "TrialMetricReported", "trial": "t1", "json": stored})
+    assert isinstance(entry, UnreadableEvent) and entry.error
+    assert isinstance(decode_entry("1-0", {"type": "TrialEnded", "trial": "t1", "json": "[]"}), UnreadableEvent)
