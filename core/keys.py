@@ -118,8 +118,14 @@ class ViewKeys:
 
     @property
     def metric_keys(self) -> str:
-        """Set of `trial|attempt|parameter|type|sequence` already projected: metrics are counted once."""
+        """Set of `trial|attempt|parameter|type|sequence` projected outside their stream's range (metric_marks)."""
         return f"{self._base}:metric-keys"
+
+    @property
+    def metric_marks(self) -> str:
+        """Hash: `trial|attempt|parameter|type` -> "low high", the sequences [low, high) all projected (metrics
+        are counted once: manager.metric_marks)."""
+        return f"{self._base}:metric-marks"
 
     @property
     def unreadable(self) -> str:
@@ -171,6 +177,7 @@ class ViewKeys:
                 self.trials,
                 self.experiment,
                 self.metric_keys,
+                self.metric_marks,
                 self.unreadable,
                 self.order,
                 self.ranking,

@@ -26,9 +26,11 @@ from core import keys
 from core.connections import same_server
 from core.event_store import EventStore, RawEntry, StoredEvent, UnreadableEvent, stream_position
 from core.keys import ViewKeys
-from manager.projection import apply_to_experiment, apply_to_trial, metric_record_json
+from manager import metric_marks
+from manager.projection import apply_to_experiment, apply_to_trial
 from manager.timeline_views import TimelineBatch
 from manager.views import ViewStore
+from schemas.compact import compact_record
 from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus, metric_score
 
@@ -329,7 +331,7 @@ class Projector:
                 record = None
                 if isinstance(event, TrialMetricReported):
                     before = trials.get(event.trial_id)
-                    record = metric_record_json(event, late=before is not None and before.status.is_terminal)
+                    record = compact_record(event, late=before is not None and before.status.is_terminal)
                 if isinstance(event, TrialEvent):
                     trial = apply_to_trial(trials.get(event.trial_id), event)
                 else:
@@ -347,7 +349,7 @@ class Projector:
             if record is not None:
                 assert isinstance(event, TrialMetricReported)
                 candidates.setdefault(f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record))
-        new_metrics = self._new_metrics(pipe, view_keys, candidates)
+        new_metrics = metric_marks.new_metrics(pipe, view_keys, candidates)
         counts: Any = pipe.hgetall(view_keys.counts)
 
         pipe.multi()
@@ -363,8 +365,9 @@ class Projector:
         if experiment is not None and experiment_changed:
             pipe.hset(view_keys.experiment, "view", experiment.to_json())
             self._finished[view_keys.experiment_id] = experiment.status != "RUNNING"
-        if new_metrics:
-            self._write_metrics(pipe, view_keys, new_metrics)
+        new_metrics.write(pipe, view_keys)
+        if new_metrics.records:
+            self._write_metrics(pipe, view_keys, new_metrics.records)
         if unreadable:
             self._write_unreadable(pipe, view_keys, unreadable)
         timeline.queue(pipe)
@@ -418,8 +421,7 @@ class Projector:
     def _write_metrics(
         pipe: redis.client.Pipeline, view_keys: ViewKeys, new_metrics: dict[str, tuple[str, str]]
     ) -> None:
-        """Each new record appended to its trial's list, its dedup key remembered: in the batch's MULTI."""
-        pipe.sadd(view_keys.metric_keys, *new_metrics)
+        """Each new record appended to its trial's list: in the batch's MULTI."""
         by_trial: dict[str, list[str]] = {}
         for trial_id, record in new_metrics.values():
             by_trial.setdefault(trial_id, []).append(record)
@@ -446,13 +448,3 @@ class Projector:
             trial_id: TrialJobDetail.model_validate_json(raw) if raw else None
             for trial_id, raw in zip(trial_ids, raws, strict=True)
         }
-
-    @staticmethod
-    def _new_metrics(
-        pipe: redis.client.Pipeline, view_keys: ViewKeys, candidates: dict[str, tuple[str, str]]
-    ) -> dict[str, tuple[str, str]]:
-        """The candidates (keyed by dedup key, in log order) not projected before."""
-        if not candidates:
-            return {}
-        seen = pipe.smismember(view_keys.metric_keys, list(candidates))
-        return {key: record for (key, record), known in zip(candidates.items(), seen, strict=True) if not known}

@@ -14,9 +14,11 @@ from core.connections import same_server
 from core.event_store import EventStore
 from core.keys import ViewKeys
 from manager.experiments import create_experiment, finish_experiment
-from manager.projection import metric_record, metric_record_json
+from manager.projection import metric_record
 from manager.projector import Projector
 from manager.views import ViewStore
+from schemas.compact import compact_record
+from schemas.compact import metric_record as compact_metric_record
 from schemas.events import ExperimentResumed, TrialAttemptLost, TrialEnded, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
 from tests.conftest import ServiceFactory, form, metric, stream_entries, wait_until
@@ -86,7 +88,7 @@ def test_a_metric_after_the_end_is_listed_late_and_never_the_result(client: redi
     Projector(client).catch_up(exp)
     trial = ViewStore(client, exp).trial(trial_id)
     assert trial is not None and trial.status is TrialJobStatus.FAILED and trial.final_metric is None
-    listed = [json.loads(raw) for raw in client.lrange(ViewKeys(exp).metrics(trial_id), 0, -1)]
+    listed = ViewStore(client, exp).metric_records([trial_id])[trial_id]
     assert [(m["type"], m.get("late", False)) for m in listed] == [("PERIODICAL", False), ("FINAL", True)]
 
 
@@ -158,12 +160,18 @@ def test_the_running_projector_serves_new_events_and_heartbeats(client: redis.Re
     assert not runner.is_alive()
 
 
-def test_metric_records_are_written_as_the_model_writes_them() -> None:
-    """The projector builds metric JSON directly (its hottest line); it must equal the model's own JSON."""
+def test_metric_records_are_stored_compact_and_read_back_as_the_model_writes_them() -> None:
+    """The projector stores a metric as a compact array (its hottest line); read back, it is the model's own."""
     for data in ('"0.5"', '"{\\"default\\": 1, \\"note\\": \\"é ✓\\"}"', "3"):
         event = metric("exp1", "tr1", 7, "FINAL").model_copy(update={"data": data, "attempt": 2})
-        assert metric_record_json(event) == metric_record(event).to_json()
-        assert MetricRecord.model_validate_json(metric_record_json(event)) == metric_record(event)
+        stored = compact_record(event)
+        assert compact_metric_record(stored, "tr1") == json.loads(metric_record(event).to_json())
+        assert MetricRecord.model_validate(compact_metric_record(stored, "tr1")) == metric_record(event)
+        assert len(stored) + 60 < len(metric_record(event).to_json())
+        late = compact_metric_record(compact_record(event, late=True), "tr1")
+        assert late == {**json.loads(metric_record(event).to_json()), "late": True}
+        old = metric_record(event).to_json()  # views written before the compact form read as ever
+        assert compact_metric_record(old, "tr1") == json.loads(old)
 
 
 def commands_served(client: redis.Redis) -> int:
@@ -222,3 +230,35 @@ def test_with_the_projector_down_repeated_reads_fetch_only_what_is_new(client: r
     Projector(client).catch_up(exp)
     service.store.append(TrialEnded(experiment_id=exp, trial_id=trial_id, attempt=1, status=TrialJobStatus.FAILED))
     assert [trial.status for trial in service.list_trial_jobs()] == [TrialJobStatus.FAILED]
+
+
+def test_each_metric_is_projected_once_whatever_the_order_gaps_and_batches(client: redis.Redis, make_service) -> None:
+    """Sequences in order, out of order, after gaps, delivered again, across two attempts: the views hold each
+    metric once, in the order it first came, however the log is cut into batches; an in-order stream costs one
+    range and no per-metric key."""
+    import random
+
+    service = make_service()
+    exp, store = service.experiment_id, service.store
+    trial_id = service.submit_trial_job(form(0, x=1)).id
+    store.append(TrialStarted(experiment_id=exp, trial_id=trial_id, attempt=1, working_directory="/w"))
+    rng = random.Random(7)
+    in_order = list(range(30))
+    shuffled = rng.sample(range(100, 140), 40)
+    delivered = [*in_order, *rng.choices(in_order, k=10), *shuffled, *rng.choices(shuffled, k=10), 50, 52, 51, 52]
+    for sequence in delivered:
+        store.append(metric(exp, trial_id, sequence))
+    first_seen = list(dict.fromkeys(delivered))
+    for batch_size in (1, 3, 17, 2000):
+        projector = Projector(client, namespace=f"batches{batch_size}", batch_size=batch_size)
+        projector.catch_up(exp)
+        views = ViewStore(client, exp, f"batches{batch_size}")
+        assert [m.sequence for m in views.metrics(trial_id)] == first_seen, batch_size
+        marks: Any = client.hgetall(ViewKeys(exp, f"batches{batch_size}").metric_marks)
+        assert marks[f"{trial_id}|1|0|PERIODICAL"].split()[0] == "0"
+        outside: Any = client.smembers(ViewKeys(exp, f"batches{batch_size}").metric_keys)
+        assert not {f"{trial_id}|1|0|PERIODICAL|{n}" for n in in_order} & set(outside)
+
+    store.append(metric(exp, trial_id, 3))  # the live projector, then more of the same
+    Projector(client).catch_up(exp)
+    assert [m.sequence for m in ViewStore(client, exp).metrics(trial_id)] == first_seen

@@ -157,12 +157,12 @@ def test_check_names_each_difference(
     assert trial is not None
     client.hset(view_keys.trials, succeeded, trial.model_copy(update={"status": TrialJobStatus.FAILED}).to_json())
     client.rpop(view_keys.metrics(succeeded))
-    client.sadd(view_keys.metric_keys, "made-up")
+    client.hset(view_keys.metric_marks, "made-up", "0 1")
     client.hincrby(view_keys.position, "applied", 1)
     differences = check(client, mixed.experiment_id)
     assert f'trials[{succeeded}].status: live "FAILED" vs replayed "SUCCEEDED"' in differences
-    assert any(line.startswith(f"metrics:{succeeded}[1]: live (missing) vs replayed {{") for line in differences)
-    assert "metric-keys: 'made-up' only in live" in differences
+    assert any(line.startswith(f"metrics:{succeeded}[1]: live (missing) vs replayed [") for line in differences)
+    assert 'metric-marks[made-up]: live "0 1" vs replayed (missing)' in differences
     applied = mixed.service.store.length()
     assert f"position[applied]: live {applied + 1} vs replayed {applied}" in differences
     assert len(differences) == 4, differences

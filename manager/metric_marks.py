@@ -1,0 +1,80 @@
+"""Which metrics the views hold already, without a Redis key per metric.
+
+A trial reports each of its streams (attempt, parameter, type) with sequences 0, 1, 2, ...: per stream the
+projector keeps the range [low, high) of sequences that are all projected (`"low high"` in the `metric-marks`
+hash, ~30 bytes a stream), and only a sequence outside it (out of order, after a gap) as a member of the
+`metric-keys` set, as every metric was before (~64 bytes each). Exact either way: a metric is new iff it was
+never projected. A range grows by one at either end as the next sequence comes, taking in an out-of-order
+one when it is delivered again. Views written before the ranges hold every metric in the set: still exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.keys import ViewKeys
+
+Candidates = dict[str, tuple[str, str]]
+"""`trial|attempt|parameter|type|sequence` -> (trial id, metric record), in log order."""
+
+
+@dataclass
+class NewMetrics:
+    """A batch's metrics not projected before, and what to write so that the next batch knows them."""
+
+    records: Candidates = field(default_factory=dict)
+    ranges: dict[str, list[int]] = field(default_factory=dict)  # stream -> [low, high], those changed
+    added: set[str] = field(default_factory=set)  # set members: metrics outside their stream's range
+    removed: set[str] = field(default_factory=set)  # set members a range took in
+
+    def write(self, pipe: Any, view_keys: ViewKeys) -> None:
+        """In the batch's MULTI."""
+        if self.ranges:
+            pipe.hset(view_keys.metric_marks, mapping={s: f"{low} {high}" for s, (low, high) in self.ranges.items()})
+        if self.added:
+            pipe.sadd(view_keys.metric_keys, *self.added)
+        if self.removed:
+            pipe.srem(view_keys.metric_keys, *self.removed)
+
+
+def new_metrics(pipe: Any, view_keys: ViewKeys, candidates: Candidates) -> NewMetrics:
+    """Read (under the batch's WATCH) what is known of the candidates' streams; the candidates not projected."""
+    found = NewMetrics()
+    if not candidates:
+        return found
+    split = {key: key.rpartition("|") for key in candidates}
+    streams = list(dict.fromkeys(stream for stream, _, _ in split.values()))
+    ranges: dict[str, list[int]] = {}
+    for stream, mark in zip(streams, pipe.hmget(view_keys.metric_marks, streams), strict=True):
+        if mark:
+            low, high = mark.split()
+            ranges[stream] = [int(low), int(high)]
+    outside = [key for key, (stream, _, seq) in split.items() if not _within(ranges.get(stream), int(seq))]
+    members = {
+        key
+        for key, known in zip(outside, pipe.smismember(view_keys.metric_keys, outside) if outside else [], strict=True)
+        if known
+    }
+    for key, candidate in candidates.items():
+        stream, _, text = split[key]
+        sequence, marks = int(text), ranges.get(stream)
+        if _within(marks, sequence):
+            continue
+        known = (key in members and key not in found.removed) or key in found.added
+        if marks is None or sequence in (marks[1], marks[0] - 1):
+            ranges[stream] = marks = marks or [sequence, sequence]
+            marks[0], marks[1] = min(marks[0], sequence), max(marks[1], sequence + 1)
+            found.ranges[stream] = marks
+            if known:
+                found.removed.add(key)
+                found.added.discard(key)
+        elif not known:
+            found.added.add(key)
+        if not known:
+            found.records[key] = candidate
+    return found
+
+
+def _within(marks: list[int] | None, sequence: int) -> bool:
+    return marks is not None and marks[0] <= sequence < marks[1]
