@@ -6,9 +6,6 @@ terminal status, and a metric is counted once however often it is delivered.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from schemas.events import (
     ClusterMetadataSet,
     Event,
@@ -41,27 +38,6 @@ def metric_record(event: TrialMetricReported) -> MetricRecord:
         data=event.data,
         attempt=event.attempt,
     )
-
-
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # as pydantic writes JSON
-
-
-def metric_record_json(event: TrialMetricReported, late: bool = False) -> str:
-    """`metric_record(event).to_json()`, without building the model: the projector writes one per metric
-    event, most of a log's events (a test checks the two agree). A metric folded after its trial ended
-    is listed with `"late": true`: it is shown, never taken as the trial's result."""
-    record: dict[str, Any] = {
-        "timestamp": event.time,
-        "trialJobId": event.trial_id,
-        "parameterId": event.parameter_id,
-        "type": event.metric_type,
-        "sequence": event.sequence,
-        "data": event.data,
-        "attempt": event.attempt,
-    }
-    if late:
-        record["late"] = True
-    return _COMPACT_JSON.encode(record)
 
 
 def apply_to_experiment(view: ExperimentView | None, event: Event) -> ExperimentView | None:

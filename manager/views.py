@@ -13,6 +13,7 @@ from typing import Any, Literal
 import redis
 
 from core.keys import LOG_PREFIX, ViewKeys
+from schemas.compact import metric_record
 from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail
 
 CHUNK = 500
@@ -41,14 +42,18 @@ class ViewStore:
         return ExperimentView.model_validate_json(raw) if raw else None
 
     def metrics(self, trial_id: str) -> list[MetricRecord]:
-        return [MetricRecord.model_validate_json(raw) for raw in self.client.lrange(self.keys.metrics(trial_id), 0, -1)]
+        return [MetricRecord.model_validate(record) for record in self.metric_records([trial_id])[trial_id]]
 
-    def raw_metrics(self, trial_ids: list[str]) -> dict[str, list[str]]:
-        """Each trial's metric records as stored (JSON), in one round trip."""
+    def metric_records(self, trial_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Each trial's metric records (MetricRecord's JSON objects, from their compact form), in one round trip."""
         with self.client.pipeline(transaction=False) as pipe:
             for trial_id in trial_ids:
                 pipe.lrange(self.keys.metrics(trial_id), 0, -1)
-            return dict(zip(trial_ids, pipe.execute(), strict=True))
+            stored = pipe.execute()
+        return {
+            trial_id: [metric_record(raw, trial_id) for raw in records]
+            for trial_id, records in zip(trial_ids, stored, strict=True)
+        }
 
     def unreadable(self) -> dict[str, str]:
         raw: Any = self.client.hgetall(self.keys.unreadable)

@@ -209,16 +209,16 @@ def _served_final(trial: TrialJobDetail) -> MetricDataRecord | None:
     return _record(record.timestamp, record.trial_job_id, record.parameter_id, "FINAL", 0, record.data)
 
 
-def metric_records(trial: TrialJobDetail, stored: Iterable[str]) -> list[MetricDataRecord]:
-    """The trial's metrics as NNI lists them, from the records the projector stored (JSON, log order).
+def metric_records(trial: TrialJobDetail, stored: Iterable[dict[str, Any]]) -> list[MetricDataRecord]:
+    """The trial's metrics as NNI lists them, from the records the projector stored (MetricRecord's JSON
+    objects, log order).
 
     Only the current attempt's are served (a retried trial starts its curve again, and its result is its
     current attempt's), late ones (reported after the trial ended) are left out, and PERIODICAL sequences
     are renumbered 0..n-1 in storage order, so the UI's intermediate chart has no holes."""
     records: list[MetricDataRecord] = []
     periodical = 0
-    for raw in stored:
-        record = json.loads(raw)
+    for record in stored:
         if (
             record.get("attempt", 1) != trial.attempt
             or record.get("late")

@@ -92,7 +92,7 @@ def _metrics_of(
 ) -> Iterator[list[nni_rest.MetricDataRecord]]:
     """Each trial's served metrics, reading a chunk of trials' records in one round trip."""
     while chunk := list(islice(trials, CHUNK)):
-        stored = service.views.raw_metrics([trial.id for trial in chunk])
+        stored = service.views.metric_records([trial.id for trial in chunk])
         for trial in chunk:
             yield nni_rest.metric_records(trial, stored[trial.id])
 
@@ -355,7 +355,7 @@ def trial_metric_data(
         trial = service.get_trial_job(trial_job_id)
     except TrialNotFound:
         return _json([])
-    records = nni_rest.metric_records(trial, service.views.raw_metrics([trial.id])[trial.id])
+    records = nni_rest.metric_records(trial, service.views.metric_records([trial.id])[trial.id])
     return _json([record.wire() for record in _of_type(type)(records)])
 
 

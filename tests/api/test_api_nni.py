@@ -59,7 +59,8 @@ def _trial(status: TrialJobStatus = TrialJobStatus.SUCCEEDED, attempt: int = 1, 
     return TrialJobDetail(**fields)
 
 
-def _stored(kind: str, sequence: int, attempt: int = 1, late: bool = False, parameter_id: str = "0") -> str:
+def _stored(kind: str, sequence: int, attempt: int = 1, late: bool = False, parameter_id: str = "0") -> dict[str, Any]:
+    """A record as the views give it (ViewStore.metric_records)."""
     record = MetricRecord(
         timestamp=7,
         trial_job_id="abcde",
@@ -70,7 +71,7 @@ def _stored(kind: str, sequence: int, attempt: int = 1, late: bool = False, para
         attempt=attempt,
         late=late or None,
     )
-    return record.to_json()
+    return dict(json.loads(record.to_json()))
 
 
 def test_final_metric_data_only_for_a_succeeded_trial_with_one() -> None:
