@@ -21,6 +21,7 @@ from bench import (
     ingestion,
     kubernetes,
     load,
+    memory,
     overhead,
     remote,
     replication,
@@ -50,6 +51,7 @@ GROUPS: dict[str, Callable[[Path, int], Section | list[Section]]] = {
     "timeline": timeline.run,
     "load": load.run,
     "archive": archive.run,
+    "memory": memory.run,
 }
 
 
