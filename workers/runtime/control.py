@@ -65,7 +65,11 @@ class LogTrialControl:
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
         self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
-        self.metric_keys: list[str] = []  # idempotency keys of the metrics appended: dropped when the attempt ends
+        # The idempotency keys of the last metrics appended: they make a retry of that append (its answer lost)
+        # append nothing twice, then go with the next append or the attempt's end. A follower never sends a metric
+        # again (re-attached ones resume past the offsets written with it; local trials are never re-attached),
+        # so a running trial holds a batch's keys, not one per metric it ever reported.
+        self.metric_keys: list[str] = []
         self.offsets_key = keys.read_offsets(store.experiment_id, self._trial_id, lease.ref.attempt)
         self._cancel: TrialCancelRequested | None = None
         self._lease_lost = False
@@ -121,6 +125,8 @@ class LogTrialControl:
             for metric in reported
         ]
 
+        landed = self.metric_keys  # the last commit's: it returned, so no retry of it comes any more
+
         def commit() -> None:
             with self._quick.pipeline(transaction=True) as pipe:
                 pipe.multi()
@@ -128,10 +134,12 @@ class LogTrialControl:
                     self._appends.append_all(events, idempotency_keys, pipeline=pipe)
                 if offsets:
                     pipe.hset(self.offsets_key, mapping={name: str(value) for name, value in offsets.items()})
+                if landed:
+                    pipe.hdel(keys.idempotency(self._store.experiment_id), *landed)
                 pipe.execute()
 
         until_redis_answers(commit, f"trial {self._trial_id}", self._cut_off)  # safe to repeat: keyed appends
-        self.metric_keys.extend(key for key in idempotency_keys if key)
+        self.metric_keys = [key for key in idempotency_keys if key]
 
     def offsets(self) -> dict[str, int]:
         raw = until_redis_answers(lambda: self._store.client.hgetall(self.offsets_key), f"trial {self._trial_id}")
