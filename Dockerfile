@@ -20,10 +20,11 @@ RUN python3 -m venv /opt/venv
 COPY deploy/wheels/ /wheels/
 WORKDIR /src
 COPY pyproject.toml ./
-# nni: trials `import nni`, the manager serves NNI's web UI and runs its tuners. NNI's own manager
-# (Node.js and its modules, 160 MB) is what trialstream replaces: only the web UI's files are kept.
+# nni: trials `import nni`, the manager serves NNI's web UI and runs its tuners. NNI's own manager (Node.js
+# and its modules, 160 MB) is what trialstream replaces: only the web UI's files are kept. s3: archives in a bucket.
 RUN /opt/venv/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["nni"]))' > /tmp/requirements.txt \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["nni"] + p["optional-dependencies"]["s3"]))' \
+  > /tmp/requirements.txt \
  && /opt/venv/bin/pip install --find-links /wheels -r /tmp/requirements.txt \
  && rm -rf /opt/venv/lib/python3*/site-packages/nni_node/node /opt/venv/lib/python3*/site-packages/nni_node/node_modules
 

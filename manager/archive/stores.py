@@ -94,7 +94,10 @@ def _finished(path: Path) -> bool:
 
 class S3Store:
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None) -> None:
-        import boto3  # the `s3` extra: only users of a bucket install it
+        try:
+            import boto3  # the `s3` extra: only users of a bucket install it
+        except ImportError:
+            raise ArchiveStoreError("s3:// archives need boto3: pip install 'trialstream[s3]'") from None
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"

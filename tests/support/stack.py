@@ -58,7 +58,7 @@ def make_wheels() -> None:
     if not (cache / ".complete").exists():
         shutil.rmtree(cache, ignore_errors=True)
         command = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(cache)]
-        subprocess.run([*command, f"{ROOT}[nni]", *EXTRA_WHEELS], check=True, capture_output=True, timeout=600)
+        subprocess.run([*command, f"{ROOT}[nni,s3]", *EXTRA_WHEELS], check=True, capture_output=True, timeout=600)
         for own in cache.glob("trialstream-*.whl"):  # the image builds the package from its sources
             own.unlink()
         (cache / ".complete").touch()
