@@ -30,6 +30,7 @@ METRICS, INTERVAL_S = 30, 1.0
 SLOTS = 2_500  # trials one worker process follows at most
 TARGET = "bench.load_platform:ThreadPlatform"
 MAX_VIEWS_LAG_S = 10.0
+PER_ENTRY_B = 213  # a metric event in Redis, log and views (bench/memory.py)
 
 
 @dataclass
@@ -44,7 +45,19 @@ class Step:
     redis_mb: float = 0.0
     metric_lag_ms: list[float] = field(default_factory=list)
     stored_per_s: float = 0.0
+    memory_before: int = 0  # used_memory before the experiment
+    peak_running: int = 0  # the most trials seen RUNNING at once, and at that sample:
+    memory_at_peak: int = 0  # used_memory
+    entries_at_peak: int = 0  # the log's length
     why: str = ""  # what broke
+
+    @property
+    def per_running_trial_b(self) -> float | None:
+        """Redis memory per running trial, less what the log entries written so far hold (PER_ENTRY_B each)."""
+        if not self.peak_running:
+            return None
+        held = self.memory_at_peak - self.memory_before - self.entries_at_peak * PER_ENTRY_B
+        return held / self.peak_running
 
     @property
     def offered_per_s(self) -> float:
@@ -77,6 +90,11 @@ def _sample(stack: BenchStack, client: httpx.Client, experiment_id: str, step: S
         head, position = store.head(), views.position()
         if head and position != "0-0":
             step.views_lag_s.append((stream_ms(head) - stream_ms(position)) / 1000)
+        running = views.counts().get("RUNNING", 0)
+        if running > step.peak_running:
+            memory: Any = stack.client.info("memory")
+            step.peak_running, step.memory_at_peak = running, int(memory["used_memory"])
+            step.entries_at_peak = store.length()
         began = time.perf_counter()
         client.get(f"/api/v1/experiments/{experiment_id}/trials", params={"offset": 0, "limit": 100})
         step.page_ms.append((time.perf_counter() - began) * 1000)
@@ -120,6 +138,8 @@ def _run_step(root: Path, trials: int) -> Step:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 wait_until(lambda: _answers(client), 60, "the manager")
                 cpu_before, began = _redis_cpu(stack), time.perf_counter()
+                before: Any = stack.client.info("memory")
+                step.memory_before = int(before["used_memory"])
                 created = client.post("/api/v1/experiments", json={"config": _config(trials)})
                 created.raise_for_status()
                 experiment_id = created.json()["id"]
@@ -179,6 +199,7 @@ def run(root: Path, runs: int) -> Section:
             Figure(f"{label}: NNI's whole trial list, p50", _p(step.nni_list_ms, 50), "ms"),
             Figure(f"{label}: Redis CPU", step.redis_cores, "cores"),
             Figure(f"{label}: Redis memory, peak", step.redis_mb, "MB"),
+            Figure(f"{label}: Redis memory per running trial", step.per_running_trial_b, "B"),
         )
         if step.why:
             section.notes.append(f"At {label} the first thing that broke: {step.why}.")
