@@ -69,7 +69,7 @@ def _as_reported(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[tupl
     for entry_id, fields in entries:
         if fields["type"] == "TrialMetricReported":
             values = json.loads(fields["json"])
-            values[3], values[-1] = WORKER, json.dumps(json.dumps(rng.random()))
+            values[2], values[-1] = WORKER, json.dumps(json.dumps(rng.random()))
             fields = {**fields, "json": json.dumps(values, separators=(",", ":"))}
         yield entry_id, fields
 

@@ -104,15 +104,15 @@ def is_stream_id(text: str) -> bool:
     return ms < _U64 and seq < _U64
 
 
-def stored_payload(fields: dict[str, str]) -> dict[str, Any]:
-    """The entry's JSON object (a compact metric's expanded), or {} when it has none that parses (unreadable
-    entries too)."""
+def stored_payload(fields: dict[str, str], experiment_id: str | None = None) -> dict[str, Any]:
+    """The entry's JSON object (a compact metric's expanded, with `experiment_id` when given), or {} when it has
+    none that parses (unreadable entries too)."""
     try:
         payload = json.loads(fields.get("json", ""))
     except ValueError:
         return {}
     if isinstance(payload, list) and fields.get("type") == METRIC:
-        return expanded(payload, fields.get("trial", ""))
+        return expanded(payload, fields.get("trial", ""), experiment_id)
     return payload if isinstance(payload, dict) else {}
 
 
@@ -122,11 +122,12 @@ def stream_position(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def decode_entry(entry_id: str, fields: dict[str, str]) -> LogEntry:
-    """The entry's event at the current schema version (older versions are upcast), or why it cannot be read."""
+def decode_entry(entry_id: str, fields: dict[str, str], experiment_id: str) -> LogEntry:
+    """The entry of `experiment_id`'s log as an event at the current schema version (older versions are upcast), or
+    why it cannot be read."""
     if fields.get("json", "").startswith("["):  # a metric in compact form (schemas.compact)
         try:
-            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upcast(stored_payload(fields))))
+            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upcast(stored_payload(fields, experiment_id))))
         except (ValidationError, ValueError, RecursionError) as error:
             return UnreadableEvent(entry_id, fields, _reason(error))
     try:
@@ -160,20 +161,22 @@ class RawEntry:
 
     id: str
     fields: dict[str, str]
+    experiment_id: str  # whose log: a compact metric does not repeat it
     not_utf8: str | None = None
 
     def decode(self) -> LogEntry:
         if self.not_utf8 is not None:
             return UnreadableEvent(self.id, self.fields, self.not_utf8)
-        return decode_entry(self.id, self.fields)
+        return decode_entry(self.id, self.fields, self.experiment_id)
 
 
-def _from_bytes(entry_id: bytes, fields: dict[bytes, bytes]) -> RawEntry:
+def _from_bytes(entry_id: bytes, fields: dict[bytes, bytes], experiment_id: str) -> RawEntry:
     try:
-        return RawEntry(entry_id.decode(), {name.decode(): value.decode() for name, value in fields.items()})
+        text = {name.decode(): value.decode() for name, value in fields.items()}
+        return RawEntry(entry_id.decode(), text, experiment_id)
     except UnicodeDecodeError as error:
         lenient = {k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace") for k, v in fields.items()}
-        return RawEntry(entry_id.decode(errors="backslashreplace"), lenient, f"not UTF-8: {error}")
+        return RawEntry(entry_id.decode(errors="backslashreplace"), lenient, experiment_id, f"not UTF-8: {error}")
 
 
 def encode_event(event: Event) -> dict[str, str]:
@@ -209,19 +212,21 @@ class EventStore:
         """XRANGE as stored; a reply holding bytes that are not UTF-8 is read again as bytes."""
         try:
             entries: Any = self.client.xrange(self.stream, min=low, max=high, count=count)
-            return [RawEntry(entry_id, fields) for entry_id, fields in entries]
+            return [RawEntry(entry_id, fields, self.experiment_id) for entry_id, fields in entries]
         except UnicodeDecodeError:
             raw: Any = self._raw_client().xrange(self.stream, min=low, max=high, count=count)
-            return [_from_bytes(entry_id, fields) for entry_id, fields in raw]
+            return [_from_bytes(entry_id, fields, self.experiment_id) for entry_id, fields in raw]
 
     def raw_wait(self, after: str, block_ms: int, count: int | None = None) -> list[RawEntry]:
         """XREAD BLOCK as stored, like raw_range."""
         try:
             answer: Any = self.client.xread({self.stream: after}, count=count, block=block_ms)
-            return [RawEntry(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
+            found = [entry for _, entries in answer or [] for entry in entries]
+            return [RawEntry(entry_id, fields, self.experiment_id) for entry_id, fields in found]
         except UnicodeDecodeError:
             answer = self._raw_client().xread({self.stream: after}, count=count, block=block_ms)
-            return [_from_bytes(entry_id, fields) for _, entries in answer or [] for entry_id, fields in entries]
+            found = [entry for _, entries in answer or [] for entry in entries]
+            return [_from_bytes(entry_id, fields, self.experiment_id) for entry_id, fields in found]
 
     def append(self, event: Event, *, idempotency_key: str | None = None, pipeline: Pipeline | None = None) -> str:
         """Append one event and return its id (the first one's id for a repeated idempotency key).
@@ -340,7 +345,9 @@ class EventStore:
             for _, fields in index:
                 pipe.xrange(self.stream, min=fields["id"], max=fields["id"])
             found: Any = pipe.execute()
-        return index[-1][0], [decode_entry(entry_id, fields) for hit in found for entry_id, fields in hit]
+        return index[-1][0], [
+            decode_entry(entry_id, fields, self.experiment_id) for hit in found for entry_id, fields in hit
+        ]
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""

@@ -341,7 +341,7 @@ class Timeline:
                 trial.entry_metric.append(_metric_time(trial, number, position[0]))
                 return
             trial.record(position)
-        entry = entry or decode_entry(entry_id, fields)
+        entry = entry or decode_entry(entry_id, fields, self.experiment_id)
         if not isinstance(entry, StoredEvent):
             return  # unreadable: never applied, as the projector does
         event = entry.event

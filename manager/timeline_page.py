@@ -50,7 +50,7 @@ def attempt_detail(
     history: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
     for entry_id, fields in entries:
-        entry = decode_entry(entry_id, fields)
+        entry = decode_entry(entry_id, fields, timeline.experiment_id)
         line = describe(entry)
         history.append(
             {"id": line.id, "time": line.time_ms, "type": line.type, "attempt": line.attempt}

@@ -33,10 +33,15 @@ _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
 class TimelineBatch:
     """One projector batch on the timeline: `read` before the batch's MULTI, `fold`, then `queue` in it."""
 
-    def __init__(self, view_keys: ViewKeys, timeline: Timeline, states: dict[str, str]) -> None:
+    def __init__(
+        self, view_keys: ViewKeys, timeline: Timeline, states: dict[str, str], ended: dict[str, bytes] | None = None
+    ) -> None:
         self.view_keys = view_keys
         self.timeline = timeline
         self._states = states  # the trials' states as read: rewritten only when they change
+        # The entry ids kept of the trials that end in this batch: written again whole, at their size (an APPEND
+        # leaves a string up to twice the room it holds, ~8 bytes an entry; a trial that ended grows no more).
+        self._ended = ended or {}
 
     @classmethod
     def read(
@@ -70,7 +75,12 @@ class TimelineBatch:
                     states[trial_id] = state
                     trials.append((trial_id, view, json.loads(state), b""))
         timeline = Timeline.restored(view_keys.experiment_id, json.loads(header), experiment, [], trials)
-        return cls(view_keys, timeline, states)
+        ended = sorted(
+            {entry.fields["trial"] for entry in entries if entry.fields.get("type") == "TrialEnded"}
+            & {trial_id for trial_id, *_ in trials}
+        )
+        raw: Any = same_server(pipe, decode=False)  # bytes; the batch's WATCH of the position covers the read
+        return cls(view_keys, timeline, states, dict(zip(ended, _entries(raw, view_keys, ended), strict=True)))
 
     def fold(self, entries: list[RawEntry], decoded: list[LogEntry]) -> None:
         self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded)
@@ -84,7 +94,10 @@ class TimelineBatch:
             state = json.dumps(trial.kept(), **_COMPACT)  # type: ignore[arg-type]
             if state != self._states.get(trial_id):
                 changed[trial_id] = state
-            if packed := trial.packed_entries():
+            packed = trial.packed_entries()
+            if trial_id in self._ended and (whole := self._ended[trial_id] + packed):
+                pipe.set(view_keys.timeline_entries(trial_id), whole)
+            elif packed:
                 pipe.append(view_keys.timeline_entries(trial_id), packed)
         if changed:
             pipe.hset(view_keys.timeline_trials, mapping=changed)

@@ -1,5 +1,6 @@
-"""The log's compact form of metric events (schemas.compact): read back as written, beside entries in the object
-form written before it, and a third of the size."""
+"""The log's compact form of metric events (schemas.compact): read back as written by the reader of its log (the
+experiment is the log's, not repeated), beside entries in the object form written before it, and a third of the
+size."""
 
 from __future__ import annotations
 
@@ -48,11 +49,13 @@ def test_a_compact_metric_reads_back_as_written_and_as_the_object_it_replaces(ev
     fields = encode_event(event)
     assert fields["json"].startswith("[") and fields["trial"] == event.trial_id
 
-    entry = decode_entry("1-0", fields)
+    assert event.experiment_id not in fields["json"]
+    entry = decode_entry("1-0", fields, event.experiment_id)
     assert isinstance(entry, StoredEvent) and entry.event == event
     written_before = {**fields, "json": event.model_dump_json(by_alias=True, exclude_none=True)}
-    assert stored_payload(fields) == json.loads(written_before["json"])  # what readers of the JSON see
-    old = decode_entry("1-0", written_before)  # logs written before the compact form read as ever
+    assert stored_payload(fields, event.experiment_id) == json.loads(written_before["json"])  # what JSON readers see
+    assert "experimentId" not in stored_payload(fields)  # a reader that does not know whose log it reads
+    old = decode_entry("1-0", written_before, event.experiment_id)  # logs written before read as ever
     assert isinstance(old, StoredEvent) and old.event == event
     assert len(written_before["json"]) - len(fields["json"]) >= 100  # the names, the trial id, the long type
 
@@ -67,9 +70,10 @@ def test_the_compact_form_holds_every_field_of_a_metric_event() -> None:
 
 @pytest.mark.parametrize(
     "stored",
-    ['[2,"exp1"]', '[2,"exp1",1,"w",1,"0","P","not a sequence","1"]', "[", '["x"]'],
+    ['[2,"exp1"]', '[2,1,"w",1,"0","P","not a sequence","1"]', "[", '["x"]'],
 )
 def test_a_damaged_compact_entry_is_unreadable_with_a_reason(stored: str) -> None:
-    entry = decode_entry("1-0", {"type": "TrialMetricReported", "trial": "t1", "json": stored})
+    entry = decode_entry("1-0", {"type": "TrialMetricReported", "trial": "t1", "json": stored}, "exp1")
     assert isinstance(entry, UnreadableEvent) and entry.error
-    assert isinstance(decode_entry("1-0", {"type": "TrialEnded", "trial": "t1", "json": "[]"}), UnreadableEvent)
+    ended = decode_entry("1-0", {"type": "TrialEnded", "trial": "t1", "json": "[]"}, "exp1")
+    assert isinstance(ended, UnreadableEvent)

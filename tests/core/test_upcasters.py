@@ -66,6 +66,6 @@ def test_upcasting_leaves_current_and_unknown_versions_alone() -> None:
 
 def test_an_unknown_future_version_is_unreadable_not_guessed() -> None:
     stored = {"experimentId": "e", "trialId": "t", "type": "TrialEnded", "v": 9, "attempt": 1, "status": "SUCCEEDED"}
-    entry = decode_entry("1-0", {"type": "TrialEnded", "trial": "t", "json": json.dumps(stored)})
+    entry = decode_entry("1-0", {"type": "TrialEnded", "trial": "t", "json": json.dumps(stored)}, "e")
     assert isinstance(entry, UnreadableEvent)
     assert "v" in entry.error

@@ -463,18 +463,18 @@
     return text.length <= 80 ? text : text.slice(0, 79) + "…";
   }
 
-  // A metric in the log's compact form (schemas/compact.py): [v, experimentId, time, source, attempt,
-  // parameterId, P|F|R, sequence, data], its trial the entry's `trial` field.
+  // A metric in the log's compact form (schemas/compact.py): [v, time, source, attempt, parameterId, P|F|R,
+  // sequence, data], its trial the entry's `trial` field, its experiment the log's.
   const METRIC_TYPES = { P: "PERIODICAL", F: "FINAL", R: "REQUEST_PARAMETER" };
 
   /** An entry's event as its JSON object (a compact metric's expanded, as schemas/compact.py does). */
   function storedEvent(fields) {
     const event = JSON.parse(fields.json);
     if (!Array.isArray(event)) return event;
-    if (fields.type !== "TrialMetricReported" || event.length !== 9) throw new Error("not an object");
-    const [v, experimentId, time, source, attempt, parameterId, code, sequence, data] = event;
+    if (fields.type !== "TrialMetricReported" || event.length !== 8) throw new Error("not an object");
+    const [v, time, source, attempt, parameterId, code, sequence, data] = event;
     const metricType = METRIC_TYPES[code] || code;
-    return { experimentId, time, source, trialId: fields.trial, type: fields.type, v, attempt, parameterId, metricType, sequence, data };
+    return { time, source, trialId: fields.trial, type: fields.type, v, attempt, parameterId, metricType, sequence, data };
   }
 
   /** One history item, as the manager answers it: {id, time, type, attempt, source, summary}. */
