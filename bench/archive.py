@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import Figure, Section, median_of, repeat, scratch_redis
+from bench.harness import Figure, Section, median_of, repeat, scratch_redis, used_memory
 from core import keys
 from core.connections import same_server
 from manager.archive.moves import archive, restore
@@ -26,15 +26,6 @@ from manager.transfer import LogFile, import_log
 from tests.support.experiment_log import synthetic_log
 
 TRIALS, METRICS = 1_000, 100
-
-
-def _used(client: redis.Redis) -> int:
-    """used_memory once the keys UNLINK dropped are freed (in the background)."""
-    while True:
-        info: Any = client.info("memory")
-        if int(info.get("lazyfree_pending_objects", 0)) == 0:
-            return int(info["used_memory"])
-        time.sleep(0.01)
 
 
 def _read(client: redis.Redis, experiment_id: str) -> float:
@@ -50,11 +41,11 @@ def _read(client: redis.Redis, experiment_id: str) -> float:
 def run(root: Path, runs: int) -> Section:
     section = Section("Archiving ended experiments", "python -m bench --only archive")
     with scratch_redis(root / "archive-redis", appendfsync="everysec") as (client, _):
-        empty = _used(client)
+        empty = used_memory(client)
         entries = list(synthetic_log("big", TRIALS, METRICS))
         import_log(client, LogFile("big", entries, {}))
         Projector(client).catch_up("big")
-        live = _used(client) - empty
+        live = used_memory(client) - empty
         store = open_store(str(root / "archive"))
         raw = same_server(client, decode=False)
         names = list(client.scan_iter(match="ts:exp:big:*")) + list(client.scan_iter(match="ts:view:big:*"))

@@ -372,6 +372,15 @@ def scratch_redis(root: Path, appendfsync: str = "always") -> Iterator[tuple[red
         server.stop()
 
 
+def used_memory(client: redis.Redis) -> int:
+    """Redis's used_memory once the keys UNLINK dropped are freed (in the background)."""
+    while True:
+        info: Any = client.info("memory")
+        if int(info.get("lazyfree_pending_objects", 0)) == 0:
+            return int(info["used_memory"])
+        time.sleep(0.01)
+
+
 def machine_description() -> list[str]:
     def first(path: str, prefix: str) -> str:
         try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import Figure, Section, scratch_redis
+from bench.harness import Figure, Section, scratch_redis, used_memory
 from core import keys
 from manager.projector import Projector
 from manager.transfer import LogFile, import_log
@@ -29,14 +28,6 @@ TRIALS, METRICS = 1_000, 100
 TARGET = "<= 200"
 WORKER = "3f2a1b9c0d4e:48213"
 NODES = [(4096, 100), (16384, 500), (65536, 2000)]  # stream-node-max-bytes, -entries; Redis's default first
-
-
-def _used(client: redis.Redis) -> int:
-    while True:
-        info: Any = client.info("memory")
-        if int(info.get("lazyfree_pending_objects", 0)) == 0:
-            return int(info["used_memory"])
-        time.sleep(0.01)
 
 
 def _family(name: str, experiment_id: str) -> str:
@@ -75,11 +66,11 @@ def _as_reported(entries: Iterable[tuple[str, dict[str, str]]]) -> Iterator[tupl
 
 
 def _experiment(client: redis.Redis, experiment_id: str, metrics: int) -> tuple[int, Counter[str]]:
-    before = _used(client)
+    before = used_memory(client)
     log = list(_as_reported(synthetic_log(experiment_id, TRIALS, metrics)))
     import_log(client, LogFile(experiment_id, log, {}))
     Projector(client).catch_up(experiment_id)
-    return _used(client) - before, _by_family(client, experiment_id)
+    return used_memory(client) - before, _by_family(client, experiment_id)
 
 
 def run(root: Path, runs: int) -> Section:
