@@ -49,6 +49,9 @@ class Step:
     peak_running: int = 0  # the most trials seen RUNNING at once, and at that sample:
     memory_at_peak: int = 0  # used_memory
     entries_at_peak: int = 0  # the log's length
+    clients_at_peak: int = 0  # connected clients
+    client_memory_at_peak: int = 0  # mem_clients_normal: their buffers
+    statuses: dict[str, int] = field(default_factory=dict)  # the trials' at the end
     why: str = ""  # what broke
 
     @property
@@ -93,7 +96,10 @@ def _sample(stack: BenchStack, client: httpx.Client, experiment_id: str, step: S
         running = views.counts().get("RUNNING", 0)
         if running > step.peak_running:
             memory: Any = stack.client.info("memory")
+            clients: Any = stack.client.info("clients")
             step.peak_running, step.memory_at_peak = running, int(memory["used_memory"])
+            step.client_memory_at_peak = int(memory["mem_clients_normal"])
+            step.clients_at_peak = int(clients["connected_clients"])
             step.entries_at_peak = store.length()
         began = time.perf_counter()
         client.get(f"/api/v1/experiments/{experiment_id}/trials", params={"offset": 0, "limit": 100})
@@ -161,13 +167,15 @@ def _run_step(root: Path, trials: int) -> Step:
                 step.redis_cores = (_redis_cpu(stack) - cpu_before) / step.wall_s
                 memory: Any = stack.client.info("memory")
                 step.redis_mb = float(memory["used_memory_peak"]) / 1e6
-                counts = ViewStore(stack.client, experiment_id).counts()
-                step.succeeded = int(counts.get("SUCCEEDED", 0))
+                step.statuses = ViewStore(stack.client, experiment_id).counts()
+                step.succeeded = int(step.statuses.get("SUCCEEDED", 0))
         finally:
             services.stop()
         _metrics(stack, experiment_id, step)
     if not step.why and step.succeeded < trials:
-        step.why = f"{trials - step.succeeded} of {trials} trials did not succeed"
+        step.why = (
+            f"{trials - step.succeeded} of {trials} trials did not succeed (the trials' statuses: {step.statuses})"
+        )
     if not step.why and step.views_lag_s and max(step.views_lag_s) > MAX_VIEWS_LAG_S:
         step.why = f"the views fell {max(step.views_lag_s):.0f} s behind the log"
     if not step.why and step.stored_per_s < 0.9 * step.offered_per_s:
@@ -200,6 +208,8 @@ def run(root: Path, runs: int) -> Section:
             Figure(f"{label}: Redis CPU", step.redis_cores, "cores"),
             Figure(f"{label}: Redis memory, peak", step.redis_mb, "MB"),
             Figure(f"{label}: Redis memory per running trial", step.per_running_trial_b, "B"),
+            Figure(f"{label}: of which clients' buffers", _per(step.client_memory_at_peak, step.peak_running), "B"),
+            Figure(f"{label}: clients connected, at the most trials running", step.clients_at_peak, ""),
         )
         if step.why:
             section.notes.append(f"At {label} the first thing that broke: {step.why}.")
@@ -211,6 +221,10 @@ def run(root: Path, runs: int) -> Section:
         "`trialstream run` starts it (AOF, appendfsync always, unix socket)."
     )
     return section
+
+
+def _per(total: int, count: int) -> float | None:
+    return total / count if count else None
 
 
 def _p(samples: list[float], q: float) -> float | None:
