@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 FAST_TIER = frozenset(
     {
-        *("test_projection", "test_schemas", "test_config", "test_upcasters", "test_settings"),  # no I/O
+        # no I/O
+        *("test_projection", "test_schemas", "test_config", "test_upcasters", "test_settings", "test_compact"),
         *("test_event_store", "test_projector", "test_rebuild", "test_listings", "test_transfer"),  # the log
         "test_embedded_redis",
         *("test_training_service", "test_attempt_state", "test_tuners", "test_code_package", "test_compose"),
