@@ -27,6 +27,8 @@ from manager.timeline import Timeline
 from schemas.trial import ExperimentView, TrialJobDetail
 
 READ_BATCH = 10_000
+# A string and what is appended to it, SET again: at its size, where APPEND leaves room to grow.
+_APPEND_AT_SIZE = "redis.call('SET', KEYS[1], (redis.call('GET', KEYS[1]) or '') .. ARGV[1])"
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
 
 
@@ -34,14 +36,15 @@ class TimelineBatch:
     """One projector batch on the timeline: `read` before the batch's MULTI, `fold`, then `queue` in it."""
 
     def __init__(
-        self, view_keys: ViewKeys, timeline: Timeline, states: dict[str, str], ended: dict[str, bytes] | None = None
+        self, view_keys: ViewKeys, timeline: Timeline, states: dict[str, str], ended: frozenset[str] = frozenset()
     ) -> None:
         self.view_keys = view_keys
         self.timeline = timeline
         self._states = states  # the trials' states as read: rewritten only when they change
-        # The entry ids kept of the trials that end in this batch: written again whole, at their size (an APPEND
-        # leaves a string up to twice the room it holds, ~8 bytes an entry; a trial that ended grows no more).
-        self._ended = ended or {}
+        # The trials that end in this batch: their entry ids are written again whole, at their size, by Redis
+        # itself in the MULTI (an APPEND leaves a string up to twice the room it holds, ~8 bytes an entry; a trial
+        # that ended grows no more).
+        self._ended = ended
 
     @classmethod
     def read(
@@ -75,12 +78,8 @@ class TimelineBatch:
                     states[trial_id] = state
                     trials.append((trial_id, view, json.loads(state), b""))
         timeline = Timeline.restored(view_keys.experiment_id, json.loads(header), experiment, [], trials)
-        ended = sorted(
-            {entry.fields["trial"] for entry in entries if entry.fields.get("type") == "TrialEnded"}
-            & {trial_id for trial_id, *_ in trials}
-        )
-        raw: Any = same_server(pipe, decode=False)  # bytes; the batch's WATCH of the position covers the read
-        return cls(view_keys, timeline, states, dict(zip(ended, _entries(raw, view_keys, ended), strict=True)))
+        ended = frozenset(entry.fields["trial"] for entry in entries if entry.fields.get("type") == "TrialEnded")
+        return cls(view_keys, timeline, states, ended)
 
     def fold(self, entries: list[RawEntry], decoded: list[LogEntry]) -> None:
         self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded)
@@ -95,8 +94,8 @@ class TimelineBatch:
             if state != self._states.get(trial_id):
                 changed[trial_id] = state
             packed = trial.packed_entries()
-            if trial_id in self._ended and (whole := self._ended[trial_id] + packed):
-                pipe.set(view_keys.timeline_entries(trial_id), whole)
+            if trial_id in self._ended:
+                pipe.eval(_APPEND_AT_SIZE, 1, view_keys.timeline_entries(trial_id), packed)
             elif packed:
                 pipe.append(view_keys.timeline_entries(trial_id), packed)
         if changed:
