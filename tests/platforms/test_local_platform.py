@@ -299,6 +299,43 @@ def test_a_setsid_child_dies_with_its_sigkilled_worker(make_service, processes: 
     wait_until(lambda: not pid_alive(escaped), 10, what="the setsid child gone")
 
 
+def keepers_of(worker: int) -> list[int]:
+    """The live keeper processes the worker started (its children running the keeper script)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == worker and command.split(b"\0")[1:4] == [b"-I", b"-S", b"-c"] and pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_keeper_waits_ahead_of_its_trial_with_nothing_of_the_worker_and_a_dead_one_is_replaced(
+    make_service, processes: Processes
+) -> None:
+    """The keeper of the next trial starts while the worker is idle (its start-up is off the refill's path):
+    it holds no environment until its trial's comes; one killed while it waits is replaced at the next
+    launch, and one left when the worker dies ends with it."""
+    service = make_service("exit 0")
+    worker = processes.worker()
+    first = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED", timeout=20)
+    assert first.status is TrialJobStatus.SUCCEEDED, first.message
+    spare = wait_until(lambda: keepers_of(worker.pid)[:1], 15, what="a spare keeper")[0]
+    assert Path(f"/proc/{spare}/environ").read_bytes() == b""
+
+    os.kill(spare, 9)
+    second = wait_for_status(service, service.submit_trial_job(form(1)).id, "SUCCEEDED", "FAILED", timeout=20)
+    assert second.status is TrialJobStatus.SUCCEEDED, second.message
+
+    spare = wait_until(lambda: keepers_of(worker.pid)[:1], 15, what="the next spare keeper")[0]
+    worker.kill()
+    worker.wait()
+    wait_until(lambda: not pid_alive(spare), 10, what="the spare keeper gone with its worker")
+
+
 def test_update_trial_job_hands_a_new_parameter_set_to_the_running_trial(
     make_service, processes: Processes, code_dir
 ) -> None:

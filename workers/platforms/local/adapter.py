@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import marshal
 import os
 import select
 import signal
@@ -58,13 +59,34 @@ log = logging.getLogger(__name__)
 
 # The keeper, the trial's parent: a child subreaper that forwards SIGTERM, kills what the trial leaves
 # behind, and SIGKILLs everything when its stdin (held by the worker alone) closes. docs/platforms.md, Local.
-# Every trial pays its start-up, so it imports C modules alone: `ctypes` and `signal` (enum) cost ~15 ms more.
+# It starts before its trial is known (`_Keeper`) and reads what to run from that stdin first: a 4-byte length,
+# then marshal's (command, working directory, environment, stderr path); an end of file before it, a spare
+# keeper the worker no longer needs, just exits. It imports C modules alone: `ctypes` and `signal` (enum) cost
+# ~15 ms more.
 _KEEPER = r"""
-import _ctypes, os, resource, select, sys, time
+import _ctypes, marshal, os, resource, select, sys, time
 import _signal as signal
 if _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"), (36, 1, 0, 0, 0)):  # PR_SET_CHILD_SUBREAPER
     sys.exit("the keeper cannot become its trial's subreaper")
 lifeline = os.dup(0)
+
+def read_exactly(count):
+    data = b""
+    while len(data) < count:
+        chunk = os.read(lifeline, count - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+
+command, cwd, environment, stderr_path = marshal.loads(read_exactly(int.from_bytes(read_exactly(4), "big")))
+stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+os.dup2(stderr, 2)
+os.close(stderr)
+try:
+    os.chdir(cwd)
+except OSError as error:
+    sys.exit(f"trialCodeDirectory {cwd}: {error.strerror}")
 devnull = os.open(os.devnull, os.O_RDWR)
 wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
@@ -80,7 +102,7 @@ if trial == 0:
         signal.signal(number, signal.SIG_DFL)
     os.dup2(devnull, 0)
     os.closerange(3, 1 << 16)
-    os.execv("/bin/sh", ["/bin/sh", "-c", sys.argv[1]])
+    os.execve("/bin/sh", ["/bin/sh", "-c", command], environment)
 os.dup2(devnull, 1)
 status = None
 
@@ -124,9 +146,9 @@ try:
         if signal.SIGTERM in os.read(wake_r, 1024):
             signal_all(signal.SIGTERM)
         reap()
-    while True:
-        signal_all(signal.SIGKILL)
+    while True:  # until no child is left: then nothing of the trial is (every orphan re-parents here)
         reap()
+        signal_all(signal.SIGKILL)
         time.sleep(0.01)
 except ChildProcessError:
     pass
@@ -161,6 +183,7 @@ class LocalPlatform:
         source = FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
         self.ledger = GpuLedger(client, own.machine_id, source)
         self.kill_grace_s = settings.kill_grace_s
+        self.keepers = _Keepers()
 
     @classmethod
     def check(cls, config: LocalConfig, code_directory: Path, settings: Settings) -> list[str]:
@@ -185,7 +208,7 @@ class LocalPlatform:
         """Nothing to remove: a local trial's files live in the experiment's own directory."""
 
     def close(self) -> None:
-        pass
+        self.keepers.close()
 
     def run_trial(self, trial: TrialAssignment[LocalConfig], control: TrialControl) -> TrialOutcome | Deferred:
         config = trial.platform_config
@@ -201,7 +224,8 @@ class LocalPlatform:
             if gpus is None:
                 count = policy.gpu_number
                 return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
-            return _AttemptFollower(trial, control, cuda_visible_devices(policy, gpus), self.kill_grace_s).run(gpus)
+            cuda = cuda_visible_devices(policy, gpus)
+            return _AttemptFollower(trial, control, cuda, self.kill_grace_s, self.keepers).run(gpus)
         except GpuRequestImpossible as error:
             return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
         finally:
@@ -209,13 +233,107 @@ class LocalPlatform:
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")
 
 
+class _Keeper:
+    """A keeper process, started before its trial is known: it waits on its lifeline for what to run."""
+
+    def __init__(self) -> None:
+        keeper_end, self.lifeline = os.pipe()  # the worker holds `lifeline` open until the trial must be gone
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _KEEPER],
+                env={},  # nothing of the worker's: the trial's environment comes with its command
+                stdin=keeper_end,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,  # until it opens the trial's stderr file
+                start_new_session=True,  # no terminal's signals; a process group for the last resort
+            )
+        except BaseException:
+            os.close(self.lifeline)
+            raise
+        finally:
+            os.close(keeper_end)
+
+    def run(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
+        """Send the keeper its trial; False if it is gone."""
+        launch = marshal.dumps((command, str(cwd), env, str(stderr)))
+        message = memoryview(len(launch).to_bytes(4, "big") + launch)
+        try:
+            while message:
+                message = message[os.write(self.lifeline, message) :]
+        except BrokenPipeError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the lifeline: the keeper kills what is left of its trial, if anything; then reap it."""
+        os.close(self.lifeline)
+        self.process.wait()
+
+    def discard(self) -> None:
+        """Close a keeper that runs no trial, its stdout pipe too (a trial's is its reader's to close)."""
+        self.close()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+class _Keepers:
+    """Keepers started ahead of their trials: a keeper's start-up (Python's, ~15 ms, and the worker's fork)
+    is paid while the worker waits for work or its trial runs, not between a trial's pick-up and its start.
+    One spare per worker process; the first trial, and a second one launched at the same moment, start
+    their own."""
+
+    def __init__(self) -> None:
+        self._spare: _Keeper | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> _Keeper:
+        """A keeper running `command`, then a spare started for the next trial on a thread of its own."""
+        with self._lock:
+            keeper, self._spare = self._spare, None
+        if keeper is None or not keeper.run(command, cwd, env, stderr):
+            if keeper is not None:  # killed while it waited
+                keeper.discard()
+            keeper = _Keeper()
+            if not keeper.run(command, cwd, env, stderr):
+                keeper.discard()
+                raise RuntimeError("the trial's keeper exited before it got its trial")
+        threading.Thread(target=self._replenish, name="spare-keeper", daemon=True).start()
+        return keeper
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            keeper, self._spare = self._spare, None
+        if keeper is not None:
+            keeper.discard()
+
+    def _replenish(self) -> None:
+        try:
+            keeper: _Keeper | None = _Keeper()
+        except OSError as error:  # the next launch starts its own
+            log.warning("cannot start a spare keeper: %s", error)
+            return
+        with self._lock:
+            if self._spare is None and not self._closed:
+                self._spare, keeper = keeper, None
+        if keeper is not None:
+            keeper.discard()
+
+
 class _AttemptFollower:
     """One launch of a trial command under its keeper, watched until it ends."""
 
     def __init__(
-        self, trial: TrialAssignment[LocalConfig], control: TrialControl, cuda: str | None, grace_s: float
+        self,
+        trial: TrialAssignment[LocalConfig],
+        control: TrialControl,
+        cuda: str | None,
+        grace_s: float,
+        keepers: _Keepers,
     ) -> None:
         self.trial = trial
+        self.keepers = keepers
         self.control = control
         self.cuda = cuda
         self.grace_s = grace_s
@@ -232,23 +350,9 @@ class _AttemptFollower:
         write_parameters(self.sys_dir, self.trial.form.hyper_parameters.value)
         paths = TrialPaths(sys_dir=str(self.sys_dir), output_dir=str(self.sys_dir), code_dir=str(code_dir))
         env = nni_environment(os.environ, LocalPlatform.name, self.trial, paths, self.cuda)
-        keeper_end, lifeline = os.pipe()  # the worker holds `lifeline` open until the trial must be gone
-        with (self.sys_dir / "stdout").open("wb") as stdout_file, (self.sys_dir / "stderr").open("wb") as stderr:
-            try:
-                process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _KEEPER, self.trial.launch.command],
-                    cwd=code_dir,
-                    env=env,
-                    stdin=keeper_end,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                    start_new_session=True,  # no terminal's signals; a process group for the last resort
-                )
-            except BaseException:
-                os.close(lifeline)
-                raise
-            finally:
-                os.close(keeper_end)
+        with (self.sys_dir / "stdout").open("wb") as stdout_file:
+            keeper = self.keepers.launch(self.trial.launch.command, code_dir, env, self.sys_dir / "stderr")
+            process = keeper.process
             assert process.stdout is not None
             pump = _StdoutReader(process.stdout, StdoutMetricPump(self.control, stdout_file))
             try:
@@ -256,8 +360,7 @@ class _AttemptFollower:
                 pump.start()
                 stop = self._watch(process)
             finally:
-                os.close(lifeline)  # the keeper kills whatever is left of the trial, if anything
-                process.wait()
+                keeper.close()  # the keeper kills whatever is left of the trial, if anything
                 _signal_group(process.pid, signal.SIGKILL)  # should the trial have killed its keeper
                 pump.finish(DRAIN_S)
         forward_file_metrics(self.reader, self.control, final=True)
