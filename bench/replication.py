@@ -44,7 +44,7 @@ def measure(stack: BenchStack, step: str, name: str) -> dict[str, float]:
     """One step of a run on `stack` (an experiment `name`): its figures, keyed as FIGURES."""
     if step.startswith("refill"):
         concurrency = int(step.removeprefix("refill"))
-        _, refills = refill_run(stack, name, concurrency)
+        _, refills, _ = refill_run(stack, name, concurrency)
         return {step: percentile(refills, 50)}
     if step == "rate":
         return {step: ingestion_rate(stack, name)}
