@@ -8,4 +8,5 @@ bash scripts/setup.sh --test
 # The suite starts ~2,000 Python processes: each would compile trialstream's modules (and pytest its test
 # modules) anew if bytecode were not written, ~0.2 s of CPU a process.
 unset PYTHONDONTWRITEBYTECODE
-python3 -m pytest -q -n 4 --dist loadgroup "$@"
+# --durations: every run names its 25 slowest tests, where to look when the suite nears its time budget.
+python3 -m pytest -q -n 4 --dist loadgroup --durations=25 "$@"

@@ -16,18 +16,19 @@ import httpx
 import pytest
 import redis
 
+from core.connections import connect
 from core.variables import PREFIX
 from manager.api.app import MAX_BODY_BYTES, TOKEN_COOKIE
 from simulators.waiting import wait_until
 from tests.api.test_api import experiment_config, write_trial
-from tests.conftest import Processes, RedisServer, free_port
+from tests.conftest import Processes, RedisServer, free_port, processes_on_own_redis
 from tests.support import web
 
 TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
 TOKEN = "tok-3c1f0e9a-do-not-leak"
 NO_TOKEN = {TOKEN_ENV: ""}  # whatever the environment running the tests holds
 
-pytestmark = pytest.mark.xdist_group("api-security")  # the token-guarded manager is started once
+pytestmark = pytest.mark.xdist_group("api-security")  # the guarded and the open manager are started once
 
 
 def refused_start(processes: Processes, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -117,6 +118,25 @@ def test_the_web_ui_manifest_alone_is_served_without_the_token(guarded: str) -> 
         assert web.get(guarded + path).status_code == 401, path
 
 
+class Open:
+    """A manager with no token and no other option, on a Redis of its own that no test flushes: the tests
+    that need nothing else of it share it, each isolating by the experiments it creates."""
+
+    def __init__(self, processes: Processes) -> None:
+        self.processes = processes
+        self.url = processes.manager(env=NO_TOKEN)
+        self.client = connect(processes.redis_url)
+
+    def experiment_ids(self) -> list[str]:
+        return sorted(experiment["id"] for experiment in web.get(f"{self.url}/api/v1/experiments").json())
+
+
+@pytest.fixture(scope="module")
+def open_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
+    with processes_on_own_redis(tmp_path_factory.mktemp("open")) as running:
+        yield Open(running)
+
+
 def test_a_token_file(processes: Processes, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n")
@@ -125,8 +145,8 @@ def test_a_token_file(processes: Processes, tmp_path: Path) -> None:
     assert web.get(f"{url}/api/v1/experiments", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
-def test_bodies_over_the_limit_are_refused_whether_or_not_they_say_their_length(processes: Processes) -> None:
-    url = processes.manager(env=NO_TOKEN)
+def test_bodies_over_the_limit_are_refused_whether_or_not_they_say_their_length(open_manager: Open) -> None:
+    url = open_manager.url
     over = b"x" * (MAX_BODY_BYTES + 1)
     declared = web.post(f"{url}/api/v1/experiments", content=over, headers={"content-type": "application/json"})
     assert declared.status_code == 413, declared.text
@@ -142,13 +162,13 @@ def test_bodies_over_the_limit_are_refused_whether_or_not_they_say_their_length(
     small = web.post(f"{url}/api/v1/experiments", json={"config": {}})
     assert small.status_code == 422, small.text
     assert web.get(f"{url}/api/v1/health").status_code == 200  # the manager is still serving
-    assert "Traceback" not in processes.logs()
+    assert "Traceback" not in open_manager.processes.logs()
 
 
-def test_cors_is_off_unless_an_origin_is_configured(processes: Processes) -> None:
+def test_cors_is_off_unless_an_origin_is_configured(open_manager: Open, processes: Processes) -> None:
     """Without --cors-origin another site's page is refused outright (the Origin rule), preflight or not."""
     origin = "http://ui.example"
-    plain = processes.manager(env=NO_TOKEN)
+    plain = open_manager.url
     answer = web.get(f"{plain}/api/v1/experiments", headers={"Origin": origin})
     assert answer.status_code == 403 and "access-control-allow-origin" not in answer.headers
     preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
@@ -221,9 +241,10 @@ def test_login_redirects_only_within_the_manager(guarded: str) -> None:
         assert login.headers["location"] == target, path
 
 
-def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: Path) -> None:
+def test_an_ssh_password_is_not_in_the_refusal(open_manager: Open, tmp_path: Path) -> None:
     password = "ssh-pa55-7d1e-do-not-leak"
-    url = processes.manager(env=NO_TOKEN)
+    url = open_manager.url
+    before = open_manager.experiment_ids()
     config = experiment_config(write_trial(tmp_path / "code"), trials=1)
     config["trainingService"] = {
         "platform": "remote",
@@ -232,17 +253,16 @@ def test_an_ssh_password_is_not_in_the_refusal(processes: Processes, tmp_path: P
     answer = web.post(f"{url}/api/v1/experiments", json={"config": config})
     assert answer.status_code in (409, 422), answer.text
     assert password not in answer.text and "127.0.0.1" in answer.text  # it names the machine, not its password
-    assert web.get(f"{url}/api/v1/experiments").json() == []
-    assert password not in processes.logs()
+    assert open_manager.experiment_ids() == before  # none created
+    assert password not in open_manager.processes.logs()
 
 
-def test_the_config_cluster_metadata_cannot_be_put(processes: Processes, client: redis.Redis, tmp_path: Path) -> None:
+def test_the_config_cluster_metadata_cannot_be_put(open_manager: Open, tmp_path: Path) -> None:
     """PUT cluster-metadata of `platform_config` or `trial_config` (issue 24, A7), valid or not, is refused
     with the key and what to do instead: an SSH password sent there is in no answer, event or stream, and
     the next trials run with the section the platform checked. Any other key is stored as before."""
     password = "ssh-pa55-5e0c-do-not-leak"
-    url = processes.manager(env=NO_TOKEN)
-    api = f"{url}/api/v1"
+    api = f"{open_manager.url}/api/v1"
     created = web.post(f"{api}/experiments", json={"config": experiment_config(write_trial(tmp_path / "code"))})
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
@@ -264,18 +284,19 @@ def test_the_config_cluster_metadata_cannot_be_put(processes: Processes, client:
     assert web.get(f"{base}/trial_config").json() == trial_before
     events = web.get(f"{api}/experiments/{experiment_id}/events", params={"limit": 10000})
     assert events.status_code == 200 and password not in events.text and "pwned" not in events.text
-    stream = json.dumps(client.xrange(f"ts:exp:{experiment_id}:events"), default=str)
+    stream = json.dumps(open_manager.client.xrange(f"ts:exp:{experiment_id}:events"), default=str)
     assert "ClusterMetadataSet" in stream and password not in stream and "pwned" not in stream
     note = web.put(f"{base}/note", json={"value": "kept"})
     assert note.status_code == 200 and web.get(f"{base}/note").json() == {"value": "kept"}
 
 
-def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: Processes, tmp_path: Path) -> None:
+def test_without_a_token_another_host_or_sites_page_changes_nothing(open_manager: Open, tmp_path: Path) -> None:
     """DNS rebinding and cross-site requests against a manager with no token (issue 24, A4): a request whose
     Host is not a loopback name (nor an --allowed-host), or whose Origin is not the manager's own, is
     refused before it creates or changes anything, the event stream included. Its own pages still write."""
-    url = processes.manager(env=NO_TOKEN)
+    url = open_manager.url
     port = int(url.rsplit(":", 1)[1])
+    before = open_manager.experiment_ids()  # the other tests' experiments on this manager
     api = f"{url}/api/v1"
     code = write_trial(tmp_path / "code")
     created = web.post(f"{api}/experiments", json={"config": experiment_config(code, trials=2, concurrency=1)})
@@ -296,8 +317,9 @@ def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: P
             assert answer.status_code == 403 and answer.json()["error"].startswith(named), answer.text
         with web.stream("GET", f"{api}/experiments/{experiment_id}/events/stream", headers=headers) as events:
             assert events.status_code == 403
-    [state] = web.get(f"{api}/experiments").json()
-    assert state["id"] == experiment_id and state["status"] == "RUNNING" and state["config"]["trialConcurrency"] == 1
+    assert open_manager.experiment_ids() == sorted([*before, experiment_id])
+    state = web.get(f"{api}/experiments/{experiment_id}").json()
+    assert state["status"] == "RUNNING" and state["config"]["trialConcurrency"] == 1
 
     for host in (
         "localhost",
@@ -325,7 +347,7 @@ def test_without_a_token_another_host_or_sites_page_changes_nothing(processes: P
         assert refused.status_code == 403, origin
     answer = web.post(f"{api}/experiments", json={"config": {}}, headers={**own, "Origin": f"http://localhost:{port}"})
     assert answer.status_code == 422, answer.text  # past the guard: an invalid config
-    assert [experiment["id"] for experiment in web.get(f"{api}/experiments").json()] == [experiment_id]
+    assert open_manager.experiment_ids() == sorted([*before, experiment_id])
     # what the web UI does: a write from its own page
     page = {"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}"}
     edited = web.put(

@@ -17,14 +17,23 @@ import pytest
 from core import code_archive
 from tests.conftest import Processes
 
+pytestmark = pytest.mark.xdist_group("api-uploads")  # one manager for the module, started once
+
+
+@pytest.fixture(scope="module")
+def experiments(module_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The module's manager (its URL) and its experiments directory: every test uploads to it, each checking
+    what its own uploads leave (an upload's directory is named by its content, so tests do not collide)."""
+    path = tmp_path_factory.mktemp("uploads") / "experiments"
+    return module_processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(path)}), path
+
 
 @pytest.fixture
-def uploads(processes: Processes, tmp_path: Path) -> Iterator[tuple[httpx.Client, Path]]:
-    """A manager's /api/v1 and where it unpacks uploads."""
-    experiments = tmp_path / "experiments"
-    url = processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(experiments)})
+def uploads(experiments: tuple[str, Path]) -> Iterator[tuple[httpx.Client, Path]]:
+    """The manager's /api/v1 and where it unpacks uploads."""
+    url, path = experiments
     with httpx.Client(base_url=f"{url}/api/v1", timeout=60) as http:
-        yield http, experiments / "code"
+        yield http, path / "code"
 
 
 def tar_gz(members: Sequence[tuple[tarfile.TarInfo, io.RawIOBase | io.BufferedIOBase | None]]) -> bytes:
@@ -71,6 +80,7 @@ def test_an_archive_the_cli_makes_keeps_its_absolute_symlink(
 
 def test_a_gzip_bomb_is_refused_naming_the_limit(uploads: tuple[httpx.Client, Path]) -> None:
     http, stored = uploads
+    before = {path for path in stored.rglob("*") if path.is_file()}  # the other tests' uploads
     info = tarfile.TarInfo("zeros.bin")
     info.size = code_archive.MAX_BYTES + 1024 * 1024  # a few hundred KB of gzip, over 300 MiB unpacked
     body = tar_gz([(info, Zeros())])
@@ -78,7 +88,7 @@ def test_a_gzip_bomb_is_refused_naming_the_limit(uploads: tuple[httpx.Client, Pa
     answer = http.put("/code", content=body)
     assert answer.status_code == 413, answer.text
     assert str(code_archive.MAX_BYTES) in answer.json()["error"]
-    assert not any(path.is_file() for path in stored.rglob("*"))  # nothing left behind
+    assert {path for path in stored.rglob("*") if path.is_file()} == before  # nothing left behind
 
 
 def test_more_files_than_nni_allows_are_refused(uploads: tuple[httpx.Client, Path]) -> None:
@@ -90,12 +100,12 @@ def test_more_files_than_nni_allows_are_refused(uploads: tuple[httpx.Client, Pat
 
 
 def test_members_leaving_the_upload_are_refused(uploads: tuple[httpx.Client, Path], tmp_path: Path) -> None:
-    http, _ = uploads
+    http, stored = uploads
     escape = tar_gz([regular("trial.py"), regular("../escaped.txt")])
     answer = http.put("/code", content=escape)
     assert answer.status_code == 422, answer.text
     assert "escaped.txt" in answer.json()["error"]
-    assert not (tmp_path / "experiments" / "escaped.txt").exists()
+    assert not (stored.parent / "escaped.txt").exists()  # the experiments directory
     link = tarfile.TarInfo("out")
     link.type, link.linkname = tarfile.SYMTYPE, str(tmp_path)
     through = tar_gz([(link, None), regular("out/through-the-link.txt")])  # writing through a link
