@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -341,13 +341,7 @@ class EventStore:
             index = [entry for _, entries in answer or [] for entry in entries]
         if not index:
             return after, []
-        with self.client.pipeline(transaction=False) as pipe:
-            for _, fields in index:
-                pipe.xrange(self.stream, min=fields["id"], max=fields["id"])
-            found: Any = pipe.execute()
-        return index[-1][0], [
-            decode_entry(entry_id, fields, self.experiment_id) for hit in found for entry_id, fields in hit
-        ]
+        return index[-1][0], commands_in_log(self.client, [(self.experiment_id, index)])[0]
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""
@@ -356,3 +350,23 @@ class EventStore:
 
     def length(self) -> int:
         return int(self.client.xlen(self.stream))
+
+
+CommandsIndex = Sequence[tuple[str, Mapping[str, str]]]
+"""Entries of a trial's commands stream (keys.trial_commands): each holds the log id of one command."""
+
+
+def commands_in_log(client: redis.Redis, indexes: Sequence[tuple[str, CommandsIndex]]) -> list[list[LogEntry]]:
+    """The log entries that commands streams' entries point at, for (experiment id, entries) pairs, in
+    their order: one round trip for all, so that a worker's one commands reader serves every trial at once."""
+    with client.pipeline(transaction=False) as pipe:
+        for experiment_id, index in indexes:
+            for _, fields in index:
+                pipe.xrange(keys.events(experiment_id), min=fields["id"], max=fields["id"])
+        found: Any = pipe.execute() if any(index for _, index in indexes) else []
+    entries, at = [], 0
+    for experiment_id, index in indexes:
+        hits = found[at : at + len(index)]
+        at += len(index)
+        entries.append([decode_entry(entry_id, fields, experiment_id) for hit in hits for entry_id, fields in hit])
+    return entries
