@@ -45,7 +45,9 @@ class Step:
     redis_mb: float = 0.0
     metric_lag_ms: list[float] = field(default_factory=list)
     stored_per_s: float = 0.0
+    workers: int = 0  # worker processes
     memory_before: int = 0  # used_memory before the experiment
+    clients_before: int = 0  # connected clients before the experiment: the manager's, the idle workers', the bench's
     peak_running: int = 0  # the most trials seen RUNNING at once, and at that sample:
     memory_at_peak: int = 0  # used_memory
     entries_at_peak: int = 0  # the log's length
@@ -61,6 +63,11 @@ class Step:
             return None
         held = self.memory_at_peak - self.memory_before - self.entries_at_peak * PER_ENTRY_B
         return held / self.peak_running
+
+    @property
+    def clients_per_worker(self) -> float | None:
+        """Connections the running trials added, per worker process (the manager's grow little with them)."""
+        return _per(self.clients_at_peak - self.clients_before, self.workers) if self.peak_running else None
 
     @property
     def offered_per_s(self) -> float:
@@ -136,16 +143,19 @@ def _run_step(root: Path, trials: int) -> Step:
         try:
             port = free_port()
             services.start("manager", "--port", str(port), log_name="manager")
-            workers = -(-trials // SLOTS)
+            workers = step.workers = -(-trials // SLOTS)
             for index in range(workers):
                 services.start(
                     "--platform", "threads", "--concurrency", str(SLOTS), log_name=f"worker-{index}", module="workers"
                 )
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 wait_until(lambda: _answers(client), 60, "the manager")
+                wait_until(lambda: stack.client.scard("rq:workers") >= workers, 60, "the workers")
                 cpu_before, began = _redis_cpu(stack), time.perf_counter()
                 before: Any = stack.client.info("memory")
                 step.memory_before = int(before["used_memory"])
+                clients_before: Any = stack.client.info("clients")
+                step.clients_before = int(clients_before["connected_clients"])
                 created = client.post("/api/v1/experiments", json={"config": _config(trials)})
                 created.raise_for_status()
                 experiment_id = created.json()["id"]
@@ -210,6 +220,8 @@ def run(root: Path, runs: int) -> Section:
             Figure(f"{label}: Redis memory per running trial", step.per_running_trial_b, "B"),
             Figure(f"{label}: of which clients' buffers", _per(step.client_memory_at_peak, step.peak_running), "B"),
             Figure(f"{label}: clients connected, at the most trials running", step.clients_at_peak, ""),
+            Figure(f"{label}: of which the trials added, per worker process", step.clients_per_worker, ""),
+            Figure(f"{label}: the most trials running at once", step.peak_running, "trials"),
         )
         if step.why:
             section.notes.append(f"At {label} the first thing that broke: {step.why}.")
