@@ -84,9 +84,13 @@ class LogTrialControl:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._links.renewer.add(self, self._lease)
-        self._wait_for_predecessor()
-        self._poll()  # a cancel that came before the worker did is seen before launching
-        self._links.reader.follow(self, store.experiment_id, self._trial_id, self._cursor)
+        try:
+            self._wait_for_predecessor()
+            self._poll()  # a cancel that came before the worker did is seen before launching
+            self._links.reader.follow(self, store.experiment_id, self._trial_id, self._cursor)
+        except BaseException:
+            self.close()  # no caller holds this control to close it
+            raise
 
     # reports from the platform
 
@@ -243,6 +247,7 @@ class LogTrialControl:
             self._renewed_at = sent
 
     def renewed(self, sent: float, renewed: bool) -> bool:
+        """A renewal sent at `sent` answered; False once the lease is lost or this control closed."""
         if self._cut_off() and not self._lease_lost:
             self._wake.set()  # already stopping: a late renewal does not undo the local deadline
         if renewed and not self._cut_off():
