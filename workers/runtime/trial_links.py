@@ -100,10 +100,6 @@ class CommandsReader:
         with self._lock:
             self._followed.pop(follower, None)
 
-    def following(self) -> int:
-        with self._lock:
-            return len(self._followed)
-
     def _run(self) -> None:
         while True:
             with self._lock:
