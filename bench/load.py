@@ -5,12 +5,17 @@ a deadline, or fewer metrics are stored per second than the trials report, or th
 
 Per step: the metrics' lag into the log (each metric's value is the time it was reported; its entry id the time it was
 stored), the views' lag behind the log (sampled each second), the manager's answer times for a page of 100 trials and
-for NNI's whole trial list, Redis's CPU (cores) and memory, and the rate the log took.
+for NNI's whole trial list, Redis's CPU (cores) and memory, the connections the trials added per worker process,
+the worker processes' CPU per metric reported, and the rate the log took.
+
+BENCH_LOAD_STEPS=1000,2500 runs those steps, each whatever broke before it (to compare builds on a machine where an
+early step breaks).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,7 +50,10 @@ class Step:
     redis_mb: float = 0.0
     metric_lag_ms: list[float] = field(default_factory=list)
     stored_per_s: float = 0.0
+    workers: int = 0  # worker processes
     memory_before: int = 0  # used_memory before the experiment
+    worker_cpu_s: float = 0.0  # the worker processes' CPU over the step
+    clients_before: int = 0  # connected clients before the experiment: the manager's, the idle workers', the bench's
     peak_running: int = 0  # the most trials seen RUNNING at once, and at that sample:
     memory_at_peak: int = 0  # used_memory
     entries_at_peak: int = 0  # the log's length
@@ -61,6 +69,16 @@ class Step:
             return None
         held = self.memory_at_peak - self.memory_before - self.entries_at_peak * PER_ENTRY_B
         return held / self.peak_running
+
+    @property
+    def clients_per_worker(self) -> float | None:
+        """Connections the running trials added, per worker process (the manager's grow little with them)."""
+        return _per(self.clients_at_peak - self.clients_before, self.workers) if self.peak_running else None
+
+    @property
+    def worker_cpu_ms_per_metric(self) -> float | None:
+        """The workers' CPU per metric stored: what a running trial costs its worker, whatever the machine's load."""
+        return self.worker_cpu_s * 1000 / len(self.metric_lag_ms) if self.metric_lag_ms else None
 
     @property
     def offered_per_s(self) -> float:
@@ -83,6 +101,15 @@ def _config(trials: int) -> dict[str, Any]:
 def _redis_cpu(stack: BenchStack) -> float:
     info: Any = stack.client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds the processes used so far (/proc/<pid>/stat)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _sample(stack: BenchStack, client: httpx.Client, experiment_id: str, step: Step, done: threading.Event) -> None:
@@ -136,16 +163,21 @@ def _run_step(root: Path, trials: int) -> Step:
         try:
             port = free_port()
             services.start("manager", "--port", str(port), log_name="manager")
-            workers = -(-trials // SLOTS)
+            workers = step.workers = -(-trials // SLOTS)
             for index in range(workers):
                 services.start(
                     "--platform", "threads", "--concurrency", str(SLOTS), log_name=f"worker-{index}", module="workers"
                 )
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 wait_until(lambda: _answers(client), 60, "the manager")
+                wait_until(lambda: stack.client.scard("rq:workers") >= workers, 60, "the workers")
+                worker_pids = [process.pid for process in services.processes[1:]]
+                worker_cpu_before = _cpu_s(worker_pids)
                 cpu_before, began = _redis_cpu(stack), time.perf_counter()
                 before: Any = stack.client.info("memory")
                 step.memory_before = int(before["used_memory"])
+                clients_before: Any = stack.client.info("clients")
+                step.clients_before = int(clients_before["connected_clients"])
                 created = client.post("/api/v1/experiments", json={"config": _config(trials)})
                 created.raise_for_status()
                 experiment_id = created.json()["id"]
@@ -164,6 +196,7 @@ def _run_step(root: Path, trials: int) -> Step:
                     done.set()
                     sampler.join()
                 step.wall_s = time.perf_counter() - began
+                step.worker_cpu_s = _cpu_s(worker_pids) - worker_cpu_before
                 step.redis_cores = (_redis_cpu(stack) - cpu_before) / step.wall_s
                 memory: Any = stack.client.info("memory")
                 step.redis_mb = float(memory["used_memory_peak"]) / 1e6
@@ -192,7 +225,9 @@ def _answers(client: httpx.Client) -> bool:
 
 def run(root: Path, runs: int) -> Section:
     section = Section("Many concurrent trials on one stack (issue 29)", "python -m bench --only load")
-    for trials in STEPS:
+    chosen = os.environ.get("BENCH_LOAD_STEPS")
+    steps = tuple(int(trials) for trials in chosen.split(",")) if chosen else STEPS
+    for trials in steps:
         step = _run_step(root, trials)
         label = f"{trials:,} trials"
         section.add(
@@ -210,10 +245,16 @@ def run(root: Path, runs: int) -> Section:
             Figure(f"{label}: Redis memory per running trial", step.per_running_trial_b, "B"),
             Figure(f"{label}: of which clients' buffers", _per(step.client_memory_at_peak, step.peak_running), "B"),
             Figure(f"{label}: clients connected, at the most trials running", step.clients_at_peak, ""),
+            Figure(f"{label}: of which the trials added, per worker process", step.clients_per_worker, ""),
+            Figure(f"{label}: the most trials running at once", step.peak_running, "trials"),
+            Figure(
+                f"{label}: worker processes' CPU per intermediate metric stored", step.worker_cpu_ms_per_metric, "ms"
+            ),
         )
         if step.why:
             section.notes.append(f"At {label} the first thing that broke: {step.why}.")
-            break
+            if not chosen:
+                break
     section.notes.append(
         f"Trials are threads of `trialstream worker --platform threads` processes ({SLOTS:,} per process), each "
         f"reporting {METRICS} intermediate metrics 1 s apart and a final one through the worker's control (one append "

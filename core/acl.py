@@ -57,6 +57,7 @@ WORKER_OWNED = (
     f"{_P}:parked:*",
     f"{_P}:gpu:*",  # the GPU ledger of a machine (workers.platforms.shared.gpu)
     f"{_P}:doomed:*",  # the remote platform's kill list of a host
+    f"{_P}:wake:*",  # a worker's commands reader is woken through these (workers.runtime.trial_links)
     "rq:*",  # RQ: queues, jobs, registries, executions, worker registrations; it deletes jobs and workers
 )
 

@@ -101,8 +101,9 @@ def _socket_options(url: str, decode: bool) -> dict[str, Any]:
     return options
 
 
-# Per pool. redis-py caps a pool at 100 unless told; a worker following a few hundred trials on a
-# remote platform holds a blocking command watcher and a lease renewer per trial.
+# Per pool. redis-py caps a pool at 100 unless told, and a pool grows to the most commands ever in flight
+# at once: a worker's trials share one commands reader and a few write slots (workers.runtime.trial_links),
+# but its jobs' own starts and ends may still come by the hundred.
 MAX_CONNECTIONS = 4096
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -341,13 +341,7 @@ class EventStore:
             index = [entry for _, entries in answer or [] for entry in entries]
         if not index:
             return after, []
-        with self.client.pipeline(transaction=False) as pipe:
-            for _, fields in index:
-                pipe.xrange(self.stream, min=fields["id"], max=fields["id"])
-            found: Any = pipe.execute()
-        return index[-1][0], [
-            decode_entry(entry_id, fields, self.experiment_id) for hit in found for entry_id, fields in hit
-        ]
+        return index[-1][0], commands_in_log(self.client, [(self.experiment_id, index)])[0]
 
     def head(self) -> str:
         """Id of the newest entry, or 0-0 for an empty log."""
@@ -356,3 +350,32 @@ class EventStore:
 
     def length(self) -> int:
         return int(self.client.xlen(self.stream))
+
+
+CommandsIndex = Sequence[tuple[str, Mapping[str, str]]]
+"""Entries of a trial's commands stream (keys.trial_commands): each holds the log id of one command."""
+
+
+def commands_in_log(client: redis.Redis, indexes: Sequence[tuple[str, CommandsIndex]]) -> list[list[LogEntry]]:
+    """The log entries that commands streams' entries point at, for (experiment id, entries) pairs, in
+    their order: one round trip for all, so that a worker's one commands reader serves every trial at once.
+    Nothing in one trial's commands stops the others': an index entry without an id is skipped, a log
+    entry that does not decode comes back unreadable (read again as bytes if it is not UTF-8)."""
+    ids = [(experiment_id, [fields["id"] for _, fields in index if "id" in fields]) for experiment_id, index in indexes]
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for experiment_id, entry_ids in ids:
+                for entry_id in entry_ids:
+                    pipe.xrange(keys.events(experiment_id), min=entry_id, max=entry_id)
+            found: Any = pipe.execute() if any(entry_ids for _, entry_ids in ids) else []
+    except UnicodeDecodeError:
+        return [
+            [entry for entry_id in entry_ids if (entry := EventStore(client, experiment_id).read_one(entry_id))]
+            for experiment_id, entry_ids in ids
+        ]
+    entries, at = [], 0
+    for experiment_id, entry_ids in ids:
+        hits = found[at : at + len(entry_ids)]
+        at += len(entry_ids)
+        entries.append([decode_entry(entry_id, fields, experiment_id) for hit in hits for entry_id, fields in hit])
+    return entries

@@ -37,6 +37,12 @@ def trial_commands(experiment_id: str, trial_id: str) -> str:
     return f"{LOG_PREFIX}:exp:{experiment_id}:commands:{trial_id}"
 
 
+def commands_wake(reader: str) -> str:
+    """Stream one worker process's commands reader follows beside its trials' commands streams: an entry
+    added when a trial starts wakes the reader's blocked XREAD, so that it follows the new trial at once."""
+    return f"{LOG_PREFIX}:wake:{reader}"
+
+
 def trial_claim(experiment_id: str, trial_id: str, attempt: int) -> str:
     """The worker holding an attempt (then `ended` or `lost`): a duplicate delivery of its job does nothing."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:claim:{trial_id}:{attempt}"

@@ -9,7 +9,7 @@ worker stopped: `core.reaper` declares the attempt lost.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -49,6 +49,26 @@ local now = redis.call('TIME')
 redis.call('ZADD', KEYS[2], 'XX', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
 return 1
 """
+
+# Many attempts' renewals in one call: `_RENEW` for each. KEYS: leases, then each attempt's claim.
+# ARGV: claim ttl (s), then per attempt: holder, lease member, lease length (ms). Returns 1 or 0 for each.
+_RENEW_ALL = """
+local now = redis.call('TIME')
+local ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local renewed = {}
+for i = 2, #KEYS do
+  local at = 3 * i - 4
+  if redis.call('GET', KEYS[i]) == ARGV[at] then
+    redis.call('SET', KEYS[i], ARGV[at], 'EX', ARGV[1])
+    redis.call('ZADD', KEYS[1], 'XX', ms + tonumber(ARGV[at + 2]), ARGV[at + 1])
+    renewed[#renewed + 1] = 1
+  else
+    renewed[#renewed + 1] = 0
+  end
+end
+return renewed
+"""
+RENEW_BATCH = 500  # renewals per script call: Redis serves nobody else while a script runs
 
 
 @dataclass(frozen=True)
@@ -147,3 +167,18 @@ class Lease:
                     return True
                 except redis.WatchError:
                     continue
+
+
+def renew_all(client: redis.Redis, leases: Sequence[Lease]) -> list[bool]:
+    """Extend many leases (one worker's), through `client`, in one round trip per RENEW_BATCH of them: for
+    each, False once its attempt has been declared lost (or has ended), as `Lease.renew` says."""
+    script = client.register_script(_RENEW_ALL)
+    renewed: list[bool] = []
+    for start in range(0, len(leases), RENEW_BATCH):
+        batch = leases[start : start + RENEW_BATCH]
+        args: list[str | int] = [CLAIM_TTL_S]
+        for lease in batch:
+            args += [lease.holder, lease.ref.member, int(lease.seconds * 1000)]
+        answers = script(keys=[keys.LEASES, *(lease.ref.claim_key for lease in batch)], args=args)
+        renewed += [bool(answer) for answer in answers]
+    return renewed

@@ -1,12 +1,13 @@
 """The TrialControl a platform reports through: every report becomes an event in the log.
 
-A watcher thread follows the trial's commands (the log ids of its cancels and new parameter sets,
-indexed as they are appended), so a cancel or a new parameter set reaches the running trial within
-milliseconds, without reading the other trials' events.
+The worker process's one commands reader (workers.runtime.trial_links) follows the trial's commands
+(the log ids of its cancels and new parameter sets, indexed as they are appended) with every other
+trial's, so a cancel or a new parameter set reaches the running trial within milliseconds, without
+reading the other trials' events, and without a connection per trial.
 
-A renewer thread keeps the attempt's lease, on a client whose commands give up within a fraction of
-the lease, so no silent server can block it. It stops the trial if the attempt was declared lost,
-and so does a **local deadline**: a worker that could not renew for `LOCAL_DEADLINE_LEASES` leases
+The process's one lease renewer keeps the attempt's lease with the others', on a client whose commands
+give up within a fraction of the lease, so no silent server can block it. The trial stops if the attempt
+was declared lost, and so does a **local deadline**: a worker that could not renew for `LOCAL_DEADLINE_LEASES` leases
 (cut off from Redis by a partition: the reapers may have declared the attempt lost and started its
 retry) stops its trial itself. A Redis that refuses connections is down for every reaper too, and
 reapers wait for workers after it comes back, so refusals do not count. A retry, in turn, starts
@@ -18,13 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import redis
 
 from core import keys
-from core.connections import quick_client, until_redis_answers
-from core.event_store import EventStore, StoredEvent
+from core.connections import until_redis_answers
+from core.event_store import EventStore, LogEntry, StoredEvent
 from core.leases import AttemptRef, Lease
 from core.platform import ParsedMetric, StopRequest
 from schemas.events import (
@@ -40,10 +42,11 @@ from schemas.events import (
     TrialUnreachable,
 )
 from schemas.trial import JobApplicationForm, TrialJobStatus
+from workers.runtime.trial_links import links
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-_WATCH_BLOCK_MS = 1000  # a blocked read returns at once when a command arrives; the timeout only re-checks `closed`
 LOCAL_DEADLINE_LEASES = 2.0  # a Redis pause shorter than this many leases does not stop a trial
 STOP_MARGIN_S = 6.0  # a trial stopped at its local deadline is gone within this (SIGTERM, 5 s, SIGKILL)
 
@@ -56,7 +59,8 @@ class LogTrialControl:
     def __init__(self, store: EventStore, submitted: StoredEvent, lease: Lease) -> None:
         assert isinstance(submitted.event, TrialSubmitted)
         self._store = store
-        self._quick = quick_client(store.client, max(0.2, lease.seconds / 2))
+        self._links = links(store.client, lease.seconds)
+        self._quick = self._links.writes
         self._appends = EventStore(self._quick, store.experiment_id)  # gives up on a lost lease
         self._submission = submitted.event
         self._trial_id = submitted.event.trial_id
@@ -79,12 +83,14 @@ class LogTrialControl:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._renewer = threading.Thread(target=self._renew, name=f"lease-{self._trial_id}", daemon=True)
-        self._renewer.start()
-        self._wait_for_predecessor()
-        self._poll()  # a cancel that came before the worker did is seen before launching
-        self._watcher = threading.Thread(target=self._watch, name=f"watch-{self._trial_id}", daemon=True)
-        self._watcher.start()
+        self._links.renewer.add(self, self._lease)
+        try:
+            self._wait_for_predecessor()
+            self._poll()  # a cancel that came before the worker did is seen before launching
+            self._links.reader.follow(self, store.experiment_id, self._trial_id, self._cursor)
+        except BaseException:
+            self.close()  # no caller holds this control to close it
+            raise
 
     # reports from the platform
 
@@ -128,7 +134,7 @@ class LogTrialControl:
         landed = self.metric_keys  # the last commit's: it returned, so no retry of it comes any more
 
         def commit() -> None:
-            with self._quick.pipeline(transaction=True) as pipe:
+            with self._links.write_slots, self._quick.pipeline(transaction=True) as pipe:
                 pipe.multi()
                 if events:
                     self._appends.append_all(events, idempotency_keys, pipeline=pipe)
@@ -153,7 +159,9 @@ class LogTrialControl:
             source=self._worker,
             reason=reason,
         )
-        until_redis_answers(lambda: self._appends.append(event), f"trial {self._trial_id}", self._cut_off)
+        until_redis_answers(
+            self._slotted(lambda: self._appends.append(event)), f"trial {self._trial_id}", self._cut_off
+        )
 
     def rejected(self, reason: str) -> None:
         self._log.warning("trial %s: %s", self._trial_id, reason)
@@ -166,7 +174,9 @@ class LogTrialControl:
 
     def waiting(self, reason: str) -> None:
         event = TrialDeferred(experiment_id=self._store.experiment_id, trial_id=self._trial_id, reason=reason)
-        until_redis_answers(lambda: self._appends.append(event), f"trial {self._trial_id}", self._cut_off)
+        until_redis_answers(
+            self._slotted(lambda: self._appends.append(event)), f"trial {self._trial_id}", self._cut_off
+        )
 
     # what the platform asks
 
@@ -207,15 +217,64 @@ class LogTrialControl:
         self._wake.set()
 
     def close(self) -> None:
-        """Stop watching. Not waiting for the watcher (it may be blocked in a read): a renewal that
-        still lands after the attempt ended fails harmlessly, as the claim is no longer this worker's."""
+        """Stop watching and renewing. Not waiting for the reader and renewer (they may be in a call): a
+        renewal that still lands after the attempt ended fails harmlessly, as the claim is no longer this
+        worker's, and answers to this control are ignored."""
         self._closed.set()
+        self._links.reader.unfollow(self)
+        self._links.renewer.remove(self)
+
+    # from the worker's commands reader and lease renewer (workers.runtime.trial_links)
+
+    def deliver(self, entries: list[LogEntry]) -> None:
+        """New commands to this trial, in their order."""
+        for entry in entries:
+            if not isinstance(entry, StoredEvent):
+                continue
+            event = entry.event
+            if isinstance(event, TrialCancelRequested) and self._cancel is None:
+                self._cancel = event
+                self._wake.set()
+            elif isinstance(event, TrialFormUpdated):
+                with self._lock:
+                    self._forms.append(event.form)
+                self._wake.set()
+
+    def not_renewed(self, sent: float, error: redis.RedisError) -> None:
+        """The local deadline counts from when the last successful renewal was sent (the server cannot
+        have run it earlier), or from the last refusal: Redis is down, so no reaper can act, nor until we renew."""
+        if isinstance(error, redis.ConnectionError) and _refused(error):
+            self._renewed_at = sent
+
+    def renewed(self, sent: float, renewed: bool) -> bool:
+        """A renewal sent at `sent` answered; False once the lease is lost or this control closed."""
+        if self._cut_off() and not self._lease_lost:
+            self._wake.set()  # already stopping: a late renewal does not undo the local deadline
+        if renewed and not self._cut_off():
+            self._renewed_at = sent
+        elif not renewed and not self._closed.is_set():  # after close the attempt has ended: not lost
+            self._log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
+            self._lease_lost = True
+            self._wake.set()
+            return False
+        return not self._closed.is_set()
 
     # plumbing
 
+    def _slotted(self, action: Callable[[], T]) -> Callable[[], T]:
+        """`action` run in one of the worker's write slots (trial_links.WRITE_SLOTS)."""
+
+        def slotted() -> T:
+            with self._links.write_slots:
+                return action()
+
+        return slotted
+
     def _append(self, event: TrialStarted | TrialMetricRejected, key: str | None) -> None:
         until_redis_answers(
-            lambda: self._appends.append(event, idempotency_key=key), f"trial {self._trial_id}", self._cut_off
+            self._slotted(lambda: self._appends.append(event, idempotency_key=key)),
+            f"trial {self._trial_id}",
+            self._cut_off,
         )
 
     @property
@@ -225,40 +284,6 @@ class LogTrialControl:
     def _cut_off(self) -> bool:
         """Past the local deadline: the reapers may have declared this attempt lost meanwhile."""
         return self._lease_lost or time.monotonic() - self._renewed_at > self._deadline_s
-
-    def _watch(self) -> None:
-        while not self._closed.is_set():
-            try:
-                self._poll(block_ms=_WATCH_BLOCK_MS)
-            except Exception as error:  # the watcher must outlive anything: a cancel may come later
-                self._log.warning("trial %s: cannot read the log (%s); retrying", self._trial_id, error)
-                self._closed.wait(0.5)
-
-    def _renew(self) -> None:
-        """Renew every quarter of the lease. The local deadline counts from when the last successful
-        renewal was sent (the server cannot have run it earlier), or from the last refusal."""
-        while not self._closed.wait(self._lease.seconds / 4):
-            sent = time.monotonic()
-            try:
-                renewed = self._lease.renew()
-            except redis.ConnectionError as error:
-                if _refused(error):
-                    self._renewed_at = sent  # Redis is down: no reaper can act, nor until we renew
-                elif not self._cut_off():
-                    self._log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
-                continue
-            except redis.RedisError as error:
-                self._log.warning("trial %s: cannot renew its lease (%s); retrying", self._trial_id, error)
-                continue
-            if self._cut_off() and not self._lease_lost:
-                self._wake.set()  # already stopping: a late renewal does not undo the local deadline
-            if renewed and not self._cut_off():
-                self._renewed_at = sent
-            elif not renewed and not self._closed.is_set():  # after close the attempt has ended: not lost
-                self._log.warning("trial %s: attempt %d was declared lost; stopping it", self._trial_id, self._attempt)
-                self._lease_lost = True
-                self._wake.set()
-                return
 
     def _wait_for_predecessor(self) -> None:
         """A retry waits until the attempt it replaces has surely stopped: declared lost when its
@@ -282,19 +307,9 @@ class LogTrialControl:
                 return
             self._closed.wait(min(left_s, 1.0))
 
-    def _poll(self, block_ms: int | None = None) -> None:
-        self._cursor, entries = self._store.trial_commands(self._trial_id, self._cursor, block_ms)
-        for entry in entries:
-            if not isinstance(entry, StoredEvent):
-                continue
-            event = entry.event
-            if isinstance(event, TrialCancelRequested) and self._cancel is None:
-                self._cancel = event
-                self._wake.set()
-            elif isinstance(event, TrialFormUpdated):
-                with self._lock:
-                    self._forms.append(event.form)
-                self._wake.set()
+    def _poll(self) -> None:
+        self._cursor, entries = self._store.trial_commands(self._trial_id, self._cursor)
+        self.deliver(entries)
 
 
 def _refused(error: redis.ConnectionError) -> bool:

@@ -1,0 +1,126 @@
+"""The commands reader and lease renewer a worker process's trials share (workers/runtime/trial_links.py), on a
+real redis-server: many trials' controls in one process, each handed its own commands only, over a handful of
+connections; a trial registered while the reader blocks is followed at once; a Redis restart mid-read is survived."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from core.connections import connect
+from core.event_store import EventStore
+from core.leases import AttemptRef, Lease
+from core.queueing import load_submission
+from manager.training_service import TrainingService
+from tests.conftest import RedisServer, ServiceFactory, form, new_service, wait_until
+from workers.runtime import trial_links
+from workers.runtime.control import LogTrialControl
+
+TRIALS = 30
+LEASE_S = 10.0
+LONG_BLOCK_MS = 20_000  # far longer than any deadline below: a test that waited for the block would fail
+
+
+def _control(client: redis.Redis, service: TrainingService, trial_id: str) -> LogTrialControl:
+    store = EventStore(client, service.experiment_id)
+    lease = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "test-worker", LEASE_S)
+    assert lease.acquire()
+    return LogTrialControl(store, load_submission(store, trial_id), lease)
+
+
+def _blocked_reads(client: redis.Redis) -> int:
+    listed: Any = client.client_list()
+    return sum(1 for each in listed if each["cmd"] == "xread" and "b" in each["flags"])
+
+
+@pytest.fixture
+def controls() -> Iterator[list[LogTrialControl]]:
+    made: list[LogTrialControl] = []
+    yield made
+    for control in made:
+        control.close()
+
+
+def test_many_trials_on_one_worker_each_get_their_own_commands_over_a_few_connections(
+    make_service: ServiceFactory, client: redis.Redis, controls: list[LogTrialControl]
+) -> None:
+    service = make_service()
+    trial_ids = [service.submit_trial_job(form(index)).id for index in range(TRIALS)]
+    connected_before = len(client.client_list())
+    controls += [_control(client, service, trial_id) for trial_id in trial_ids]
+    for index, trial_id in enumerate(trial_ids):
+        if index % 3 == 0:
+            service.cancel_trial_job(trial_id)
+        elif index % 3 == 1:  # two parameter sets: they arrive in order
+            service.update_trial_job(trial_id, form(100 + index))
+            service.update_trial_job(trial_id, form(200 + index))
+    forms: dict[int, list[int]] = {index: [] for index in range(TRIALS)}
+
+    def all_seen() -> bool:
+        for index, control in enumerate(controls):
+            forms[index] += [each.sequence_id for each in control.new_forms()]
+        canceled = all(controls[index].stop_request() is not None for index in range(0, TRIALS, 3))
+        return canceled and all(len(forms[index]) == 2 for index in range(1, TRIALS, 3))
+
+    wait_until(all_seen, 10, what="every trial's commands")
+    for index, control in enumerate(controls):
+        assert (control.stop_request() is not None) == (index % 3 == 0), index
+        assert forms[index] == ([100 + index, 200 + index] if index % 3 == 1 else []), index
+    assert _blocked_reads(client) == 1  # one reader for all the trials
+    # a connection per trial before: now the reader's, the renewer's and a few writes', whatever the trials
+    assert len(client.client_list()) - connected_before <= 4
+
+
+def test_a_cancel_that_came_before_the_worker_is_seen_before_launching(
+    make_service: ServiceFactory, client: redis.Redis, controls: list[LogTrialControl]
+) -> None:
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0)).id
+    service.cancel_trial_job(trial_id)
+    controls.append(_control(client, service, trial_id))
+    assert controls[0].stop_request() is not None  # at once: no wait for the reader
+
+
+def test_a_trial_registered_during_a_blocking_read_gets_its_cancel_promptly(
+    make_service: ServiceFactory, client: redis.Redis, controls: list[LogTrialControl], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trial_links, "READ_BLOCK_MS", LONG_BLOCK_MS)
+    service = make_service()
+    first, second = (service.submit_trial_job(form(index)).id for index in range(2))
+    controls.append(_control(client, service, first))
+    wait_until(lambda: _blocked_reads(client) == 1, 10, what="the reader to block")
+    controls.append(_control(client, service, second))  # while that read blocks, naming the first trial only
+    service.cancel_trial_job(second)
+    wait_until(lambda: controls[1].stop_request() is not None, 5, what="the second trial's cancel")
+    assert controls[0].stop_request() is None
+
+
+def test_the_reader_survives_a_redis_restart_mid_read(
+    own_redis: RedisServer,
+    tmp_path: Path,
+    code_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+    controls: list[LogTrialControl],
+) -> None:
+    server = own_redis
+    client = connect(server.url, retry_s=0.3)  # the read's error reaches the reader: it must retry on its own
+    service = new_service(client, connect(server.url, decode=False), tmp_path, code_dir)
+    trial_ids = [service.submit_trial_job(form(index)).id for index in range(3)]
+    controls += [_control(client, service, trial_id) for trial_id in trial_ids]
+    service.update_trial_job(trial_ids[0], form(10))
+    wait_until(lambda: controls[0].new_forms(), 10, what="the first parameter set")
+    wait_until(lambda: _blocked_reads(client) == 1, 10, what="the reader to block")
+    with caplog.at_level(logging.WARNING, logger=trial_links.__name__):
+        server.kill()
+        wait_until(lambda: "commands (" in caplog.text, 10, what="the reader to meet the outage")
+        server.start()
+    service.update_trial_job(trial_ids[0], form(11))
+    service.cancel_trial_job(trial_ids[1])
+    wait_until(lambda: controls[1].stop_request() is not None, 10, what="the cancel after the restart")
+    assert [each.sequence_id for each in wait_until(controls[0].new_forms, 10, what="the next form")] == [11]
+    assert controls[2].stop_request() is None
