@@ -18,7 +18,7 @@ from core.assignments import secrets_by_platform
 from core.connections import same_server
 from core.event_store import EventStore
 from core.queueing import ExperimentJob, enqueue
-from manager.archive.moves import archived, forget, thaw
+from manager.archive.moves import archived, experiment_keys, forget, glob_escaped, thaw
 from manager.training_service import TrainingService
 from manager.views import ViewStore
 from schemas.events import ExperimentCreated, ExperimentFinished
@@ -181,10 +181,9 @@ def delete_experiment(client: redis.Redis, experiment_id: str) -> int:
     resolve_known(client, experiment_id)
     record = archived(client, experiment_id)
     runner_key = keys.runner(experiment_id)
-    pattern_id = _glob_escaped(experiment_id)
-    owned = set(client.scan_iter(match=f"{keys.LOG_PREFIX}:exp:{pattern_id}:*", count=1000))
-    owned |= set(client.scan_iter(match=f"*:view:{pattern_id}:*", count=1000))
-    owned |= set(client.scan_iter(match=f"{keys.staging(pattern_id, '*')}*", count=1000))
+    owned = experiment_keys(client, experiment_id)
+    staged = f"{keys.staging(glob_escaped(experiment_id), '*')}*"
+    owned |= {str(key) for key in client.scan_iter(match=staged, count=1000)}
     job_keys = _job_keys(client, experiment_id)
     job_ids = {match.group("job") for match in job_keys.values()}
     with client.pipeline(transaction=True) as pipe:
@@ -225,7 +224,7 @@ def _job_keys(client: redis.Redis, experiment_id: str) -> dict[str, re.Match[str
     escaped = re.escape(experiment_id)
     job = re.compile(rf"(^|:)(?P<job>{escaped}-([^-:]+-\d+-(run|release)|-clean-up)-\d+)(:|$)")
     found = {}
-    for key in client.scan_iter(match=f"rq:*{_glob_escaped(experiment_id)}-*", count=1000):
+    for key in client.scan_iter(match=f"rq:*{glob_escaped(experiment_id)}-*", count=1000):
         match = job.search(str(key))
         if match:
             found[str(key)] = match
@@ -237,13 +236,13 @@ def _shared_entries(client: Any, experiment_id: str, job_ids: set[str]) -> list[
     parked attempts, GPU holders, and RQ's queues and job registries."""
     entries: list[tuple[str, str, list[str]]] = []
     prefix = f"{experiment_id}/"
-    leases = [member for member, _ in client.zscan_iter(keys.LEASES, match=f"{_glob_escaped(prefix)}*")]
+    leases = [member for member, _ in client.zscan_iter(keys.LEASES, match=f"{glob_escaped(prefix)}*")]
     entries.append((keys.LEASES, "zset", leases))
     for key in client.scan_iter(match=f"{keys.LOG_PREFIX}:parked:*", count=1000):
         parked = [m for m in client.zrange(key, 0, -1) if json.loads(m)[0] == experiment_id]
         entries.append((str(key), "zset", parked))
     for key in client.scan_iter(match=f"{keys.LOG_PREFIX}:gpu:*:holders", count=1000):
-        holders = [field for field, _ in client.hscan_iter(key, match=f"{_glob_escaped(prefix)}*")]
+        holders = [field for field, _ in client.hscan_iter(key, match=f"{glob_escaped(prefix)}*")]
         entries.append((str(key), "hash", holders))
     if job_ids:
         for key in client.scan_iter(match="rq:*", count=1000):
@@ -253,7 +252,3 @@ def _shared_entries(client: Any, experiment_id: str, job_ids: set[str]) -> list[
             elif kind == "zset":
                 entries.append((str(key), kind, [m for m in client.zrange(key, 0, -1) if m in job_ids]))
     return [entry for entry in entries if entry[2]]
-
-
-def _glob_escaped(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

@@ -14,6 +14,7 @@ script checks `ARCHIVED`) until `restore` brings it back for good; `resume` does
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -225,13 +226,25 @@ def _refuse_running(client: Any, experiment_id: str) -> None:
         raise ArchiveError(f"experiment {experiment_id} has not finished: only an ended one is archived")
 
 
+def experiment_keys(client: redis.Redis, experiment_id: str) -> set[str]:
+    """Every key of the experiment's own: its log and what serves it, its views in every namespace (not its
+    jobs, nor its entries in shared keys)."""
+    pattern_id = glob_escaped(experiment_id)
+    found = set(client.scan_iter(match=f"{keys.LOG_PREFIX}:exp:{pattern_id}:*", count=1000))
+    found |= set(client.scan_iter(match=f"*:view:{pattern_id}:*", count=1000))
+    return {str(key) for key in found}
+
+
+def glob_escaped(text: str) -> str:
+    """`text` matched literally in a SCAN pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 def _owned(client: redis.Redis, experiment_id: str) -> set[str]:
     """The experiment's keys but its secrets (they never leave Redis), its runner's claim (there is none) and
     what a dead move staged."""
-    found = set(client.scan_iter(match=f"{keys.LOG_PREFIX}:exp:{experiment_id}:*", count=1000))
-    found |= set(client.scan_iter(match=f"*:view:{experiment_id}:*", count=1000))
     left_out = (keys.legacy_secrets(experiment_id), keys.staging(experiment_id, ""))  # secrets, a dead move's keys
-    return {str(key) for key in found if not str(key).startswith(left_out)} - {
+    return {key for key in experiment_keys(client, experiment_id) if not key.startswith(left_out)} - {
         keys.runner(experiment_id),
         keys.thawed(experiment_id),
     }
