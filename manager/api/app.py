@@ -485,6 +485,13 @@ _LISTING = re.compile(
 _ETAG = re.compile(rb'"[0-9]{1,20}-[0-9]{1,20}"')  # a position, as `listings.etag` writes it
 
 
+class _Reads(NamedTuple):
+    """Whose reads share a batch: one experiment's, on one event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    experiment_id: str
+
+
 class Revalidations:
     """ASGI, between the guards and the routes: a revalidation (`If-None-Match`) of an NNI listing whose
     experiment's views are still at the ETag's position is answered 304 here, on the event loop; anything
@@ -493,13 +500,14 @@ class Revalidations:
 
     The read is exact: each revalidation waits for a read sent after it arrived. Reads of one experiment go
     one at a time; those that arrive while one is in flight share the next (`_waiting`), so 50 pollers cost
-    a read per round trip of Redis, not one each."""
+    a read per round trip of Redis, not one each. Kept per event loop: nnictl's ports share one application,
+    each port served by a loop of its own."""
 
     def __init__(self, app: ASGIApp, client: redis.Redis) -> None:
         self.app = app
         self.client = client
-        self._waiting: dict[str, asyncio.Future[str | None]] = {}  # per experiment: the read not sent yet
-        self._reading: dict[str, asyncio.Future[str | None]] = {}  # per experiment: the read in flight
+        self._waiting: dict[_Reads, asyncio.Future[str | None]] = {}  # the read not sent yet
+        self._reading: dict[_Reads, asyncio.Future[str | None]] = {}  # the read in flight
         self._tasks: set[asyncio.Task[None]] = set()  # the reads' tasks, kept until done (asyncio holds weak refs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -515,27 +523,29 @@ class Revalidations:
 
     async def _position(self, experiment_id: str) -> str | None:
         """The views' position read after this call began; None where the route must answer."""
-        batch = self._waiting.get(experiment_id)
+        loop = asyncio.get_running_loop()
+        reads = _Reads(loop, experiment_id)
+        batch = self._waiting.get(reads)
         if batch is None:
-            batch = self._waiting[experiment_id] = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(self._read(experiment_id, batch))
+            batch = self._waiting[reads] = loop.create_future()
+            task = loop.create_task(self._read(reads, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(batch)  # a client that leaves does not cancel the read the others wait for
 
-    async def _read(self, experiment_id: str, batch: asyncio.Future[str | None]) -> None:
-        before = self._reading.get(experiment_id)
+    async def _read(self, reads: _Reads, batch: asyncio.Future[str | None]) -> None:
+        before = self._reading.get(reads)
         if before is not None:
             await asyncio.wait([before])
-        del self._waiting[experiment_id]  # from here on, who arrives waits for the next read
-        self._reading[experiment_id] = batch
+        del self._waiting[reads]  # from here on, who arrives waits for the next read
+        self._reading[reads] = batch
         try:
-            batch.set_result(await anyio.to_thread.run_sync(self._read_position, experiment_id))
+            batch.set_result(await anyio.to_thread.run_sync(self._read_position, reads.experiment_id))
         except Exception:  # Redis unreachable, say: the route answers, and tells
             batch.set_result(None)
         finally:
-            if self._reading.get(experiment_id) is batch:
-                del self._reading[experiment_id]
+            if self._reading.get(reads) is batch:
+                del self._reading[reads]
 
     def _read_position(self, experiment_id: str) -> str | None:
         """The experiment's views' position, in one round trip; None for an experiment the route must resolve
