@@ -494,7 +494,7 @@ class _Reads(NamedTuple):
 
 class Revalidations:
     """ASGI, between the guards and the routes: a revalidation (`If-None-Match`) of an NNI listing whose
-    experiment's views are still at the ETag's position is answered 304 here, on the event loop; anything
+    experiment's views are still at the ETag's position is answered 304 here, without routing; anything
     else (a changed position, an unknown or archived experiment, a failed read) goes on to the route, which
     answers as it always has.
 

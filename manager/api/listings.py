@@ -8,13 +8,13 @@ costs one HGET. Larger experiments are streamed a chunk at a time and never kept
 Every answer carries the position as its ETag (with `Cache-Control: no-cache`), so a browser revalidates
 and gets a bodiless 304 while nothing has changed.
 
-Those revalidations are most of what 50 open web UIs send, so `manager.api.app.Revalidations` answers them ahead of the
-routes, on the event loop: one pipelined read of the position (and of whether the experiment still exists
-and is not archived), shared by every revalidation of the experiment that arrived before it was sent, where
-the route costs three thread hops and three round trips each. It is still a read of Redis, never the
-in-process projector's position: other projectors (`trialstream projector`, another manager, an import, a
-rebuild), a delete or an archive change the views without this process knowing, and a 304 must mean that
-the views are, when the request is answered, what the ETag says.
+Those revalidations are most of what open web UIs send, so `manager.api.app.Revalidations` answers
+them in front of the routes: one pipelined read of the position (and of whether the experiment still
+exists and is not archived) on one thread hop, shared by every revalidation of the experiment that arrived
+before it was sent, where a route costs three thread hops and three round trips each. It is still a read
+of Redis, never the in-process projector's position: other projectors (`trialstream projector`, another
+manager, an import, a rebuild), a delete or an archive change the views without this process knowing,
+and a 304 must mean that the views are, when the request is answered, what the ETag says.
 """
 
 from __future__ import annotations
