@@ -271,10 +271,10 @@ def run(root: Path, runs: int) -> Section:
                     detail=f"the pollers' own process used {median_of(pollers_cores):.2f} cores meanwhile",
                 ),
                 Figure(
-                    "slot refill slowed by a process that only burns a core (the floor of the figure above)",
+                    "slot refill slowed by a process that burns a core and asks nothing",
                     (median_of(burned) / median_of(quiet) - 1) * 100,
                     "%",
-                    detail=f"{median_of(burned):.0f} ms p50; no requests at all, `while True: pass` in a process",
+                    detail=f"{median_of(burned):.0f} ms p50; `while True: pass` in a process of its own",
                 ),
                 Figure(
                     "manager CPU per web-UI request answered",
@@ -290,7 +290,9 @@ def run(root: Path, runs: int) -> Section:
         f"Redis and projected by the manager. Pollers: {POLLERS} threads in one process of their own, each asking "
         f"NNI's `/trial-jobs` and `/metric-data` of a {POLLED:,}-trial experiment back to back (revalidating with "
         f"the ETag it was given, as a browser does) while a {REFILL_TRIALS}-trial experiment runs at concurrency "
-        f"{REFILL_CONCURRENCY} on {WORKERS} workers; on this 2-core machine the pollers' own process takes "
-        "a core the experiment would otherwise have."
+        f"{REFILL_CONCURRENCY} on {WORKERS} workers; on this 2-core machine the pollers' own process shares "
+        "the cores with the experiment. The quiet, polled and burned runs are interleaved. The manager's CPU "
+        "per request is its utime + stime beyond the quiet runs', over the requests answered (2 a round); the "
+        "burned runs say what losing a core to a process that asks nothing costs the same experiment."
     )
     return section
