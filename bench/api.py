@@ -22,7 +22,17 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from bench.harness import BenchStack, Figure, Section, median_of, peak_rss_mb, percentile, rss_mb, wait_until
+from bench.harness import (
+    BenchStack,
+    Figure,
+    Section,
+    cpu_seconds,
+    median_of,
+    peak_rss_mb,
+    percentile,
+    rss_mb,
+    wait_until,
+)
 from bench.nnictl import free_port
 from bench.overhead import slot_refills_ms
 from bench.scale import write_log
@@ -218,28 +228,61 @@ def run(root: Path, runs: int) -> Section:
                 Figure("metric appended -> delivered on SSE: p50", percentile(latencies, 50), "ms"),
                 Figure("metric appended -> delivered on SSE: p99", percentile(latencies, 99), "ms", "<= 50"),
             )
-            quiet = [median_of(_refills(stack, client, f"quiet{index}")) for index in range(runs)]
             nni_base = f"{url}/nni/{polled}/api/v1/nni"
-            busy, poll_rates = [], []
-            for index in range(runs):
+            quiet, quiet_cores, busy, busy_cores, pollers_cores, poll_rates, burned = [], [], [], [], [], [], []
+            for index in range(runs):  # interleaved, so a machine that slows down meanwhile weighs on each alike
+                cpu_before, started = cpu_seconds(manager_pid), time.perf_counter()
+                quiet.append(median_of(_refills(stack, client, f"quiet{index}")))
+                quiet_cores.append((cpu_seconds(manager_pid) - cpu_before) / (time.perf_counter() - started))
+
                 pollers = _pollers(nni_base)
                 assert pollers.stdout is not None
                 pollers.stdout.readline()  # they are polling
                 rounds = _counted(pollers.stdout)
+                cpu_before, pollers_before = cpu_seconds(manager_pid), cpu_seconds(pollers.pid)
                 started = time.perf_counter()
                 busy.append(median_of(_refills(stack, client, f"busy{index}")))
-                poll_rates.append(rounds() / (time.perf_counter() - started))
+                elapsed = time.perf_counter() - started
+                poll_rates.append(rounds() / elapsed)
+                busy_cores.append((cpu_seconds(manager_pid) - cpu_before) / elapsed)
+                pollers_cores.append((cpu_seconds(pollers.pid) - pollers_before) / elapsed)
                 if pollers.poll() is not None:
                     raise RuntimeError("the pollers stopped during the run: the figure would be of a lighter load")
                 pollers.kill()
                 pollers.wait()
+
+                burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                burned.append(median_of(_refills(stack, client, f"burned{index}")))
+                burner.kill()
+                burner.wait()
             slowdown = (median_of(busy) / median_of(quiet) - 1) * 100
+            # what the pollers cost the manager: its CPU beyond the quiet runs', per request answered (2 a round)
+            per_request_ms = (median_of(busy_cores) - median_of(quiet_cores)) / (2 * median_of(poll_rates)) * 1000
             section.add(
                 Figure("slot refill p50, no pollers", median_of(quiet), "ms"),
                 Figure(
                     f"slot refill p50, {POLLERS} web-UI pollers of a {POLLED:,}-trial experiment", median_of(busy), "ms"
                 ),
-                Figure("slot refill slowed by the pollers", slowdown, "%", "<= 10"),
+                Figure(
+                    "slot refill slowed by the pollers",
+                    slowdown,
+                    "%",
+                    "<= 10",
+                    detail=f"the pollers' own process used {median_of(pollers_cores):.2f} cores meanwhile",
+                ),
+                Figure(
+                    "slot refill slowed by a process that burns a core and asks nothing",
+                    (median_of(burned) / median_of(quiet) - 1) * 100,
+                    "%",
+                    detail=f"{median_of(burned):.0f} ms p50; `while True: pass` in a process of its own",
+                ),
+                Figure(
+                    "manager CPU per web-UI request answered",
+                    per_request_ms,
+                    "ms",
+                    detail=f"the manager's utime + stime: {median_of(quiet_cores):.2f} cores in the quiet runs, "
+                    f"{median_of(busy_cores):.2f} with the pollers",
+                ),
                 Figure("web-UI polls answered meanwhile (/trial-jobs + /metric-data)", median_of(poll_rates), "/s"),
             )
     section.notes.append(
@@ -247,7 +290,9 @@ def run(root: Path, runs: int) -> Section:
         f"Redis and projected by the manager. Pollers: {POLLERS} threads in one process of their own, each asking "
         f"NNI's `/trial-jobs` and `/metric-data` of a {POLLED:,}-trial experiment back to back (revalidating with "
         f"the ETag it was given, as a browser does) while a {REFILL_TRIALS}-trial experiment runs at concurrency "
-        f"{REFILL_CONCURRENCY} on {WORKERS} workers; on this 2-core machine the pollers' own process takes "
-        "a core the experiment would otherwise have."
+        f"{REFILL_CONCURRENCY} on {WORKERS} workers; on this 2-core machine the pollers' own process shares "
+        "the cores with the experiment. The quiet, polled and burned runs are interleaved. The manager's CPU "
+        "per request is its utime + stime beyond the quiet runs', over the requests answered (2 a round); the "
+        "burned runs say what losing a core to a process that asks nothing costs the same experiment."
     )
     return section

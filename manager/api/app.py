@@ -5,11 +5,13 @@ The guards are plain ASGI middleware, in front of FastAPI: a refused request cos
 streamed answer (100,000 trials) passes through untouched. `build_api` makes the routes; `guarded` is
 what the main port serves (Host and Origin, CORS, the token, the body limit); `nnictl_api` is what
 nnictl's per-experiment loopback ports serve (Host and Origin as on a port with no token, the body limit:
-nnictl sends no token).
+nnictl sends no token). Behind the guards on both, `Revalidations` answers the web UI's revalidations of an
+unchanged listing without routing them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -21,6 +23,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, unquote_to_bytes
 
 import anyio.to_thread
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -31,16 +34,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core import keys
 from core.code_archive import MAX_ARCHIVE_BYTES
-from core.event_store import ExperimentArchived, InvalidExperimentId
+from core.event_store import EXPERIMENT_ID, ExperimentArchived, InvalidExperimentId
+from core.keys import ViewKeys
 from core.registry import UnknownPlatform
-from manager.api import native, nni, observability, timeline, webui
-from manager.api.listings import ListingCache
+from manager.api import listings, native, nni, observability, timeline, webui
 from manager.archive.moves import ArchiveError
 from manager.archive.segments import CorruptArchive
 from manager.archive.stores import ArchiveStoreError
 from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
+from manager.nnictl import PINNED_EXPERIMENT
 from manager.runner import RunnerError
 from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.config import ConfigError
@@ -101,11 +106,19 @@ def nnictl_api(host: ManagerHost, options: ApiOptions) -> ASGIApp:
     sends `Host: localhost:<port>` and no Origin). Nothing else of the manager is reachable there."""
     api = _api(host, options)
     api.include_router(nni.router, prefix="/api/v1/nni")
-    return HostOriginGuard(body_limited(api, options), loopback_only=True, allowed_hosts=options.allowed_hosts)
+    return HostOriginGuard(
+        body_limited(revalidated(api), options), loopback_only=True, allowed_hosts=options.allowed_hosts
+    )
 
 
 def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
     return BodyLimit(api, options.max_body_bytes, options.max_upload_bytes)
+
+
+def revalidated(api: FastAPI) -> ASGIApp:
+    """The routes, with a web UI's revalidations of an unchanged listing answered in front of them."""
+    host: ManagerHost = api.state.host
+    return Revalidations(api, host.client)
 
 
 API_THREADS = 8
@@ -130,7 +143,7 @@ def _api(host: ManagerHost, options: ApiOptions) -> FastAPI:
     )
     api.state.host = host
     api.state.options = options
-    api.state.listings = ListingCache()
+    api.state.listings = listings.ListingCache()
     api.state.timelines = timeline.Timelines()
     for error_type, status in _ERRORS.items():
         api.add_exception_handler(error_type, _handler(status))
@@ -157,11 +170,11 @@ async def _http_error(request: Request, error: Exception) -> Response:
     return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
-def guarded(api: ASGIApp, options: ApiOptions) -> ASGIApp:
+def guarded(api: FastAPI, options: ApiOptions) -> ASGIApp:
     """The API as the main port serves it. Host and Origin are checked first; then CORS: a browser's
     preflight never carries the token, so it is answered before the token is asked for, and a 401 still
-    says which origin may read it."""
-    app = body_limited(api, options)
+    says which origin may read it. Every guard is in front of `Revalidations`: a 304 is refused as any answer."""
+    app = body_limited(revalidated(api), options)
     if options.token is not None:
         app = TokenGuard(app, options.token)
     if options.cors_origins:
@@ -461,3 +474,108 @@ async def _send_json(
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+# The listings an ETag covers whole, asked with no query: what NNI's web UI polls. (A query is validated by the
+# route, which a 304 here would skip; `/metric-data-range` with ids FastAPI takes as ints.)
+_LISTING = re.compile(
+    r"(?:/nni/(?P<experiment>[^/]+))?/api/v1/nni/"
+    r"(?:trial-jobs|metric-data|metric-data-latest/?|export-data|metric-data-range/[0-9]{1,9}/[0-9]{1,9})"
+)
+_ETAG = re.compile(rb'"[0-9]{1,20}-[0-9]{1,20}"')  # a position, as `listings.etag` writes it
+
+
+class _Reads(NamedTuple):
+    """Whose reads share a batch: one experiment's, on one event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    experiment_id: str
+
+
+class Revalidations:
+    """ASGI, between the guards and the routes: a revalidation (`If-None-Match`) of an NNI listing whose
+    experiment's views are still at the ETag's position is answered 304 here, without routing; anything
+    else (a changed position, an unknown or archived experiment, a failed read) goes on to the route, which
+    answers as it always has.
+
+    The read is exact: each revalidation waits for a read sent after it arrived. Reads of one experiment go
+    one at a time; those that arrive while one is in flight share the next (`_waiting`), so 50 pollers cost
+    a read per round trip of Redis, not one each. Kept per event loop: nnictl's ports share one application,
+    each port served by a loop of its own."""
+
+    def __init__(self, app: ASGIApp, client: redis.Redis) -> None:
+        self.app = app
+        self.client = client
+        self._waiting: dict[_Reads, asyncio.Future[str | None]] = {}  # the read not sent yet
+        self._reading: dict[_Reads, asyncio.Future[str | None]] = {}  # the read in flight
+        self._tasks: set[asyncio.Task[None]] = set()  # the reads' tasks, kept until done (asyncio holds weak refs)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and not scope.get("query_string"):
+            etag = _if_none_match(scope)
+            experiment_id = _listed_experiment(scope) if etag is not None else None
+            if etag is not None and experiment_id is not None and await self._position(experiment_id) == etag:
+                headers = [(b"etag", listings.etag(etag).encode()), (b"cache-control", b"no-cache")]
+                await send({"type": "http.response.start", "status": 304, "headers": headers})
+                await send({"type": "http.response.body", "body": b""})
+                return
+        await self.app(scope, receive, send)
+
+    async def _position(self, experiment_id: str) -> str | None:
+        """The views' position read after this call began; None where the route must answer."""
+        loop = asyncio.get_running_loop()
+        reads = _Reads(loop, experiment_id)
+        batch = self._waiting.get(reads)
+        if batch is None:
+            batch = self._waiting[reads] = loop.create_future()
+            task = loop.create_task(self._read(reads, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(batch)  # a client that leaves does not cancel the read the others wait for
+
+    async def _read(self, reads: _Reads, batch: asyncio.Future[str | None]) -> None:
+        before = self._reading.get(reads)
+        if before is not None:
+            await asyncio.wait([before])
+        del self._waiting[reads]  # from here on, who arrives waits for the next read
+        self._reading[reads] = batch
+        try:
+            batch.set_result(await anyio.to_thread.run_sync(self._read_position, reads.experiment_id))
+        except Exception:  # Redis unreachable, say: the route answers, and tells
+            batch.set_result(None)
+        finally:
+            if self._reading.get(reads) is batch:
+                del self._reading[reads]
+
+    def _read_position(self, experiment_id: str) -> str | None:
+        """The experiment's views' position, in one round trip; None for an experiment the route must resolve
+        (unknown: a 404; archived: read from its archive)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(keys.EXPERIMENTS, experiment_id)
+            pipe.hexists(keys.ARCHIVED, experiment_id)
+            pipe.hget(ViewKeys(experiment_id).position, "position")
+            known, archived, position = pipe.execute()
+        if known is None or archived:
+            return None
+        return str(position or "0-0")
+
+
+def _if_none_match(scope: Scope) -> str | None:
+    """The position a request's `If-None-Match` names, if it is one (a single ETag, as a browser sends it)."""
+    values: list[bytes] = [value for name, value in scope.get("headers", []) if name == b"if-none-match"]
+    if len(values) != 1 or not _ETAG.fullmatch(values[0]):
+        return None
+    return values[0][1:-1].decode()
+
+
+def _listed_experiment(scope: Scope) -> str | None:
+    """The experiment of a listing the path names (or the connection is pinned to); None for any other path,
+    and for a listing of the newest experiment, which the route resolves."""
+    match = _LISTING.fullmatch(route_path(scope))
+    if match is None:
+        return None
+    named = match["experiment"]
+    if named is None:
+        pinned = scope.get(PINNED_EXPERIMENT)
+        return str(pinned) if pinned is not None else None
+    return named if EXPERIMENT_ID.fullmatch(named) else None
