@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import httpx
 import yaml
@@ -45,6 +45,7 @@ from schemas.events import TrialMetricReported
 BIG, POLLED = 100_000, 1_000
 GETS, PAGES, SSE_SAMPLES = 500, 100, 200
 POLLERS = 50
+WEB_UI_PERIOD_S = 1.0  # NNI's UI refreshes every 10 s at most (nav menu: off/10/20/30/60 s)
 REFILL_TRIALS, REFILL_CONCURRENCY, WORKERS = 60, 4, 4
 _CONFIG: dict[str, Any] = {
     "experimentName": "bench",
@@ -69,12 +70,14 @@ def _ok(response: httpx.Response) -> httpx.Response:
 
 
 _POLLERS_PROCESS = """
-import os, sys, threading, httpx
-url, clients = sys.argv[1], int(sys.argv[2])
+import os, random, sys, threading, time, httpx
+url, clients, period = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 def poll():
     etags = {}  # as a browser's cache revalidates: If-None-Match with the ETag it was given
+    time.sleep(random.uniform(0, period))  # web UIs opened at different moments
     with httpx.Client(base_url=url, timeout=120) as client:
         while True:
+            time.sleep(period)  # NNI's UI restarts its timer after each refresh
             for path in ("/trial-jobs", "/metric-data"):
                 answer = client.get(path, headers={"if-none-match": etags.get(path, "")})
                 if answer.status_code not in (200, 304):  # 304: unchanged since the ETag it was given
@@ -88,13 +91,42 @@ threading.Event().wait()
 """
 
 
-def _pollers(url: str) -> subprocess.Popen[str]:
-    """Web UIs polling flat out, each a thread asking what NNI's UI asks on its timer (revalidating with
-    the ETag it got, as a browser's HTTP cache does), in a process of their own (so they share one core
-    among them, where browsers on other machines would cost this one none)."""
+def _pollers(url: str, period_s: float) -> subprocess.Popen[str]:
+    """Web UIs, each a thread asking what NNI's UI asks on its timer, every `period_s` (0: back to back),
+    revalidating with the ETag it got as a browser's HTTP cache does, in a process of their own (so they
+    share this machine's cores, where browsers on other machines would cost it none)."""
     return subprocess.Popen(
-        [sys.executable, "-c", _POLLERS_PROCESS, url, str(POLLERS)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _POLLERS_PROCESS, url, str(POLLERS), str(period_s)], stdout=subprocess.PIPE, text=True
     )
+
+
+class _Polled(NamedTuple):
+    refill_ms: float
+    manager_cores: float
+    pollers_cores: float
+    rounds_per_s: float
+
+
+def _polled(stack: BenchStack, client: httpx.Client, url: str, name: str, period_s: float, manager: int) -> _Polled:
+    """An experiment's refill p50 while the pollers poll `url`, with the manager's and the pollers' CPU."""
+    pollers = _pollers(url, period_s)
+    assert pollers.stdout is not None
+    pollers.stdout.readline()  # they are polling
+    rounds = _counted(pollers.stdout)
+    cpu_before, pollers_before, started = cpu_seconds(manager), cpu_seconds(pollers.pid), time.perf_counter()
+    refill = median_of(_refills(stack, client, name))
+    elapsed = time.perf_counter() - started
+    polled = _Polled(
+        refill,
+        (cpu_seconds(manager) - cpu_before) / elapsed,
+        (cpu_seconds(pollers.pid) - pollers_before) / elapsed,
+        rounds() / elapsed,
+    )
+    if pollers.poll() is not None:
+        raise RuntimeError("the pollers stopped during the run: the figure would be of a lighter load")
+    pollers.kill()
+    pollers.wait()
+    return polled
 
 
 def _counted(lines: IO[str]) -> Callable[[], int]:
@@ -229,70 +261,62 @@ def run(root: Path, runs: int) -> Section:
                 Figure("metric appended -> delivered on SSE: p99", percentile(latencies, 99), "ms", "<= 50"),
             )
             nni_base = f"{url}/nni/{polled}/api/v1/nni"
-            quiet, quiet_cores, busy, busy_cores, pollers_cores, poll_rates, burned = [], [], [], [], [], [], []
+            quiet, quiet_cores, web_uis, flat_out, burned = [], [], [], [], []
             for index in range(runs):  # interleaved, so a machine that slows down meanwhile weighs on each alike
                 cpu_before, started = cpu_seconds(manager_pid), time.perf_counter()
                 quiet.append(median_of(_refills(stack, client, f"quiet{index}")))
                 quiet_cores.append((cpu_seconds(manager_pid) - cpu_before) / (time.perf_counter() - started))
-
-                pollers = _pollers(nni_base)
-                assert pollers.stdout is not None
-                pollers.stdout.readline()  # they are polling
-                rounds = _counted(pollers.stdout)
-                cpu_before, pollers_before = cpu_seconds(manager_pid), cpu_seconds(pollers.pid)
-                started = time.perf_counter()
-                busy.append(median_of(_refills(stack, client, f"busy{index}")))
-                elapsed = time.perf_counter() - started
-                poll_rates.append(rounds() / elapsed)
-                busy_cores.append((cpu_seconds(manager_pid) - cpu_before) / elapsed)
-                pollers_cores.append((cpu_seconds(pollers.pid) - pollers_before) / elapsed)
-                if pollers.poll() is not None:
-                    raise RuntimeError("the pollers stopped during the run: the figure would be of a lighter load")
-                pollers.kill()
-                pollers.wait()
-
+                web_uis.append(_polled(stack, client, nni_base, f"webui{index}", WEB_UI_PERIOD_S, manager_pid))
+                flat_out.append(_polled(stack, client, nni_base, f"flat{index}", 0, manager_pid))
                 burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 burned.append(median_of(_refills(stack, client, f"burned{index}")))
                 burner.kill()
                 burner.wait()
-            slowdown = (median_of(busy) / median_of(quiet) - 1) * 100
-            # what the pollers cost the manager: its CPU beyond the quiet runs', per request answered (2 a round)
-            per_request_ms = (median_of(busy_cores) - median_of(quiet_cores)) / (2 * median_of(poll_rates)) * 1000
+            section.add(Figure("slot refill p50, no pollers", median_of(quiet), "ms"))
+            for label, samples, target in (
+                (f"{POLLERS} web UIs refreshing every {WEB_UI_PERIOD_S:g} s", web_uis, "<= 10"),
+                (f"{POLLERS} pollers asking back to back", flat_out, ""),
+            ):
+                rate = median_of([run.rounds_per_s for run in samples])
+                # what the pollers cost the manager: its CPU beyond the quiet runs', per request answered (2 a round)
+                per_request_ms = (median_of([run.manager_cores for run in samples]) - median_of(quiet_cores)) / (
+                    2 * rate
+                )
+                section.add(
+                    Figure(
+                        f"slot refill slowed by {label}",
+                        (median_of([run.refill_ms for run in samples]) / median_of(quiet) - 1) * 100,
+                        "%",
+                        target,
+                        detail=f"{median_of([run.refill_ms for run in samples]):.0f} ms p50; the pollers' own process "
+                        f"used {median_of([run.pollers_cores for run in samples]):.2f} cores",
+                    ),
+                    Figure(
+                        f"manager CPU per request answered, {label}",
+                        per_request_ms,
+                        "ms",
+                        detail=f"{rate * 2:.1f} requests/s (/trial-jobs + /metric-data)",
+                    ),
+                )
             section.add(
-                Figure("slot refill p50, no pollers", median_of(quiet), "ms"),
-                Figure(
-                    f"slot refill p50, {POLLERS} web-UI pollers of a {POLLED:,}-trial experiment", median_of(busy), "ms"
-                ),
-                Figure(
-                    "slot refill slowed by the pollers",
-                    slowdown,
-                    "%",
-                    "<= 10",
-                    detail=f"the pollers' own process used {median_of(pollers_cores):.2f} cores meanwhile",
-                ),
                 Figure(
                     "slot refill slowed by a process that burns a core and asks nothing",
                     (median_of(burned) / median_of(quiet) - 1) * 100,
                     "%",
                     detail=f"{median_of(burned):.0f} ms p50; `while True: pass` in a process of its own",
                 ),
-                Figure(
-                    "manager CPU per web-UI request answered",
-                    per_request_ms,
-                    "ms",
-                    detail=f"the manager's utime + stime: {median_of(quiet_cores):.2f} cores in the quiet runs, "
-                    f"{median_of(busy_cores):.2f} with the pollers",
-                ),
-                Figure("web-UI polls answered meanwhile (/trial-jobs + /metric-data)", median_of(poll_rates), "/s"),
             )
     section.notes.append(
         f"A real `trialstream manager` on loopback over HTTP/1.1 keep-alive; the experiments' logs written into "
         f"Redis and projected by the manager. Pollers: {POLLERS} threads in one process of their own, each asking "
-        f"NNI's `/trial-jobs` and `/metric-data` of a {POLLED:,}-trial experiment back to back (revalidating with "
-        f"the ETag it was given, as a browser does) while a {REFILL_TRIALS}-trial experiment runs at concurrency "
-        f"{REFILL_CONCURRENCY} on {WORKERS} workers; on this 2-core machine the pollers' own process shares "
-        "the cores with the experiment. The quiet, polled and burned runs are interleaved. The manager's CPU "
-        "per request is its utime + stime beyond the quiet runs', over the requests answered (2 a round); the "
-        "burned runs say what losing a core to a process that asks nothing costs the same experiment."
+        f"NNI's `/trial-jobs` and `/metric-data` of a {POLLED:,}-trial experiment (revalidating with the ETag it "
+        f"was given, as a browser does) while a {REFILL_TRIALS}-trial experiment runs at concurrency "
+        f"{REFILL_CONCURRENCY} on {WORKERS} workers. Web UIs refresh every {WEB_UI_PERIOD_S:g} s, ten times as "
+        "often as NNI's UI at its shortest interval (10 s, its default: docs of its REST use in "
+        "shared/reference/nni-rest.md); the pollers asking back to back are a stress figure, without a target: "
+        "a faster answer is asked again sooner, and on this 2-core machine their own process takes the cores the "
+        "experiment needs (compare the process that burns a core and asks nothing). The quiet, polled and burned "
+        "runs are interleaved. The manager's CPU per request is its utime + stime beyond the quiet runs', over "
+        "the requests answered (2 a round)."
     )
     return section
