@@ -174,6 +174,7 @@ def test_a_list_reads_views_of_every_form_and_still_validates_them(client: redis
     first, second = (service.submit_trial_job(form(n)).id for n in range(2))
     Projector(client).catch_up(service.experiment_id)
     current = client.hget(service.views.keys.trials, second)
+    assert isinstance(current, str)
     old = {
         "id": first,
         "status": "SUCCEEDED",
