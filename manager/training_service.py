@@ -7,6 +7,7 @@ projector lags or is down.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import secrets
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from pydantic import TypeAdapter
 
 from core.event_store import EventStore, StoredEvent
 from core.keys import LOG_PREFIX
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 _TRIAL_ID_ALPHABET = string.ascii_letters + string.digits
 
 PARSED_VIEWS_KEPT = 20_000
+_TRIAL_VIEWS = TypeAdapter(list[TrialJobDetail])
 MetricListener = Callable[[TrialJobMetric], None]
 
 
@@ -246,12 +249,14 @@ class TrainingService:
 
     def _parse_views(self, raws: list[str], whole: bool) -> list[TrialJobDetail]:
         """Parse views, reusing those parsed before whose JSON has not changed since: parsing is most of the
-        cost of listing 10k trials (~15 us each), and most views stop changing once their trial has ended.
-        A whole list replaces the memo, so it holds what the views hold now; it never holds more than
-        PARSED_VIEWS_KEPT views."""
+        cost of listing 10k trials, and most views stop changing once their trial has ended. A whole list
+        replaces the memo, so it holds what the views hold now; it never holds more than PARSED_VIEWS_KEPT
+        views."""
         memo = self._parsed
-        trials = [memo.get(raw) or TrialJobDetail.model_validate_json(raw) for raw in raws]
-        fresh = dict(zip(raws, trials, strict=True))
+        fresh = {raw: memo[raw] for raw in raws if raw in memo}
+        unparsed = [raw for raw in raws if raw not in fresh]
+        fresh.update(zip(unparsed, _parse_trial_views(unparsed), strict=True))
+        trials = [fresh[raw] for raw in raws]
         if whole:
             self._parsed = fresh if len(fresh) <= PARSED_VIEWS_KEPT else {}
         elif len(memo) + len(fresh) <= PARSED_VIEWS_KEPT:
@@ -311,6 +316,30 @@ class TrainingService:
             trial_id = "".join(secrets.choice(_TRIAL_ID_ALPHABET) for _ in range(5))
             if not self.store.has_key(submission_key(trial_id)):
                 return trial_id
+
+
+def _parse_trial_views(raws: list[str]) -> list[TrialJobDetail]:
+    """Validate views as one JSON array in pydantic-core: TrialJobDetail's validation, as view by view, in one
+    call and without intermediate dicts.
+
+    The cyclic garbage collector stays out of it. 10k views are ~110k container objects (models, their dicts
+    and field sets, lists): allocating them set off ~170 young collections and a full one, half the time of a
+    first list. They hold no cycles (refcounting frees them) and live as long as the memo, so they go straight
+    to the oldest generation, as if they had survived the young ones (freeze then unfreeze moves every tracked
+    object there in O(1); without it, the first collection after the parse would scan them all). A process
+    that froze its heap on purpose keeps it frozen, and pays that one collection."""
+    if not raws:
+        return []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _TRIAL_VIEWS.validate_json("[" + ",".join(raws) + "]")
+    finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 def _metadata(experiment: ExperimentView, key: str) -> str:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import gc
+import json
 import threading
 
 import pytest
 import redis
+from pydantic import ValidationError
 from rq import Queue
 
 from core.queueing import queue_name, trial_queue
 from manager.projector import Projector
 from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.events import TrialMetricReported, TrialStarted
-from schemas.trial import TrialJobMetric, TrialJobStatus
+from schemas.trial import TrialJobDetail, TrialJobMetric, TrialJobStatus
 from tests.conftest import ServiceFactory, form, wait_until
 
 
@@ -162,3 +165,38 @@ def test_views_parsed_before_are_reused_only_while_unchanged(client: redis.Redis
     ]
     with pytest.raises(TrialNotFound, match="nope"):
         service.get_trial_jobs([first, "nope"])
+
+
+def test_a_list_reads_views_of_every_form_and_still_validates_them(client: redis.Redis, make_service) -> None:
+    """Views are parsed together in one call with the collector paused: each reads as it would alone, views
+    written before the optional fields existed included, and one invalid view still fails the list."""
+    service = make_service()
+    first, second = (service.submit_trial_job(form(n)).id for n in range(2))
+    Projector(client).catch_up(service.experiment_id)
+    current = client.hget(service.views.keys.trials, second)
+    assert isinstance(current, str)
+    old = {
+        "id": first,
+        "status": "SUCCEEDED",
+        "submitTime": 1,
+        "workingDirectory": "/w",
+        "form": {"sequenceId": 0, "hyperParameters": {"value": "{}"}},
+        "sequenceId": 0,
+        "experimentId": service.experiment_id,
+        "platform": "local",
+    }
+    client.hset(service.views.keys.trials, first, json.dumps(old))
+    listed = service.list_trial_jobs()
+    assert listed == [TrialJobDetail.model_validate(old), TrialJobDetail.model_validate_json(current)]
+    assert listed[0].attempt == 1 and listed[0].final_metric_data == [] and listed[0].worker is None
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    client.hset(service.views.keys.trials, first, json.dumps({**old, "status": "NOT_A_STATUS"}))
+    with pytest.raises(ValidationError):
+        service.list_trial_jobs()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        assert [trial.id for trial in service.get_trial_jobs([second])] == [second]
+        assert not gc.isenabled()  # a caller's own setting is left as it was
+    finally:
+        gc.enable()
