@@ -159,8 +159,8 @@ if os.WIFSIGNALED(status):  # die of the same signal, so the worker sees what ki
     if number not in (signal.SIGKILL, signal.SIGSTOP):
         signal.signal(number, signal.SIG_DFL)
     os.kill(os.getpid(), number)
-    sys.exit(128 + number)
-sys.exit(os.waitstatus_to_exitcode(status))
+    os._exit(128 + number)
+os._exit(os.waitstatus_to_exitcode(status))  # nothing to flush or tear down: ~2 ms sooner than sys.exit
 """
 IDLE_WAIT_S = 0.5  # a safety net: the watch loop is woken by the trial's exit, its metric writes and commands
 POLL_S = 0.005  # how often the metrics file is read where inotify is not available
