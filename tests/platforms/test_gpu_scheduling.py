@@ -21,7 +21,9 @@ from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_statu
 GPU_TRIAL = """
 import os, sys, time
 sys_dir = os.environ["NNI_SYS_DIR"]
-open(os.path.join(sys_dir, "cuda"), "w").write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+with open(os.path.join(sys_dir, "cuda.tmp"), "w") as seen:  # renamed: a reader never sees it half written
+    seen.write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+os.replace(os.path.join(sys_dir, "cuda.tmp"), os.path.join(sys_dir, "cuda"))
 release = os.path.join(os.path.dirname(os.path.dirname(sys_dir)), "release")
 deadline = time.time() + 30
 while not os.path.exists(release) and time.time() < deadline:
