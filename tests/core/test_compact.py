@@ -112,3 +112,11 @@ def test_a_compact_metric_of_an_older_version_is_upcast() -> None:
     )
     assert isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported)
     assert (entry.event.v, entry.event.attempt, entry.event.metric_type) == (2, 1, "FINAL")  # v1: attempt 1
+
+
+def test_a_compact_metric_with_a_lone_surrogate_reads_as_json_reads_it() -> None:
+    # the fast path's parser refuses it (a Rust string cannot hold it): the general path reads it, as ever
+    stored = '[2,5,"w",1,"0","P",0,"\\ud800"]'
+    entry = decode_entry("1-0", {"type": "TrialMetricReported", "trial": "t1", "json": stored}, "e")
+    assert isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported)
+    assert entry.event.data == "\ud800"
