@@ -41,11 +41,10 @@ def expanded(values: list[Any], trial_id: str, experiment_id: str | None) -> dic
     if len(values) != 8:
         return {}
     version, time, source, attempt, parameter_id, code, sequence, data = values
-    experiment = {"experimentId": experiment_id} if experiment_id is not None else {}
-    return {
+    payload = {
         "type": METRIC,
         "v": version,
-        **experiment,
+        "experimentId": experiment_id,
         "time": time,
         "source": source,
         "trialId": trial_id,
@@ -55,6 +54,9 @@ def expanded(values: list[Any], trial_id: str, experiment_id: str | None) -> dic
         "sequence": sequence,
         "data": data,
     }
+    if experiment_id is None:  # (one literal, then a del: once per metric read, the cheaper way)
+        del payload["experimentId"]
+    return payload
 
 
 def periodical_attempt(values: list[Any]) -> int | None:
