@@ -14,12 +14,13 @@ from typing import Any, get_args
 
 import redis
 from pydantic import ValidationError
+from pydantic_core import from_json
 from redis.client import Pipeline
 
 from core import keys
 from core.connections import same_server
 from core.replication import acknowledge_after
-from schemas.compact import METRIC, compact_metric, expanded
+from schemas.compact import METRIC, METRIC_VERSION, compact_metric, expanded
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand, TrialMetricReported
 from schemas.upcasters import upcast
 
@@ -126,6 +127,8 @@ def decode_entry(entry_id: str, fields: dict[str, str], experiment_id: str) -> L
     """The entry of `experiment_id`'s log as an event at the current schema version (older versions are upcast), or
     why it cannot be read."""
     if fields.get("json", "").startswith("["):  # a metric in compact form (schemas.compact)
+        if (event := _current_metric(fields, experiment_id)) is not None:
+            return StoredEvent(entry_id, event)
         try:
             return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upcast(stored_payload(fields, experiment_id))))
         except (ValidationError, ValueError, RecursionError) as error:
@@ -143,6 +146,28 @@ def decode_entry(entry_id: str, fields: dict[str, str], experiment_id: str) -> L
     except (ValidationError, ValueError, RecursionError) as error:  # JSON nested too deep: RecursionError
         first_error = error
     return UnreadableEvent(entry_id, fields, _reason(first_error))
+
+
+_METRIC_VALIDATOR = TrialMetricReported.__pydantic_validator__
+
+
+def _current_metric(fields: dict[str, str], experiment_id: str) -> TrialMetricReported | None:
+    """The fast path for most of a log's entries, a compact metric at the current version: validated by its model's
+    own validator, with no union dispatch nor upcast. None for any other (then decode_entry's general path reads
+    it, the same reasons for an entry that does not read)."""
+    if fields.get("type") != METRIC:
+        return None
+    try:  # pydantic's parser: a few times json's speed; what it does not parse (a lone surrogate) json still reads
+        values = from_json(fields["json"])
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(values, list) or len(values) != 8 or values[0] != METRIC_VERSION:
+        return None
+    try:
+        event: TrialMetricReported = _METRIC_VALIDATOR.validate_python(expanded(values, fields["trial"], experiment_id))
+    except (ValidationError, KeyError):
+        return None
+    return event
 
 
 def _reason(error: Exception) -> str:

@@ -327,6 +327,11 @@ class Projector:
 
         for entry in stored:
             event = entry.event
+            if type(event) is TrialMetricReported and event.metric_type != "FINAL":  # most entries: listed only
+                before = trials.get(event.trial_id)  # (apply_to_trial returns the view unchanged)
+                listed = compact_record(event, late=before is not None and before.status.is_terminal)
+                candidates.setdefault(f"{event.trial_id}|{event.dedup_key}", (event.trial_id, listed))
+                continue
             try:
                 record = None
                 if isinstance(event, TrialMetricReported):

@@ -84,12 +84,17 @@ def test_a_metric_after_the_end_is_listed_late_and_never_the_result(client: redi
     )
     store.append(lost)
     store.append(metric(exp, trial_id, 0))  # a redelivery of a metric listed before the end: not late
+    store.append(metric(exp, trial_id, 1))  # an intermediate one after the end: late too
     store.append(metric(exp, trial_id, 9, "FINAL"))
     Projector(client).catch_up(exp)
     trial = ViewStore(client, exp).trial(trial_id)
     assert trial is not None and trial.status is TrialJobStatus.FAILED and trial.final_metric is None
     listed = ViewStore(client, exp).metric_records([trial_id])[trial_id]
-    assert [(m["type"], m.get("late", False)) for m in listed] == [("PERIODICAL", False), ("FINAL", True)]
+    assert [(m["type"], m.get("late", False)) for m in listed] == [
+        ("PERIODICAL", False),
+        ("PERIODICAL", True),
+        ("FINAL", True),
+    ]
 
 
 def test_a_restarted_projector_resumes_where_it_stopped(client: redis.Redis, make_service) -> None:
