@@ -279,9 +279,8 @@ def run(root: Path, runs: int) -> Section:
             ):
                 rate = median_of([run.rounds_per_s for run in samples])
                 # what the pollers cost the manager: its CPU beyond the quiet runs', per request answered (2 a round)
-                per_request_ms = (median_of([run.manager_cores for run in samples]) - median_of(quiet_cores)) / (
-                    2 * rate
-                )
+                manager_cores = median_of([run.manager_cores for run in samples]) - median_of(quiet_cores)
+                per_request_ms = manager_cores / (2 * rate) * 1000
                 section.add(
                     Figure(
                         f"slot refill slowed by {label}",
