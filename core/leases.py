@@ -41,17 +41,9 @@ return 1
 acknowledge_after(_ACQUIRE)
 
 # Touching the claim makes a reaper that WATCHes it back off: a renewed lease is never reaped. Its
-# TTL starts again too, so a trial may run for longer than the claim's TTL.
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-local now = redis.call('TIME')
-redis.call('ZADD', KEYS[2], 'XX', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[4]), ARGV[3])
-return 1
-"""
-
-# Many attempts' renewals in one call: `_RENEW` for each. KEYS: leases, then each attempt's claim.
-# ARGV: claim ttl (s), then per attempt: holder, lease member, lease length (ms). Returns 1 or 0 for each.
+# TTL starts again too, so a trial may run for longer than the claim's TTL. Many attempts' renewals in one call
+# (a worker's): KEYS: leases, then each attempt's claim. ARGV: claim ttl (s), then per attempt: holder, lease
+# member, lease length (ms). Returns 1 or 0 for each.
 _RENEW_ALL = """
 local now = redis.call('TIME')
 local ms = now[1] * 1000 + math.floor(now[2] / 1000)
@@ -119,7 +111,6 @@ class Lease:
         self.seconds = seconds
         self.delivery = delivery or secrets.token_hex(4)
         self._acquire = client.register_script(_ACQUIRE)
-        self._renew = client.register_script(_RENEW)
 
     @property
     def holder(self) -> str:
@@ -143,7 +134,7 @@ class Lease:
 
     def renew(self) -> bool:
         """Extend the lease; False once the attempt has been declared lost (or has ended)."""
-        return bool(self._renew(keys=[self.ref.claim_key, keys.LEASES], args=self._args))
+        return renew_all(self.client, [self])[0]
 
     def end(self, pipeline: Pipeline) -> None:
         """Queue the end of the attempt on `pipeline`, to commit with the event that ends it."""
