@@ -17,7 +17,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from core.redis_urls import SentinelUrl
-from core.replication import _ACKED_SCRIPTS, _no_longer_master
+from core.replication import _no_longer_master
 
 SENTINEL_TIMEOUT_S = 2.0  # a sentinel answers in milliseconds; one that does not is skipped for the next
 
@@ -37,14 +37,6 @@ class _MasterConnection(SentinelManagedConnection):
         if not self._sock:
             self.host, self.port = self.connection_pool.get_master_address()
         super().connect_check_health(check_health, retry_socket_connect)
-
-    def on_connect_check_health(self, check_health: bool = True) -> None:
-        """Load the append scripts first: a promoted replica has an empty script cache, and a pipeline
-        resent inside its retries would meet NOSCRIPT there (with the rest of its MULTI applied)."""
-        super().on_connect_check_health(check_health)
-        for script in _ACKED_SCRIPTS.values():
-            self.send_command("SCRIPT", "LOAD", script)  # type: ignore[no-untyped-call]
-            self.read_response()
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         """As a plain connection: one left by any error while reading is dropped (redis-py's Sentinel

@@ -112,6 +112,22 @@ def test_a_batch_is_appended_whole_in_one_call_and_in_order(client: redis.Redis)
         store.append_all([metadata("a"), metadata("b")], ["only-one"])
 
 
+def test_a_pipelined_append_sends_its_script_whole_in_one_round_trip(client: redis.Redis) -> None:
+    """No SCRIPT EXISTS before each pipeline (redis-py's way: a round trip more per metric a worker stores), and
+    nothing half-applied where the script cache is empty (a restarted or promoted server): EVAL needs none."""
+    store = EventStore(client, "exp1")
+    client.script_flush()
+    client.config_resetstat()
+    with client.pipeline(transaction=True) as pipe:
+        pipe.set("beside", "1")
+        store.append(metadata("piped"), pipeline=pipe)
+        pipe.execute()
+    calls: Any = client.info("commandstats")
+    assert "cmdstat_script|exists" not in calls and "cmdstat_evalsha" not in calls
+    assert calls["cmdstat_eval"]["calls"] == 1
+    assert [entry.event.key for entry in store.read() if isinstance(entry, StoredEvent)] == ["piped"]  # type: ignore[union-attr]
+
+
 def test_commands_to_a_trial_are_indexed_for_its_worker_and_nothing_else_is(client: redis.Redis) -> None:
     store = EventStore(client, "exp1")
     metric = TrialMetricReported(
