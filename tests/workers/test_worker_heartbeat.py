@@ -16,7 +16,7 @@ def test_running_jobs_are_kept_alive_in_one_round_trip_and_none_is_recreated(rq_
     worker.register_birth()
     jobs = [queue.enqueue_call("os.getpid", job_id=f"job{index}") for index in range(4)]
     running = [(job, worker.prepare_execution(job)) for job in jobs]
-    for job, execution in running:
+    for _, execution in running:
         rq_connection.expire(execution.key, 5)
     rq_connection.config_resetstat()
 
