@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from core.connections import RedisUnavailable, connect
+from core.platform import Platform
 from core.registry import platform_class
 from core.settings import Settings, trial_environment
 from core.variables import REDIS_URL_ENV
@@ -34,7 +36,7 @@ from manager.experiments import ExperimentNotFound
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _START_DEADLINE_S = 15.0
 _PR_SET_PDEATHSIG = 1
-SPARE_WORKERS = 1  # see workers_for
+SPARE_WORKERS = 1  # see worker_slots
 DATA_DIR = "redis"
 
 
@@ -133,19 +135,14 @@ class ServiceProcesses:
 
     def serve(self, platforms: list[str], concurrency: int) -> None:
         """The projector, and for each platform (several in a hybrid experiment: any may get every trial)
-        the workers `concurrency` trials need: one per trial where trials run on their worker (local),
-        else one following them all (remote: one SSH connection per host, one upload; one process also
-        starts sooner than several importing at once)."""
+        the worker processes `concurrency` trials need (`worker_slots`)."""
         self.start("projector", log_name="projector")
         for platform in platforms:
             prefix = f"worker-{platform}-" if len(platforms) > 1 else "worker-"
-            adapter = platform_class(platform)
-            if adapter.trials_outlive_worker:  # the trials run elsewhere: the worker only follows them
-                slots = min(adapter.trials_per_process, workers_for(concurrency))
-                self.start("--platform", platform, "--concurrency", str(slots), log_name=f"{prefix}0", module="workers")
-                continue
-            for index in range(workers_for(concurrency)):
-                self.start("--platform", platform, log_name=f"{prefix}{index}", module="workers")
+            for index, slots in enumerate(worker_slots(platform_class(platform), concurrency)):
+                self.start(
+                    "--platform", platform, "--concurrency", str(slots), log_name=f"{prefix}{index}", module="workers"
+                )
 
     def stop(self, grace_s: float = 10.0) -> None:
         for process in self.processes:
@@ -160,10 +157,18 @@ class ServiceProcesses:
                 process.wait()
 
 
-def workers_for(concurrency: int) -> int:
-    """One worker per concurrent trial plus a spare: the worker whose trial just ended is still doing
-    RQ's bookkeeping when the next trial is queued (~30 ms here), and the spare takes it at once."""
-    return concurrency + SPARE_WORKERS
+def worker_slots(adapter: type[Platform[Any]], concurrency: int) -> list[int]:
+    """How many trials each worker process of a platform supervises, so that `concurrency` run at once plus a
+    spare (the worker whose trial just ended is still doing RQ's bookkeeping when the next trial is queued,
+    ~30 ms here, and the spare takes it at once). Where trials run on their worker (local): a process per trial.
+    Where they run elsewhere and a worker only follows them: as few processes as hold them all, each at most the
+    platform's `trials_per_process` (one process starts sooner than several importing at once, and holds one
+    SSH connection per host), the trials spread evenly: one process follows about a core's worth."""
+    needed = concurrency + SPARE_WORKERS
+    if not adapter.trials_outlive_worker:
+        return [1] * needed
+    processes = -(-needed // adapter.trials_per_process)
+    return [needed // processes + (index < needed % processes) for index in range(processes)]
 
 
 class EmbeddedStack:
