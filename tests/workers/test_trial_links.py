@@ -100,6 +100,25 @@ def test_a_trial_registered_during_a_blocking_read_gets_its_cancel_promptly(
     assert controls[0].stop_request() is None
 
 
+def test_trials_starting_together_share_a_wake_of_the_reader(
+    make_service: ServiceFactory, client: redis.Redis, controls: list[LogTrialControl], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake makes the reader send every trial's key again: a burst of starts wakes it a few times, not once
+    per trial, and the last trial of the burst is followed all the same."""
+    monkeypatch.setattr(trial_links, "READ_BLOCK_MS", LONG_BLOCK_MS)
+    monkeypatch.setattr(trial_links, "WAKE_SPACING_S", 1.0)  # far longer than the burst takes
+    service = make_service()
+    trial_ids = [service.submit_trial_job(form(index)).id for index in range(TRIALS)]
+    controls.append(_control(client, service, trial_ids[0]))
+    wait_until(lambda: _blocked_reads(client) == 1, 10, what="the reader to block")
+    controls += [_control(client, service, trial_id) for trial_id in trial_ids[1:]]
+    service.cancel_trial_job(trial_ids[-1])
+    wait_until(lambda: controls[-1].stop_request() is not None, 5, what="the last trial's cancel")
+    (wake_key,) = client.keys("ts:wake:*")
+    wakes: Any = client.xinfo_stream(wake_key)
+    assert 1 <= wakes["entries-added"] <= 2  # one per trial before
+
+
 def test_the_reader_survives_a_redis_restart_mid_read(
     own_redis: RedisServer,
     tmp_path: Path,

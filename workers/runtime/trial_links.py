@@ -6,10 +6,12 @@ Redis memory; `maxclients` capped a Redis near 5,000 running trials: docs/benchm
 
 - `CommandsReader` follows every trial's commands stream in one blocking `XREAD ... STREAMS k1 k2 ...` and
   hands each command to its trial's control. A trial that starts while that read blocks is followed at once:
-  its registration adds an entry to the reader's own wake stream, read in the same XREAD, so the read
-  returns and the next one includes the new trial. (A short block would delay a new trial's cancel by up to
-  the block and re-send every key many times a second; CLIENT UNBLOCK needs the blocked connection's id,
-  which changes on every reconnect, and is an admin command the worker's ACL user lacks.)
+  a waker thread adds an entry to the reader's own wake stream, read in the same XREAD, so the read
+  returns and the next one includes the new trial. Trials starting together share one wake (at most one
+  per WAKE_SPACING_S: each new read re-sends every trial's key), and the wake is not on a trial's way to
+  its start. (A short block would delay a new trial's cancel by up to the block and re-send every key many
+  times a second; CLIENT UNBLOCK needs the blocked connection's id, which changes on every reconnect, and
+  is an admin command the worker's ACL user lacks.)
 - `LeaseRenewer` renews every attempt's lease of one length in one script call (`core.leases.renew_all`)
   each quarter of the lease, and tells each trial's control how it went: the local deadline and the lost
   lease stay per trial (workers.runtime.control).
@@ -17,7 +19,8 @@ Redis memory; `maxclients` capped a Redis near 5,000 running trials: docs/benchm
   to the most commands that were ever in flight together and keeps them, so 1,000 trials reporting in the
   same second would hold ~1,000 idle connections.
 
-Both threads start with the first trial and end with the last, so an idle process holds nothing.
+The reader and the renewer start with the first trial and end with the last, so an idle process holds
+nothing; the waker, once started, waits for the next new trial without holding a connection.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ log = logging.getLogger(__name__)
 READ_BLOCK_MS = 1000  # a read returns at once on a command or a new trial; the timeout only ends an idle reader
 WRITE_SLOTS = 16  # trials' writes in flight at once, per worker process and lease length
 WAKE_TTL_MS = 3_600_000  # a wake stream left by a process that died goes within the hour
+WAKE_SPACING_S = 0.05  # trials starting within this share one wake of the reader
 RETRY_S = 0.5  # after a failed read, before the next
 
 
@@ -78,6 +82,8 @@ class CommandsReader:
         self._lock = threading.Lock()
         self._running = False
         self._failed = threading.Event()  # never set: a wait between failed reads
+        self._wake_wanted = threading.Event()  # trials registered since the last wake
+        self._waking = False
 
     def follow(self, follower: Follower, experiment_id: str, trial_id: str, after: str) -> None:
         """Hand `follower` every command to the trial appended after position `after` of its commands stream."""
@@ -87,13 +93,24 @@ class CommandsReader:
                 self._running = True
                 threading.Thread(target=self._run, name="commands-reader", daemon=True).start()
                 return
-        try:
-            with self._slots, self._waker.pipeline(transaction=False) as pipe:
-                pipe.xadd(self._wake_key, {"trial": trial_id}, maxlen=1, approximate=False)
-                pipe.pexpire(self._wake_key, WAKE_TTL_MS)
-                pipe.execute()
-        except redis.RedisError as error:  # followed all the same, from the read after the one blocked now
-            log.warning("trial %s: cannot wake the commands reader (%s)", trial_id, error)
+            self._wake_wanted.set()
+            if not self._waking:
+                self._waking = True
+                threading.Thread(target=self._wake, name="commands-waker", daemon=True).start()
+
+    def _wake(self) -> None:
+        """End the blocked read for the trials registered since the last wake, at most once per WAKE_SPACING_S."""
+        while True:
+            self._wake_wanted.wait()
+            self._wake_wanted.clear()
+            try:
+                with self._slots, self._waker.pipeline(transaction=False) as pipe:
+                    pipe.xadd(self._wake_key, {"new": "trials"}, maxlen=1, approximate=False)
+                    pipe.pexpire(self._wake_key, WAKE_TTL_MS)
+                    pipe.execute()
+            except redis.RedisError as error:  # followed all the same, from the read after the one blocked now
+                log.warning("cannot wake the commands reader (%s)", error)
+            time.sleep(WAKE_SPACING_S)
 
     def unfollow(self, follower: Follower) -> None:
         """No more commands for `follower`; the read blocked now may still name its stream, for up to a block."""
