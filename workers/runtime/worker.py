@@ -122,7 +122,7 @@ class TrialWorker(SimpleWorker):
                 self._threads.discard(threading.current_thread())
                 idle = not self._running
             self._slots.release()
-            if idle:
+            if idle and self.concurrency > 1:  # at 1, RQ's loop says so itself before its next dequeue: a write less
                 self.set_state(WorkerStatus.IDLE)
 
     def _beat(self, stop: threading.Event) -> None:
