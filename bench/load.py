@@ -9,7 +9,7 @@ for NNI's whole trial list, Redis's CPU (cores) and memory, the connections the 
 the worker processes' CPU per metric reported, and the rate the log took.
 
 BENCH_LOAD_STEPS=1000,2500 runs those steps, each whatever broke before it (to compare builds on a machine where an
-early step breaks).
+early step breaks); BENCH_LOAD_PROCESSES=1 runs every step's trials in one worker process.
 """
 
 from __future__ import annotations
@@ -163,10 +163,11 @@ def _run_step(root: Path, trials: int) -> Step:
         try:
             port = free_port()
             services.start("manager", "--port", str(port), log_name="manager")
-            workers = step.workers = -(-trials // SLOTS)
+            workers = step.workers = worker_processes(trials)
             for index in range(workers):
+                slots = str(-(-trials // workers))
                 services.start(
-                    "--platform", "threads", "--concurrency", str(SLOTS), log_name=f"worker-{index}", module="workers"
+                    "--platform", "threads", "--concurrency", slots, log_name=f"worker-{index}", module="workers"
                 )
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 wait_until(lambda: _answers(client), 60, "the manager")
@@ -216,6 +217,13 @@ def _run_step(root: Path, trials: int) -> Step:
     return step
 
 
+def worker_processes(trials: int) -> int:
+    """A worker process per core (one Python process follows about a core's worth of trials: its interpreter
+    lock), more where a step needs more than SLOTS trials a process; BENCH_LOAD_PROCESSES sets it."""
+    chosen = os.environ.get("BENCH_LOAD_PROCESSES")
+    return int(chosen) if chosen else max(os.cpu_count() or 1, -(-trials // SLOTS))
+
+
 def _answers(client: httpx.Client) -> bool:
     try:
         return client.get("/api/v1/health").status_code == 200
@@ -256,7 +264,8 @@ def run(root: Path, runs: int) -> Section:
             if not chosen:
                 break
     section.notes.append(
-        f"Trials are threads of `trialstream worker --platform threads` processes ({SLOTS:,} per process), each "
+        "Trials are threads of `trialstream worker --platform threads` processes (one per core, at most "
+        f"{SLOTS:,} trials each, the trials spread evenly; BENCH_LOAD_PROCESSES sets how many), each "
         f"reporting {METRICS} intermediate metrics 1 s apart and a final one through the worker's control (one append "
         "per report); one `trialstream manager` (its runner, Random tuner and projector) and one redis-server as "
         "`trialstream run` starts it (AOF, appendfsync always, unix socket)."
