@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -110,6 +111,22 @@ def test_a_batch_is_appended_whole_in_one_call_and_in_order(client: redis.Redis)
     assert [entry.id for entry in store.read()] == ids
     with pytest.raises(ValueError, match="2 events but 1 idempotency keys"):
         store.append_all([metadata("a"), metadata("b")], ["only-one"])
+
+
+def test_a_read_pages_through_the_log_a_bounded_number_of_entries_a_call(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(event_store, "READ_PAGE", 3)
+    store = EventStore(client, "exp1")
+    ids = store.append_all([metadata(f"k{i}") for i in range(10)])
+    client.config_resetstat()
+    assert [entry.id for entry in store.read()] == ids
+    calls: Any = client.info("commandstats")
+    assert calls["cmdstat_xrange"]["calls"] == 4  # 3 + 3 + 3 + 1, never the whole log at once
+    assert [entry.id for entry in store.read(count=7)] == ids[:7]
+    assert [entry.id for entry in store.read(after=ids[1], until=ids[8])] == ids[2:9]
+    odd = store.read(where=lambda fields: int(json.loads(fields["json"])["key"][1:]) % 2 == 1)
+    assert [entry.id for entry in odd] == ids[1::2]
 
 
 def test_a_pipelined_append_sends_its_script_whole_in_one_round_trip(client: redis.Redis) -> None:
