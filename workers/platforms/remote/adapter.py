@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import socket
 import tempfile
 import threading
@@ -346,6 +347,7 @@ class RemotePlatform:
         if earlier is not None:  # an earlier delivery placed it there, and may have launched it
             return earlier
         hosts = [self._host(machine) for machine in config.machine_list]
+        random.shuffle(hosts)  # among machines as loaded, any: trials placed at once, seeing the same loads, spread
         load = {host.label: self.client.hlen(self._ledger(host).holders_key) for host in hosts}
         cannot = [str(error) for error in not_started.values() if error.answered]
         impossible: list[str] = []
