@@ -87,6 +87,9 @@ class Settings(EnvironmentSettings):
     trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
     redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
+    served_wait_s: float = Field(
+        default=10.0, gt=0, description="`run` on a shared Redis: how long to wait for a worker and a projector"
+    )
     experiments_dir: Path = Path("~/trialstream-experiments")
     manager_token: SecretStr | None = Field(
         default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"

@@ -23,12 +23,11 @@ from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerE
 from manager.stack import EmbeddedStack, experiment_dir, experiments_root, live_url
 from manager.training_service import TrainingService
 
-SERVED_WAIT_S = 10.0
 _SERVED_POLL_S = 0.1
 _STOPPING = "stopping experiment {id}: its running trials are canceled (Ctrl-C again to quit at once)"
 _INTERRUPTED = "interrupted; `trialstream resume {id}` continues experiment {id}"
 _HOW_IT_STOPS = (
-    f"With a shared Redis it waits up to {SERVED_WAIT_S:g} s for a worker of the platform's queue and a "
+    "With a shared Redis it waits up to TRIALSTREAM_SERVED_WAIT_S (10 s) for a worker of the platform's queue and a "
     "projector to serve it; with --manager URL the manager runs it and this command follows it. Ctrl-C or "
     "SIGTERM stops the experiment: running trials are SYS_CANCELED, the experiment is STOPPED, and the exit "
     "status is 130 (143 for SIGTERM); a second Ctrl-C quits at once."
@@ -123,12 +122,12 @@ def _shared(settings: Settings, platforms: list[str]) -> tuple[redis.Redis, redi
     client = connect(url, options=settings.redis_options())
     rq_connection = same_server(client, decode=False)
     for platform in platforms:
-        wait_until_served(client, rq_connection, platform, redact_url(url))
+        wait_until_served(client, rq_connection, platform, redact_url(url), settings.served_wait_s)
     return client, rq_connection
 
 
 def wait_until_served(
-    client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str, wait_s: float = SERVED_WAIT_S
+    client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str, wait_s: float
 ) -> None:
     """Services started with the run may still be registering: give them `wait_s`, then fail clearly."""
     give_up = time.monotonic() + wait_s

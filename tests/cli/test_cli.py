@@ -207,9 +207,10 @@ def test_grid_search_runs_every_point_once(tmp_path: Path, processes: Processes)
 def test_no_worker_serving_the_queue_is_said_clearly(tmp_path: Path, processes: Processes) -> None:
     config = write_local_config(tmp_path, SDK_TRIAL)
     processes.projector()
-    result = trialstream("run", str(config), env={"TRIALSTREAM_REDIS_URL": processes.redis_url}, timeout=30)
+    env = {"TRIALSTREAM_REDIS_URL": processes.redis_url, "TRIALSTREAM_SERVED_WAIT_S": "0.5"}  # not the 10 s default
+    result = trialstream("run", str(config), env=env, timeout=30)
     assert result.returncode == 1
-    assert "no worker serves queue 'trialstream.local'" in result.stderr
+    assert "no worker serves queue 'trialstream.local'" in result.stderr and "(waited 0.5 s)" in result.stderr
     assert "trialstream worker --platform local" in result.stderr
 
 
