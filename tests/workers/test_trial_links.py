@@ -5,6 +5,7 @@ connections; a trial registered while the reader blocks is followed at once; a R
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,17 +107,19 @@ def test_trials_starting_together_share_a_wake_of_the_reader(
     """Each wake makes the reader send every trial's key again: a burst of starts wakes it a few times, not once
     per trial, and the last trial of the burst is followed all the same."""
     monkeypatch.setattr(trial_links, "READ_BLOCK_MS", LONG_BLOCK_MS)
-    monkeypatch.setattr(trial_links, "WAKE_SPACING_S", 1.0)  # far longer than the burst takes
+    monkeypatch.setattr(trial_links, "WAKE_SPACING_S", 1.0)  # longer than the burst takes, on an idle machine
     service = make_service()
     trial_ids = [service.submit_trial_job(form(index)).id for index in range(TRIALS)]
     controls.append(_control(client, service, trial_ids[0]))
     wait_until(lambda: _blocked_reads(client) == 1, 10, what="the reader to block")
+    began = time.monotonic()
     controls += [_control(client, service, trial_id) for trial_id in trial_ids[1:]]
+    burst_s = time.monotonic() - began
     service.cancel_trial_job(trial_ids[-1])
-    wait_until(lambda: controls[-1].stop_request() is not None, 5, what="the last trial's cancel")
+    wait_until(lambda: controls[-1].stop_request() is not None, 5 + burst_s, what="the last trial's cancel")
     (wake_key,) = client.keys("ts:wake:*")
     wakes: Any = client.xinfo_stream(wake_key)
-    assert 1 <= wakes["entries-added"] <= 2  # one per trial before
+    assert 1 <= wakes["entries-added"] <= 2 + int(burst_s)  # one a second at most; one per trial before
 
 
 def test_the_reader_survives_a_redis_restart_mid_read(
