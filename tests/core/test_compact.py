@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.event_store import StoredEvent, UnreadableEvent, decode_entry, encode_event, stored_payload
-from schemas.compact import compact_record, metric_record
+from schemas.compact import compact_metric, compact_record, metric_record
 from schemas.events import TrialMetricReported
 
 METRICS = [
@@ -90,6 +90,18 @@ def test_a_metric_record_is_the_json_array_the_encoder_writes(event: TrialMetric
         expected = json.dumps([*values, 1] if late else values, separators=(",", ":"), ensure_ascii=False)
         assert compact_record(metric, late) == expected
         assert metric_record(compact_record(metric, late), metric.trial_id)["data"] == metric.data
+
+
+@pytest.mark.parametrize("event", METRICS, ids=lambda event: event.metric_type)
+def test_a_compact_metric_is_the_json_array_the_encoder_writes(event: TrialMetricReported) -> None:
+    # compact_metric spells the encoding out (it is much of a worker's CPU): byte for byte the encoder's
+    odd = event.model_copy(
+        update={"data": 'tab\t nul\x00 "q" \\ \u2028 ü 😀 \ud800', "parameter_id": "é\n", "source": 'h"\x7f'}
+    )
+    for metric in (event, odd):
+        values = [metric.v, metric.time, metric.source, metric.attempt, metric.parameter_id, metric.metric_type[0]]
+        expected = json.dumps([*values, metric.sequence, metric.data], separators=(",", ":"), ensure_ascii=False)
+        assert compact_metric(metric) == expected
 
 
 @pytest.mark.parametrize(
