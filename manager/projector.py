@@ -110,6 +110,14 @@ def _drop(client: redis.Redis, view_keys: ViewKeys) -> None:
         client.delete(*stale)
 
 
+def _listed(trials: dict[str, TrialJobDetail | None], event: TrialMetricReported) -> tuple[str, tuple[str, str]]:
+    """A metric as a candidate for its trial's list: `trial|dedup key` -> (trial, its record), late when the trial
+    had ended before it (as the views stand before the event is folded)."""
+    before = trials.get(event.trial_id)
+    record = compact_record(event, late=before is not None and before.status.is_terminal)
+    return f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record)
+
+
 class Projector:
     def __init__(self, client: redis.Redis, namespace: str = keys.LOG_PREFIX, batch_size: int = 2000) -> None:
         self.client = client
@@ -328,15 +336,10 @@ class Projector:
         for entry in stored:
             event = entry.event
             if type(event) is TrialMetricReported and event.metric_type != "FINAL":  # most entries: listed only
-                before = trials.get(event.trial_id)  # (apply_to_trial returns the view unchanged)
-                listed = compact_record(event, late=before is not None and before.status.is_terminal)
-                candidates.setdefault(f"{event.trial_id}|{event.dedup_key}", (event.trial_id, listed))
+                candidates.setdefault(*_listed(trials, event))  # (apply_to_trial returns the view unchanged)
                 continue
             try:
-                record = None
-                if isinstance(event, TrialMetricReported):
-                    before = trials.get(event.trial_id)
-                    record = compact_record(event, late=before is not None and before.status.is_terminal)
+                listed = _listed(trials, event) if isinstance(event, TrialMetricReported) else None
                 if isinstance(event, TrialEvent):
                     trial = apply_to_trial(trials.get(event.trial_id), event)
                 else:
@@ -351,9 +354,8 @@ class Projector:
                 trials[event.trial_id] = trial
             else:
                 experiment, experiment_changed = folded, True
-            if record is not None:
-                assert isinstance(event, TrialMetricReported)
-                candidates.setdefault(f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record))
+            if listed is not None:
+                candidates.setdefault(*listed)
         new_metrics = metric_marks.new_metrics(pipe, view_keys, candidates)
         counts: Any = pipe.hgetall(view_keys.counts)
 
