@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,10 @@ from manager.replay import replayed
 from manager.training_service import TrainingService
 from manager.transfer import export_log
 from manager.views import ViewStore
-from schemas.events import TrialAttemptLost, TrialStarted
+from schemas.events import TrialAttemptLost, TrialEnded, TrialStarted
+from schemas.trial import TrialJobStatus
 from simulators.waiting import wait_until
-from tests.conftest import REPO, Processes, ServiceFactory, wait_for_status
+from tests.conftest import REPO, Processes, ServiceFactory, form, metric, wait_for_status
 from tests.faults.test_fault_worker import DETECTION_BOUND_S, FAST_LEASE, TRIAL, running_trial
 from tests.platforms.test_local_platform import script
 from tests.support import web
@@ -250,3 +252,47 @@ def test_the_timeline_under_a_url_prefix_behind_a_token_says_what_is_missing(
     missing = get(f"/api/v1/experiments/{experiment}/timeline/attempts/t1/1")
     assert missing.status_code == 404 and "no trial 't1'" in missing.text
     assert get(f"/api/v1/experiments/{experiment}/timeline", **{"from": 10, "to": 5}).status_code == 422
+
+
+def test_a_live_page_follows_a_log_that_grows_faster_than_it_refreshes(
+    make_service: ServiceFactory,
+    processes: Processes,
+    browser: Browser,  # noqa: F811
+) -> None:
+    """A trial reporting metrics more often than the page's refresh delay (500 ms) must not keep the page from
+    refreshing: it draws the trial's end while the metrics of another trial go on arriving."""
+    service = make_service("true")
+    store, experiment = service.store, service.experiment_id
+    busy, ending = (service.submit_trial_job(form(index)).id for index in (0, 1))
+    for trial_id in (busy, ending):
+        store.append(
+            TrialStarted(
+                experiment_id=experiment, trial_id=trial_id, attempt=1, source="fake-worker", working_directory="/w"
+            )
+        )
+    driver = browser.driver
+    driver.get(f"{processes.manager()}/timeline/{experiment}")
+    ready(driver)
+    assert drawn(driver)[f"{ending}/1"]["outcome"] == "RUNNING"
+    store.append(
+        TrialEnded(
+            experiment_id=experiment,
+            trial_id=ending,
+            attempt=1,
+            source="fake-worker",
+            status=TrialJobStatus.SUCCEEDED,
+            exit_code=0,
+        )
+    )
+    sequence = 0
+
+    def ended_while_reporting() -> bool:
+        nonlocal sequence
+        sequence += 1
+        store.append(metric(experiment, busy, sequence))
+        time.sleep(0.1)  # a metric every ~100 ms: faster than the page refreshes
+        return bool(drawn(driver)[f"{ending}/1"]["outcome"] == "SUCCEEDED")
+
+    wait_until(ended_while_reporting, PAGE_DEADLINE_S, interval=0, what="the page to draw the trial's end")
+    assert drawn(driver)[f"{busy}/1"]["outcome"] == "RUNNING"
+    assert browser.uncaught_errors() == []

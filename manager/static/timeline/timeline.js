@@ -58,7 +58,7 @@
   const TABLE_LIMIT_MOVING = 40;
   const TABLE_INTERVAL_MS = 100;
   const ZOOM_DEBOUNCE_MS = 200;
-  const LIVE_DEBOUNCE_MS = 500;
+  const LIVE_REFRESH_MS = 500; // a live page refreshes at most this often, however fast its log grows
   const EXPERIMENT_ROW = "experiment";
   // Above this many attempts in view (a file of thousands of trials, zoomed out), they are drawn as
   // one path per lane and colour instead of one item each: a few dozen canvas paths instead of tens
@@ -109,6 +109,38 @@
       timer = setTimeout(() => fn(...args), ms);
     };
     wrapped.cancel = () => clearTimeout(timer);
+    return wrapped;
+  }
+
+  /**
+   * Runs fn `ms` after the first call since its last run, whatever comes meanwhile: a debounce would never run
+   * while calls keep coming faster than `ms`, as a live log's entries do. A call while fn runs (it may await)
+   * runs it once more after.
+   */
+  function throttle(fn, ms) {
+    let timer = null;
+    let running = false;
+    let again = false;
+    const run = async () => {
+      timer = null;
+      if (running) {
+        again = true;
+        return;
+      }
+      running = true;
+      try {
+        await fn();
+      } finally {
+        running = false;
+        if (again) {
+          again = false;
+          wrapped();
+        }
+      }
+    };
+    const wrapped = () => {
+      if (timer === null) timer = setTimeout(run, ms);
+    };
     return wrapped;
   }
 
@@ -1794,7 +1826,7 @@
 
   function startLive(head) {
     if (!state.source.follow || state.closeLive) return;
-    const refresh = debounce(refreshLive, LIVE_DEBOUNCE_MS);
+    const refresh = throttle(refreshLive, LIVE_REFRESH_MS);
     state.closeLive = state.source.follow(head, refresh);
     $("live").hidden = false;
   }
