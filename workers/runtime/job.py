@@ -25,6 +25,7 @@ from schemas.config import PlatformConfig
 from schemas.events import (
     PLATFORM_CONFIG,
     ClusterMetadataSet,
+    ExperimentFinished,
     ExperimentResumed,
     TrialDeferred,
     TrialEnded,
@@ -32,7 +33,7 @@ from schemas.events import (
     TrialReattached,
     TrialSubmitted,
 )
-from schemas.trial import TrialJobStatus
+from schemas.trial import ExperimentView, TrialJobStatus
 from workers.runtime.control import LogTrialControl
 
 log = logging.getLogger(__name__)
@@ -167,18 +168,41 @@ def clean_up_experiment(experiment_id: str) -> str:
     clean_up = getattr(runtime.platform, "clean_up", None)  # optional for third-party platforms
     if clean_up is None:
         return f"platform {runtime.platform.name} leaves nothing to clean up"
-    store = EventStore(runtime.client, experiment_id)
-    kinds = {"ClusterMetadataSet", "ExperimentFinished", "ExperimentResumed"}
-    entries = [e.event for e in store.read(where=lambda f: f.get("type") in kinds) if isinstance(e, StoredEvent)]
-    if entries and isinstance(entries[-1], ExperimentResumed):
+    resumed, training_service = _ended_experiment(EventStore(runtime.client, experiment_id))
+    if resumed:
         return "the experiment was resumed since it finished: nothing to clean up"
-    settings = [e for e in entries if isinstance(e, ClusterMetadataSet) and e.key == PLATFORM_CONFIG]
-    if not settings:
+    if training_service is None:
         return "no platform config in the log: nothing to clean up"
     secrets = experiment_secrets(runtime.client, experiment_id, [runtime.platform.name])
-    section = platform_section(json.loads(settings[-1].value), runtime.platform.name, secrets)  # hybrid: its own
+    section = platform_section(json.loads(training_service), runtime.platform.name, secrets)  # hybrid: its own
     clean_up(experiment_id, runtime.platform.config_model.model_validate(section))
     return "cleaned up"
+
+
+_ENDED_KINDS = frozenset({"ClusterMetadataSet", "ExperimentFinished", "ExperimentResumed"})
+
+
+def _ended_experiment(store: EventStore) -> tuple[bool, str | None]:
+    """(resumed since it last finished, its masked platform config) as of the log's end: from the experiment's
+    view and the entries past the view's position (one read of the view and, usually, an empty one of the log),
+    or from the whole log where no view is kept. The log of a long experiment is ~100 entries a trial, and a
+    clean-up needs two facts of it."""
+    view_keys = keys.ViewKeys(store.experiment_id)
+    with store.client.pipeline(transaction=True) as pipe:  # the view and its position agree
+        pipe.hget(view_keys.position, "position")
+        pipe.hget(view_keys.experiment, "view")
+        position, raw = pipe.execute()
+    view = ExperimentView.model_validate_json(raw) if position and raw else None
+    resumed = view is not None and view.status == "RUNNING"
+    training_service = view.metadata.get(PLATFORM_CONFIG) if view is not None else None
+    past = store.read(after=position if view is not None else "0-0", where=lambda f: f.get("type") in _ENDED_KINDS)
+    for entry in past:
+        match entry.event if isinstance(entry, StoredEvent) else None:
+            case ExperimentFinished() | ExperimentResumed() as event:
+                resumed = isinstance(event, ExperimentResumed)
+            case ClusterMetadataSet(key=key, value=value) if key == PLATFORM_CONFIG:
+                training_service = value
+    return resumed, training_service
 
 
 def _reattach(
