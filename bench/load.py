@@ -26,6 +26,7 @@ import httpx
 
 from bench.harness import BenchStack, Figure, Section, free_port, median_of, percentile, stream_ms, wait_until
 from core.event_store import EventStore, stored_payload
+from core.queueing import queue_name
 from core.settings import Settings
 from manager.stack import ServiceProcesses
 from manager.views import ViewStore
@@ -34,6 +35,7 @@ STEPS = (1_000, 2_500, 5_000, 10_000)
 METRICS, INTERVAL_S = 30, 1.0
 SLOTS = 2_500  # trials one worker process follows at most
 TARGET = "bench.load_platform:ThreadPlatform"
+PLATFORM = "threads"
 MAX_VIEWS_LAG_S = 10.0
 PER_ENTRY_B = 213  # a metric event in Redis, log and views (bench/memory.py)
 
@@ -59,16 +61,19 @@ class Step:
     entries_at_peak: int = 0  # the log's length
     clients_at_peak: int = 0  # connected clients
     client_memory_at_peak: int = 0  # mem_clients_normal: their buffers
+    queued_at_peak: int = 0  # trials still WAITING for a worker: their jobs sit in the queue
+    queued_job_b: float = 0.0  # what one of those jobs holds in Redis (MEMORY USAGE of a sample of them)
     statuses: dict[str, int] = field(default_factory=dict)  # the trials' at the end
     why: str = ""  # what broke
 
     @property
     def per_running_trial_b(self) -> float | None:
-        """Redis memory per running trial, less what the log entries written so far hold (PER_ENTRY_B each)."""
+        """Redis memory per running trial, less what the log entries written so far hold (PER_ENTRY_B each) and
+        the jobs of the trials still queued (at the biggest steps, thousands wait for a worker at the peak)."""
         if not self.peak_running:
             return None
         held = self.memory_at_peak - self.memory_before - self.entries_at_peak * PER_ENTRY_B
-        return held / self.peak_running
+        return (held - self.queued_at_peak * self.queued_job_b) / self.peak_running
 
     @property
     def clients_per_worker(self) -> float | None:
@@ -94,7 +99,7 @@ def _config(trials: int) -> dict[str, Any]:
         "maxTrialNumber": trials,
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "Random", "classArgs": {"seed": 7}},
-        "trainingService": {"platform": "threads"},
+        "trainingService": {"platform": PLATFORM},
     }
 
 
@@ -110,6 +115,18 @@ def _cpu_s(pids: list[int]) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def _queued_job_b(stack: BenchStack, sample: int = 20) -> float:
+    """Redis memory of one queued job (its hash and its place in the queue), the mean over the queue's first few."""
+    queue = f"rq:queue:{queue_name(PLATFORM)}"
+    found: Any = stack.rq_connection.lrange(queue, 0, sample - 1)  # bytes: the RQ connection does not decode
+    job_ids = [job_id.decode() for job_id in found]
+    if not job_ids:
+        return 0.0
+    held = [int(stack.rq_connection.memory_usage(f"rq:job:{job_id}") or 0) for job_id in job_ids]
+    entry_b = int(stack.rq_connection.memory_usage(queue) or 0) / max(1, int(stack.rq_connection.llen(queue)))
+    return sum(held) / len(held) + entry_b
 
 
 def _sample(stack: BenchStack, client: httpx.Client, experiment_id: str, step: Step, done: threading.Event) -> None:
@@ -128,6 +145,8 @@ def _sample(stack: BenchStack, client: httpx.Client, experiment_id: str, step: S
             step.client_memory_at_peak = int(memory["mem_clients_normal"])
             step.clients_at_peak = int(clients["connected_clients"])
             step.entries_at_peak = store.length()
+            step.queued_at_peak = views.counts().get("WAITING", 0)
+            step.queued_job_b = _queued_job_b(stack)
         began = time.perf_counter()
         client.get(f"/api/v1/experiments/{experiment_id}/trials", params={"offset": 0, "limit": 100})
         step.page_ms.append((time.perf_counter() - began) * 1000)

@@ -692,8 +692,14 @@ class Kubelet(Controller):
 
     @staticmethod
     def _kill(run: PodRun, sig: int) -> None:
+        """SIGTERM to each container's process group; SIGKILL to every process its main process started, in
+        whatever session, as a runtime kills every process of the container's PID namespace (a pod keeper that
+        starts its trial in a session of its own would otherwise leave the trial running)."""
         for c in run.containers.values():
             if c.process is not None and c.process.poll() is None:
+                if sig == signal.SIGKILL:
+                    _kill_tree(c.process.pid)
+                    continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(c.process.pid, sig)
 
@@ -817,3 +823,35 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env[name] if name in env else m.group(0)
 
     return _EXPAND.sub(sub, text)
+
+
+def _kill_tree(root: int) -> None:
+    """SIGKILL `root` and its descendants: all stopped first, until no new one appears, so none forks away."""
+    stopped: set[int] = set()
+    while fresh := ({root} | _descendants(root)) - stopped:
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= fresh
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rpartition(b")")[2].split()[1]), []).append(int(entry))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -31,6 +31,7 @@ from schemas.events import TrialLaunchSpec, TrialReattached
 from schemas.trial import TrialJobStatus
 from simulators.kubesim import Capacity, SimulatedCluster
 from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wait_until
+from tests.platforms.test_local_platform import pid_alive
 from tests.support.conformance import history
 from tests.support.gated_trial import GATED_TRIAL
 from tests.support.kube_setup import frameworkcontroller_section, kubeflow_section
@@ -404,6 +405,8 @@ def test_an_evicted_pod_is_the_cluster_stopping_the_trial(
     trial = wait_for_status(service, trial_id, "SYS_CANCELED", "FAILED", "SUCCEEDED", timeout=60)
     assert trial.status is TrialJobStatus.SYS_CANCELED
     assert "Evicted" in (trial.message or "") and "low on resource" in (trial.message or "")
+    trial_pid = int(started.read_text())  # killed with its pod, though its keeper started it in a session of its own
+    wait_until(lambda: not pid_alive(trial_pid), 10, what=f"the trial's process {trial_pid} to be killed")
 
 
 def test_a_framework_stopped_by_someone_else_is_sys_canceled(

@@ -1,5 +1,5 @@
 """A trial script the platform tests share, written into the code directory as trial.py: it reports
-metric `i` for each i in `before`, touches the file `started` (if given), waits for the file `gate`
+metric `i` for each i in `before`, writes its pid to the file `started` (if given), waits for the file `gate`
 (if given), reports each of `after`, then exits with `code` (writing "the last words" to stderr when
 that is not 0). Every metric is a line of stdout, NNI's wire format off the local platform; the final
 one says where its output and its GPUs were."""
@@ -17,7 +17,8 @@ def report(kind, sequence, value):
 for i in p.get("before", []):
     report("PERIODICAL", i, i)
 if p.get("started"):
-    open(p["started"], "w").close()
+    with open(p["started"], "w") as started:
+        started.write(str(os.getpid()))
 deadline = time.time() + 300
 while p.get("gate") and not os.path.exists(p["gate"]) and time.time() < deadline:
     time.sleep(0.02)
