@@ -1,4 +1,4 @@
-"""`trialstream events|replay|export|import`: reading an experiment's log and moving it."""
+"""`trialstream events|replay|export|import`: reading an experiment's log, moving it, and rebuilding its views."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import redis
 from core import keys
 from core.connections import connect
 from core.settings import Settings
+from manager.archive.moves import ArchiveError, archived
 from manager.cli import render
 from manager.cli.access import opened, opened_experiment, redis_required
 from manager.projector import Projector
@@ -52,6 +53,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     mode.add_argument("--until", metavar="EVENT_ID|TIME", help=f"the views as they were there: {TIME_HELP}")
     mode.add_argument(
         "--check", action="store_true", help="compare the live views with a replay; exit 1 on a difference"
+    )
+    mode.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="fold the whole log again and swap the result in for the live views (after an upgrade that changed "
+        "the fold, or views damaged by hand); a running projector goes on from there",
     )
     replay.add_argument("--json", action="store_true")
     replay.set_defaults(handler=_replay)
@@ -99,6 +106,8 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     until = parse_position(args.until, end=True) if args.until else None
     with opened_experiment(settings, args.experiment) as (service, experiment_id):
         client = service.store.client
+        if args.rebuild:
+            return _rebuild(client, experiment_id, args.json)
         if until is None:
             return _replay_check(client, experiment_id, args.json)
         with replayed(client, experiment_id, until) as replay:
@@ -128,13 +137,32 @@ def _replay_check(client: redis.Redis, experiment_id: str, as_json: bool) -> int
     elif result.differences:
         for difference in result.differences:
             print(difference)
-        render.note(f"the views of {experiment_id} differ from a replay of the log up to {result.position}")
+        render.note(
+            f"the views of {experiment_id} differ from a replay of the log up to {result.position}: "
+            f"`trialstream replay {experiment_id} --rebuild` replaces them"
+        )
     else:
         print(f"views match the log ({result.applied} events)")
     behind = int(client.xlen(keys.events(experiment_id))) - result.applied
     if behind > 0 and not as_json:
         render.note(f"the views are {behind} events behind the log: checked up to their position {result.position}")
     return EXIT_DIFFERENT if result.differences else 0
+
+
+def _rebuild(client: redis.Redis, experiment_id: str, as_json: bool) -> int:
+    """Views are disposable: new ones from the log replace the live ones in one transaction (Projector.rebuild),
+    so a reader sees the old views or the new ones, never a mix."""
+    if archived(client, experiment_id) is not None:
+        raise ArchiveError(
+            f"experiment {experiment_id} is archived with its views: `trialstream experiments restore "
+            f"{experiment_id}` brings it back into Redis first"
+        )
+    position = Projector(client).rebuild(experiment_id)
+    if as_json:
+        print(json.dumps({"position": position}))
+    else:
+        print(f"views of {experiment_id} rebuilt from its log, up to {position}")
+    return 0
 
 
 def _export(args: argparse.Namespace, settings: Settings) -> int:

@@ -200,8 +200,17 @@ def test_replay_until_and_check(mixed: Mixed, client: redis.Redis, env: dict[str
     missing = f"trials[{mixed.trials[4]}]: live (missing) vs replayed {{"
     assert broken.stdout.startswith(missing) and len(broken.stdout.splitlines()) == 1, broken.stdout
     assert f"the views of {exp} differ from a replay" in broken.stderr
+    assert f"`trialstream replay {exp} --rebuild` replaces them" in broken.stderr
     report = json.loads(trialstream("replay", exp, "--check", "--json", env=env).stdout)
     assert report["differences"] == broken.stdout.splitlines()
+
+    head = EventStore(client, exp).head()
+    assert (
+        ok(trialstream("replay", exp, "--rebuild", env=env)).strip()
+        == f"views of {exp} rebuilt from its log, up to {head}"
+    )
+    assert client.hexists(view_keys.trials, mixed.trials[4])
+    assert trialstream("replay", exp, "--check", env=env).returncode == 0
     assert list(client.scan_iter(match=f"{SCRATCH_PREFIX}*")) == []
 
 

@@ -299,6 +299,8 @@ def test_the_command_line_archives_restores_and_reads_through_a_bucket(
     assert not client.exists(keys.thawed("cli"))
     after = [trialstream(*command, env=env) for command in reads]
     assert [(done.returncode, done.stdout) for done in after] == [(done.returncode, done.stdout) for done in before]
+    rebuilt = trialstream("replay", "cli", "--rebuild", env=env)  # views read through are not the archive's
+    assert rebuilt.returncode != 0 and "`trialstream experiments restore cli` brings it back" in rebuilt.stderr
 
     restored = trialstream("experiments", "restore", "cli", env=env)
     assert restored.returncode == 0 and "restored experiment cli" in restored.stdout, restored.stderr
