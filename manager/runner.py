@@ -24,6 +24,7 @@ import redis
 
 from core.assignments import configured_platforms, experiment_secrets
 from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
+from core.queueing import submission_key
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
 from manager.archive.moves import restore
@@ -163,6 +164,7 @@ class ExperimentRunner:
         self._tuner: TunerThread | None = None
         self._cursor = "0-0"  # every event up to here has been folded and given to the tuner
         self._trials: dict[str, TrialJobDetail] = {}
+        self._submissions: dict[str, TrialSubmitted] = {}  # of trials no worker has started yet: sent again if lost
         self._parameter_ids: dict[str, Any] = {}
         self._reported: set[str] = set()
         self._active: set[str] = set()
@@ -423,6 +425,8 @@ class ExperimentRunner:
             if after is None or after is before:
                 continue
             self._trials[trial_id] = after
+            if after.status is not TrialJobStatus.WAITING:  # a worker read its submission: the log holds it
+                self._submissions.pop(trial_id, None)
             if before is None:
                 self._submitted(after)
                 if isinstance(event, TrialSubmitted) and event.requested_by is not None:
@@ -555,7 +559,9 @@ class ExperimentRunner:
         form = JobApplicationForm(
             sequence_id=self._next_sequence_id, hyper_parameters=HyperParameters(value=new.hyper_parameters)
         )
-        trial = self.service.submit_trial_job(form, requested_by)
+        submission = self.service.submission(form, requested_by)
+        trial = self.service.submit(submission)
+        self._submissions[trial.id] = submission
         self._trials[trial.id] = trial
         self._submitted(trial)
 
@@ -568,7 +574,14 @@ class ExperimentRunner:
         reap_lost_attempts(self._client, self._rq_connection, self._name, self.settings.trial_lease_s)
         unclaimed = unclaimed_attempts(self._client, self._rq_connection, in_flight)
         for trial in unclaimed:
-            if trial.id in self._unclaimed:  # seen a second before too: its job is gone
+            if trial.id not in self._unclaimed:
+                continue
+            # seen a second before too: its job is gone, or its whole submission (the write a deposed master
+            # acknowledged, then lost: docs/reliability.md), which no requeue brings back
+            submission = self._submissions.get(trial.id)
+            if submission is not None and not self.service.store.has_key(submission_key(trial.id)):
+                self.service.submit(submission)
+            else:
                 self.service.requeue(trial, "its job was lost with a worker that died before claiming it")
         self._unclaimed = {trial.id for trial in unclaimed}
 

@@ -133,9 +133,13 @@ class TrainingService:
         self.store.append(ClusterMetadataSet(experiment_id=self.experiment_id, key=key, value=value))
 
     def submit_trial_job(self, form: JobApplicationForm, requested_by: str | None = None) -> TrialJobDetail:
-        """Append TrialSubmitted and enqueue its job in one MULTI/EXEC: both happen or neither. A hybrid
-        experiment's trial goes to the listed platform `core.placement` picks. `requested_by`: the
-        CustomizedTrialRequested event a customized trial answers."""
+        """A new trial: its submission made and written (see `submission` and `submit`)."""
+        return self.submit(self.submission(form, requested_by))
+
+    def submission(self, form: JobApplicationForm, requested_by: str | None = None) -> TrialSubmitted:
+        """The TrialSubmitted of a new trial, not yet written: a new id, the experiment's trial config, and the
+        platform it goes to (a hybrid experiment's trial to the listed one `core.placement` picks).
+        `requested_by`: the CustomizedTrialRequested event a customized trial answers."""
         experiment = self.experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
         training_service = json.loads(_metadata(experiment, PLATFORM_CONFIG))
@@ -143,7 +147,7 @@ class TrainingService:
         platform = place(self._client, self._rq_connection, self.experiment_id, [s["platform"] for s in sections])
         platform_section = next(section for section in sections if section["platform"] == platform)
         trial_id = self._new_trial_id()
-        event = TrialSubmitted(
+        return TrialSubmitted(
             experiment_id=self.experiment_id,
             trial_id=trial_id,
             platform=platform,
@@ -160,12 +164,17 @@ class TrainingService:
             ),
             requested_by=requested_by,
         )
-        job = TrialJob(event.platform, self.experiment_id, trial_id, 1)
+
+    def submit(self, submission: TrialSubmitted) -> TrialJobDetail:
+        """Append the submission and enqueue its job in one MULTI/EXEC: both happen or neither. Sent again, it
+        is appended once (its idempotency key is its trial's), so a runner may send again one the log lost."""
+        job = TrialJob(submission.platform, self.experiment_id, submission.trial_id, 1)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            enqueue(pipe, self._rq_connection, self.store, event, [job], idempotency_key=submission_key(trial_id))
+            key = submission_key(submission.trial_id)
+            enqueue(pipe, self._rq_connection, self.store, submission, [job], idempotency_key=key)
             pipe.execute()
-        view = apply_to_trial(None, event)
+        view = apply_to_trial(None, submission)
         assert view is not None
         return view
 
