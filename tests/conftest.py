@@ -111,9 +111,9 @@ class Processes:
         wait_until(lambda: len(Worker.all(queue=queue)) > before, 20, what="the worker to register")
         return process
 
-    def projector(self) -> subprocess.Popen[bytes]:
-        """A projector, returned once its heartbeat is in Redis."""
-        process = self.start("projector")
+    def projector(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """A projector, returned once its heartbeat is in Redis (one that starts while Redis is down exits)."""
+        process = self.start("projector", env=env)
         wait_until(lambda: connect(self.redis_url).exists(keys.PROJECTOR_HEARTBEAT), 20, what="the projector")
         return process
 

@@ -257,7 +257,7 @@ def test_an_outage_longer_than_the_client_retries_does_not_kill_a_trial(
     count = 60
     service = local_experiment(client, rq_connection, tmp_path, metric_trial(tmp_path, count, 0.08))
     budget = {OUTAGE_BUDGET_ENV: "0.5"}  # as a 60 s budget against a longer outage, in less time
-    own_processes.start("projector", env=budget)
+    own_processes.projector(env=budget)
     worker = own_processes.worker(env=budget)
     trial_id = service.submit_trial_job(form(0)).id
     running = wait_for_status(service, trial_id, "RUNNING")
@@ -291,7 +291,7 @@ def test_an_outage_longer_than_the_lease_does_not_declare_a_live_trial_lost(
     service = local_experiment(client, rq_connection, tmp_path, metric_trial(tmp_path, count, 0.08))
     # 1 s, not less: the renewer must get the CPU within its local deadline (two leases) on a loaded machine
     lease = {"TRIALSTREAM_TRIAL_LEASE_S": "1.0"}
-    own_processes.start("projector")
+    own_processes.projector()
     own_processes.worker(env=lease)
     trial_id = service.submit_trial_job(form(0)).id
     directory = wait_for_status(service, trial_id, "RUNNING").working_directory
