@@ -37,6 +37,7 @@ from typing import Literal
 
 import pytest
 
+from simulators.processes import descendants, parents, process_gone
 from simulators.waiting import wait_until
 
 Mode = Literal["netns", "loopback"]
@@ -73,19 +74,6 @@ def _pid_alive(pid: int) -> bool:
     return not process_gone(pid)
 
 
-def _processes() -> dict[int, int]:
-    """pid -> parent pid of every process on the machine."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat_line = (entry / "stat").read_text()
-            except OSError:
-                continue  # exited meanwhile
-            parents[int(entry.name)] = int(stat_line.rsplit(")", 1)[1].split()[1])
-    return parents
-
-
 def _mount_ns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/mnt")
@@ -98,18 +86,6 @@ def _kill_all(pids: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(map(process_gone, pids)), DEADLINE_S, what=f"{pids} to die")
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def process_gone(pid: int) -> bool:
-    """Dead: no longer in /proc, or a zombie (orphans are reaped by pid 1, whenever it gets to it)."""
-    return _is_zombie(pid)
 
 
 @dataclass(frozen=True)
@@ -202,7 +178,7 @@ def clean_stale() -> None:
         owner = base.name.removeprefix(BASE_PREFIX).split("-")[0]
         if owner.isdigit() and not _pid_alive(int(owner)):
             stale = []
-            for pid in _processes():
+            for pid in parents():
                 with contextlib.suppress(OSError):
                     if str(base) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                         stale.append(pid)
@@ -430,17 +406,11 @@ class SshHost:
         """The per-connection sshd processes (privileged monitor, user side, pre-auth), not the listener."""
         if self.listener_pid is None:
             return []
-        parents = _processes()
         found: list[int] = []
-        frontier = [self.listener_pid]
-        while frontier:
-            parent = frontier.pop()
-            for pid, ppid in parents.items():
-                if ppid == parent:
-                    frontier.append(pid)
-                    with contextlib.suppress(OSError):
-                        if os.readlink(f"/proc/{pid}/exe") == SSHD and not _is_zombie(pid):
-                            found.append(pid)
+        for pid in descendants(self.listener_pid):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/exe") == SSHD and not process_gone(pid):
+                    found.append(pid)
         return found
 
     def kill_sessions(self) -> int:
@@ -457,7 +427,7 @@ class SshHost:
         """Every process on this host: sshd, sessions, and the commands they started (same mount namespace)."""
         if self._mount_ns is None:
             return []
-        return [pid for pid in _processes() if _mount_ns(pid) == self._mount_ns and not _is_zombie(pid)]
+        return [pid for pid in parents() if _mount_ns(pid) == self._mount_ns and not process_gone(pid)]
 
     def stop(self) -> None:
         """The host goes down: listener and sessions and their commands die; in netns mode the link goes down too."""

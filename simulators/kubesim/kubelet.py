@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from simulators.kubesim import errors, pods, resources
 from simulators.kubesim.controller import Controller
 from simulators.kubesim.store import Event, Store, now_rfc3339
+from simulators.processes import descendants
 
 if TYPE_CHECKING:
     from simulators.kubesim.cluster import Capacity
@@ -828,7 +829,7 @@ def expand(text: str, env: dict[str, str]) -> str:
 def _kill_tree(root: int) -> None:
     """SIGKILL `root` and its descendants: all stopped first, until no new one appears, so none forks away."""
     stopped: set[int] = set()
-    while fresh := ({root} | _descendants(root)) - stopped:
+    while fresh := ({root} | descendants(root)) - stopped:
         for pid in fresh:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGSTOP)
@@ -836,22 +837,3 @@ def _kill_tree(root: int) -> None:
     for pid in stopped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_bytes()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rpartition(b")")[2].split()[1]), []).append(int(entry))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found

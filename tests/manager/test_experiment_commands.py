@@ -28,7 +28,7 @@ from schemas.events import (
     TrialStarted,
 )
 from schemas.trial import TrialJobStatus
-from simulators.sshd import process_gone
+from simulators.processes import process_gone
 from simulators.waiting import wait_until
 from tests.api.test_api import Api, api_client, start_api
 from tests.api.test_api_smoke import experiment_config

@@ -17,6 +17,7 @@ from core.platform import ParsedMetric
 from manager.projector import Projector
 from schemas.events import TrialMetricRejected
 from schemas.trial import TrialJobStatus
+from simulators.processes import process_gone
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
 from workers.platforms.local import adapter as local
 from workers.platforms.shared.trial_contract import StdoutMetricPump
@@ -28,11 +29,7 @@ def script(code_dir: Path, name: str, body: str) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Running, or stopped: not gone, nor a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return not process_gone(pid)
 
 
 def test_trial_runs_with_nni_environment_and_reports_metrics(make_service, processes: Processes, code_dir) -> None:

@@ -24,7 +24,8 @@ from core.queueing import SERIALIZER, queue_name
 from manager.training_service import TrainingService
 from schemas.events import TrialReattached, TrialStarted
 from schemas.trial import TrialJobStatus
-from simulators.sshd import CuttingProxy, SshHost, SshUser, process_gone
+from simulators.processes import process_gone
+from simulators.sshd import CuttingProxy, SshHost, SshUser
 from tests.conftest import ServiceFactory, form, wait_for_status, wait_until
 from tests.platforms.test_remote_platform import _cut, _heal, attempt_dir, host_of, periodical
 from tests.support.conformance import history

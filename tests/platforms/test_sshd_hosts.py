@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from simulators.sshd import BOOT_ID, MuteHost, SshEnvironment, SshHost, SshUser, process_gone, write_known_hosts
+from simulators.processes import process_gone
+from simulators.sshd import BOOT_ID, MuteHost, SshEnvironment, SshHost, SshUser, write_known_hosts
 from simulators.waiting import wait_until
 
 if TYPE_CHECKING:
