@@ -80,14 +80,12 @@ def click_at(driver: WebDriver, x: float, y: float) -> None:
 def click_attempt(driver: WebDriver, key: str) -> None:
     """A real click on the attempt's bar on the canvas; the detail panel opens with its history."""
     click_at(driver, *driver.execute_script("return window.timeline.pixelOf(arguments[0])", key))
-    wait_until(
-        lambda: (
-            driver.find_element(By.ID, "detail").is_displayed()
-            and driver.find_elements(By.CSS_SELECTOR, "#detail-history li")
-        ),
-        15,
-        what=f"the detail panel of {key}",
-    )
+
+    loaded = """
+        const first = document.querySelector("#detail-history li");
+        return !document.getElementById("detail").hidden && !!first && first.textContent !== "loading…";
+    """  # the panel shows "loading…" until the attempt's answer is in
+    wait_until(lambda: driver.execute_script(loaded), 15, what=f"the detail panel of {key}")
 
 
 def drag_cursor(driver: WebDriver, to_ms: int, y: float) -> None:

@@ -306,16 +306,19 @@ def _monitors(host: SshHost) -> list[int]:
     return found
 
 
-def _with_pid(pid: int) -> subprocess.Popen[bytes]:
-    """A new process that the kernel gives `pid` (as root: the next pid is set through ns_last_pid)."""
-    for _ in range(1000):
+def _with_pid(pid: int) -> subprocess.Popen[bytes] | None:
+    """A new process that the kernel gives `pid` (as root: the next pid is set through ns_last_pid); None when
+    another process took it first (the suite's other processes fork all the time)."""
+    for _ in range(100):
+        if Path(f"/proc/{pid}").exists():
+            return None
         Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
         process = subprocess.Popen(["sleep", "300"])
         if process.pid == pid:
             return process
         process.kill()
         process.wait()
-    raise AssertionError(f"pid {pid} could not be had (other processes took it first)")
+    return None
 
 
 def test_a_trial_whose_pid_another_process_has_since_is_not_taken_for_alive(
@@ -324,18 +327,23 @@ def test_a_trial_whose_pid_another_process_has_since_is_not_taken_for_alive(
     host = ssh_hosts[0]
     service = remote(hosts=[host])
     remote_workers.start()
-    gate, started = tmp_path / "gate", tmp_path / "started"
-    trial_id = service.submit_trial_job(form(0, gate=str(gate), started=str(started))).id
-    wait_until(started.exists, 30, what="the trial to start")
-    pid = int((attempt_dir(host, service, trial_id) / "pid").read_text().split()[0])
-    [monitor] = wait_until(lambda: _monitors(host), 30, what="the monitor")
-    os.kill(monitor, signal.SIGSTOP)  # it does not look while the trial dies and its pid is given again
-    try:
-        os.killpg(pid, signal.SIGKILL)  # killed from outside: no exit code is written
-        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, what="the trial's process to be reaped")
-        impostor = _with_pid(pid)
-    finally:
-        os.kill(monitor, signal.SIGCONT)
+    for sequence in range(5):  # a trial whose pid another process took before this test could: another trial
+        gate, started = tmp_path / f"gate{sequence}", tmp_path / f"started{sequence}"
+        trial_id = service.submit_trial_job(form(sequence, gate=str(gate), started=str(started))).id
+        wait_until(started.exists, 30, what="the trial to start")
+        pid = int((attempt_dir(host, service, trial_id) / "pid").read_text().split()[0])
+        [monitor] = wait_until(lambda: _monitors(host), 30, what="the monitor")
+        os.kill(monitor, signal.SIGSTOP)  # it does not look while the trial dies and its pid is given again
+        try:
+            os.killpg(pid, signal.SIGKILL)  # killed from outside: no exit code is written
+            wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, what="the trial's process to be reaped")  # noqa: B023
+            impostor = _with_pid(pid)
+        finally:
+            os.kill(monitor, signal.SIGCONT)
+        if impostor is not None:
+            break
+    else:
+        raise AssertionError("5 trials' pids were each taken by other processes before the test could")
     try:
         trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=30)
         assert trial.status is TrialJobStatus.FAILED
