@@ -5,6 +5,7 @@ connections; a trial registered while the reader blocks is followed at once; a R
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +35,18 @@ def _control(client: redis.Redis, service: TrainingService, trial_id: str) -> Lo
     return LogTrialControl(store, load_submission(store, trial_id), lease)
 
 
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    """The test's client, named: its readers' connections are told from those of a reader another test on this
+    server left blocked (for up to its block after its last trial, or for good if it lost a trial's close)."""
+    return connect(f"{redis_url}?client_name=links-{secrets.token_hex(4)}")
+
+
 def _blocked_reads(client: redis.Redis) -> int:
+    """Connections of `client` blocked in XREAD."""
+    name = client.connection_pool.connection_kwargs.get("client_name") or ""
     listed: Any = client.client_list()
-    return sum(1 for each in listed if each["cmd"] == "xread" and "b" in each["flags"])
+    return sum(1 for each in listed if each["cmd"] == "xread" and "b" in each["flags"] and each["name"] == name)
 
 
 @pytest.fixture
