@@ -72,6 +72,14 @@ READ_ONLY = (
 )
 """Keys a worker or a viewer reads but never writes. A viewer also reads everything a worker writes."""
 
+THAWED = (keys.thawed("*"),)
+"""What says an archived experiment's copy is in Redis for a while (manager.archive.moves.thaw): a viewer may not
+bring one back, but reads one another user did."""
+
+RESTORE = "+restore"
+"""Taken back with `@dangerous` (a forged payload can crash a server): the manager restores what it dumped itself
+into its archive, checked against the archive's checksums, when an archived experiment is read or restored."""
+
 
 def _patterns(patterns: tuple[str, ...], permission: str = "") -> str:
     return " ".join(f"{permission}~{pattern}" for pattern in patterns)
@@ -86,10 +94,10 @@ def rules(worker_platforms: list[str]) -> dict[str, str]:
     worker on its own."""
     table = {
         "default": "off resetpass resetkeys resetchannels -@all",
-        MANAGER: f"resetkeys resetchannels ~* &* +@all {SAFE} {CONNECTION} +@pubsub {SCRIPTS}",
+        MANAGER: f"resetkeys resetchannels ~* &* +@all {SAFE} {CONNECTION} +@pubsub {SCRIPTS} {RESTORE}",
         VIEWER: (
             f"resetkeys resetchannels -@all {CONNECTION} "
-            f"({_patterns(LOG_KEYS + WORKER_OWNED + READ_ONLY, '%R')} +@read -@dangerous)"
+            f"({_patterns(LOG_KEYS + WORKER_OWNED + READ_ONLY + THAWED, '%R')} +@read -@dangerous)"
         ),
     }
     for platform in worker_platforms:

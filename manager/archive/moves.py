@@ -177,10 +177,24 @@ def restore(client: redis.Redis, experiment_id: str, checkpoint: Checkpoint = la
 
 def thaw(client: redis.Redis, experiment_id: str) -> None:
     """Make an archived experiment readable for a while (its record's thaw_s; at least half of it from now).
-    Nothing to do for one in Redis."""
+    Nothing to do for one in Redis. A Redis user that may not write (`viewer`) reads a copy another user
+    thawed, as long as it lasts, and is told what to do when there is none."""
     record = archived(client, experiment_id)
     if record is None:
         return
+    try:
+        _thaw(client, experiment_id, record)
+    except redis.exceptions.NoPermissionError:
+        if int(client.pttl(keys.thawed(experiment_id))) > 0:
+            return
+        raise ArchiveError(
+            f"experiment {experiment_id} is archived and this Redis user may not bring it back to be read: read it "
+            f"as a user that may (the manager's), or restore it first (`trialstream experiments restore "
+            f"{experiment_id}`)"
+        ) from None
+
+
+def _thaw(client: redis.Redis, experiment_id: str, record: ArchiveRecord) -> None:
     ttl_ms = int(record.thaw_s * 1000)
     marker = keys.thawed(experiment_id)
     if int(client.pttl(marker)) > ttl_ms // 2:

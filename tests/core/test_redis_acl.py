@@ -50,8 +50,8 @@ class AclStack:
     def client(self, user: str) -> redis.Redis:
         return redis.Redis.from_url(self.url(user), decode_responses=True)
 
-    def cli(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-        environment = {**os.environ, REDIS_URL_ENV: self.url(user)}
+    def cli(self, user: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        environment = {**os.environ, REDIS_URL_ENV: self.url(user), **(env or {})}
         return subprocess.run(
             [sys.executable, "-m", "manager.cli", *args], env=environment, capture_output=True, text=True, timeout=60
         )
@@ -196,6 +196,34 @@ def test_an_experiment_created_before_secrets_were_kept_per_platform_has_them_mo
     assert not client.exists(keys.legacy_secrets("old"))
     move_legacy_secrets(client, "old", hybrid)  # nothing left to move: the moved secrets stay
     assert experiment_secrets(client, "old", ["remote", "openpai"]) == {"1.machineList.0.password": "p", "2.token": "t"}
+
+
+def test_the_manager_archives_reads_and_restores_and_a_viewer_reads_what_it_brought_back(stack: AclStack) -> None:
+    """A read of an archived experiment writes a copy into Redis for a while (manager.archive.moves.thaw): the
+    manager's to write (RESTORE, which `@dangerous` takes back), the viewer's to read; a viewer with no copy to
+    read is told what to do."""
+    archive = {"TRIALSTREAM_ARCHIVE_LOCATION": str(stack.passwords.parent / "archive")}
+    archived = stack.cli("manager", "experiments", "archive", stack.experiment_id, env=archive)
+    assert archived.returncode == 0, archived.stderr
+    ids = sorted(trial["id"] for trial in stack.run_output["trials"])
+    manager = stack.client("manager")
+    try:
+        refused = stack.cli("viewer", "trials", "list", "-e", stack.experiment_id, "--json")
+        assert refused.returncode == 1
+        assert f"trialstream experiments restore {stack.experiment_id}" in refused.stderr, refused.stderr
+        assert not manager.exists(_events(stack))  # nothing half brought back
+        thawed = stack.cli("manager", "trials", "list", "-e", stack.experiment_id, "--json")
+        assert thawed.returncode == 0, thawed.stderr
+        for _ in range(2):  # then with the copy past half its time, which only a writer may extend
+            viewed = stack.cli("viewer", "trials", "list", "-e", stack.experiment_id, "--json")
+            assert viewed.returncode == 0, viewed.stderr
+            assert sorted(trial["id"] for trial in json.loads(viewed.stdout)) == ids
+            assert stack.cli("viewer", "events", stack.experiment_id).returncode == 0
+            manager.pexpire(keys.thawed(stack.experiment_id), 60_000)
+    finally:
+        restored = stack.cli("manager", "experiments", "restore", stack.experiment_id, env=archive)
+    assert restored.returncode == 0, restored.stderr
+    assert manager.exists(_events(stack)) and not manager.exists(keys.thawed(stack.experiment_id))
 
 
 def test_the_manager_deletes_an_experiment(stack: AclStack) -> None:
