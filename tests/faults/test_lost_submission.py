@@ -4,7 +4,6 @@ again, and the experiment ends; a re-queued job alone would find no submission t
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import TypeVar
@@ -18,6 +17,7 @@ from manager.config import load_experiment_config
 from manager.runner import ExperimentResult, ExperimentRunner
 from schemas.events import Event, TrialRequeued, TrialSubmitted
 from tests.conftest import Processes, wait_until
+from tests.support.configs import write_config
 
 E = TypeVar("E", bound=Event)
 
@@ -34,18 +34,14 @@ def logged(store: EventStore, kind: type[E]) -> list[tuple[str, E]]:
 def test_a_submission_the_log_lost_is_sent_again(
     tmp_path: Path, processes: Processes, client: redis.Redis, rq_connection: redis.Redis
 ) -> None:
-    config = {
-        "trialCommand": "true",
-        "trialCodeDirectory": str(tmp_path),
-        "trialConcurrency": 1,
-        "maxTrialNumber": 1,
-        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "tuner": {"name": "Random", "classArgs": {"seed": 7}},
-        "trainingService": {"platform": "local"},
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-    }
-    (tmp_path / "config.yml").write_text(json.dumps(config))
-    runner = ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
+    config = write_config(
+        tmp_path,
+        {"platform": "local"},
+        {"x": {"_type": "uniform", "_value": [0, 1]}},
+        trialCommand="true",
+        tuner={"name": "Random", "classArgs": {"seed": 7}},
+    )
+    runner = ExperimentRunner.create(load_experiment_config(config), client, rq_connection)
     store = runner.service.store
     results: list[ExperimentResult] = []
     thread = threading.Thread(target=lambda: results.append(runner.run()), daemon=True)
