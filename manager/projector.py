@@ -327,10 +327,10 @@ class Projector:
         raw_experiment = pipe.hget(view_keys.experiment, "view")
         experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
         timeline = TimelineBatch.read(pipe, view_keys, position, raw, loaded, experiment)  # the views read once
-        timeline.fold(raw, entries)
         experiment_changed = False
         unreadable = {entry.id: entry.error for entry in entries if isinstance(entry, UnreadableEvent)}
         candidates: dict[str, tuple[str, str]] = {}  # `trial|dedup key` -> (trial, record JSON), in log order
+        views_after: dict[str, TrialJobDetail | None] = {}  # entry id -> its trial's view after it, for the timeline
         attempts = Counter[str]()  # attempts `lost`, and of those `retried`
 
         for entry in stored:
@@ -351,11 +351,12 @@ class Projector:
                 if isinstance(event, TrialAttemptLost) and trial is not trials.get(event.trial_id):
                     attempts["lost"] += 1
                     attempts["retried"] += event.status is TrialJobStatus.WAITING
-                trials[event.trial_id] = trial
+                trials[event.trial_id] = views_after[entry.id] = trial
             else:
                 experiment, experiment_changed = folded, True
             if listed is not None:
                 candidates.setdefault(*listed)
+        timeline.fold(raw, entries, views_after)
         new_metrics = metric_marks.new_metrics(pipe, view_keys, candidates)
         counts: Any = pipe.hgetall(view_keys.counts)
 

@@ -20,7 +20,7 @@ import json
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -50,7 +50,7 @@ from schemas.events import (
     TrialSubmitted,
     TrialUnreachable,
 )
-from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus, metric_score
+from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus, metric_score
 
 MAX_ATTEMPTS = 2000  # a window with more attempts than this is sent as clusters
 MAX_MARKERS = 5000  # trial markers (metrics, cancels) sent for one window at most
@@ -190,12 +190,21 @@ class _Trial:
     entry_metric: array[int] = field(default_factory=lambda: array("q"))  # the attempt of an intermediate metric; 0
     kept_entries: bytes = b""  # `packed_entries` read back (up to `kept_head`), unpacked when first asked for
     kept_head: tuple[int, int] = (0, 0)
+    scored: tuple[list[MetricRecord], float | None] | None = None  # the final metrics scored last, and their score
 
     @property
     def view(self) -> TrialJobDetail:
         if isinstance(self.folded_view, str):
             self.folded_view = TrialJobDetail.model_validate_json(self.folded_view)
         return self.folded_view
+
+    def score(self) -> float | None:
+        """The view's final metric score, decoded once for each list of final metrics (a fold that adds one, or
+        starts an attempt again, makes a new list; its other changes keep the list)."""
+        finals = self.view.final_metric_data
+        if self.scored is None or self.scored[0] is not finals:
+            self.scored = (finals, metric_score(self.view.final_metric))
+        return self.scored[1]
 
     def record(self, position: tuple[int, int], metric_attempt: int = 0) -> None:
         self.entry_ms.append(position[0])
@@ -298,12 +307,19 @@ class Timeline:
 
     # folding
 
-    def feed(self, entries: Iterable[tuple[str, dict[str, str]]], decoded: Iterable[LogEntry] | None = None) -> int:
-        """Fold entries that follow the head (others are skipped: a re-read overlap is harmless); `decoded`, the
-        same entries decoded, when the caller has them."""
+    def feed(
+        self,
+        entries: Iterable[tuple[str, dict[str, str]]],
+        decoded: Iterable[LogEntry] | None = None,
+        views_after: Mapping[str, TrialJobDetail | None] | None = None,
+    ) -> int:
+        """Fold entries that follow the head (others are skipped: a re-read overlap is harmless). When the caller
+        has them: `decoded`, the same entries decoded, and `views_after`, the trial view after each trial event it
+        folded onto the views this fold holds, by entry id (the projector's own fold, not done twice)."""
         count = 0
         head = stream_position(self.head)
         known: Iterable[LogEntry | None] = repeat(None) if decoded is None else decoded
+        views_after = views_after or {}
         for (entry_id, fields), entry in zip(entries, known, strict=False):
             ms, _, seq = entry_id.partition("-")
             position = (int(ms), int(seq))
@@ -313,11 +329,18 @@ class Timeline:
             self.head, self.end = entry_id, position[0]
             if self.start is None:
                 self.start = position[0]
-            self._fold(entry_id, position, fields, entry)
+            self._fold(entry_id, position, fields, entry, views_after)
             count += 1
         return count
 
-    def _fold(self, entry_id: str, position: tuple[int, int], fields: dict[str, str], entry: LogEntry | None) -> None:
+    def _fold(
+        self,
+        entry_id: str,
+        position: tuple[int, int],
+        fields: dict[str, str],
+        entry: LogEntry | None,
+        views_after: Mapping[str, TrialJobDetail | None],
+    ) -> None:
         trial = self.trials.get(fields.get("trial", ""))
         if trial is not None:
             if entry is None:  # read off the JSON, without building the event
@@ -347,7 +370,7 @@ class Timeline:
         event = entry.event
         try:
             if isinstance(event, TrialEvent):
-                self._trial_event(entry_id, position, event)
+                self._trial_event(entry_id, position, event, views_after)
             else:
                 self._experiment_event(entry_id, position[0], event)
         except Exception:
@@ -364,13 +387,19 @@ class Timeline:
         if text is not None:
             self.markers.append({"id": entry_id, "time": at, "kind": event.type, "text": text})
 
-    def _trial_event(self, entry_id: str, position: tuple[int, int], event: TrialEvent) -> None:
+    def _trial_event(
+        self,
+        entry_id: str,
+        position: tuple[int, int],
+        event: TrialEvent,
+        views_after: Mapping[str, TrialJobDetail | None],
+    ) -> None:
         trial = self.trials.get(event.trial_id)
         at = position[0]
         if trial is None:
             if not isinstance(event, TrialSubmitted):
                 return  # before its submission: no view (projection's own rule)
-            view = apply_to_trial(None, event)
+            view = views_after[entry_id] if entry_id in views_after else apply_to_trial(None, event)
             assert view is not None
             trial = self.trials[event.trial_id] = _Trial(view, [], [])
             self._new_attempt(trial, Attempt(event.trial_id, 1, view.platform, at, self.attempt_count))
@@ -378,14 +407,14 @@ class Timeline:
             self._changed(trial, entry_id)
             return
         self._attempt_event(trial, at, event)
-        view = apply_to_trial(trial.view, event)  # type: ignore[arg-type]
+        view = views_after[entry_id] if entry_id in views_after else apply_to_trial(trial.view, event)  # type: ignore[arg-type]
         if view is not None and view is not trial.view:
             trial.folded_view = view
             self._changed(trial, entry_id)
 
     def _changed(self, trial: _Trial, entry_id: str) -> None:
         view = trial.view
-        row = [entry_id, str(view.status), view.attempt, metric_score(view.final_metric)]
+        row = [entry_id, str(view.status), view.attempt, trial.score()]
         if not trial.changes or trial.changes[-1][1:] != row[1:]:
             trial.changes.append(row)
 

@@ -81,8 +81,11 @@ class TimelineBatch:
         ended = frozenset(entry.fields["trial"] for entry in entries if entry.fields.get("type") == "TrialEnded")
         return cls(view_keys, timeline, states, ended)
 
-    def fold(self, entries: list[RawEntry], decoded: list[LogEntry]) -> None:
-        self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded)
+    def fold(
+        self, entries: list[RawEntry], decoded: list[LogEntry], views_after: Mapping[str, TrialJobDetail | None]
+    ) -> None:
+        """The batch's entries, as the projector decoded them and folded its trial views (by entry id)."""
+        self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded, views_after)
 
     def queue(self, pipe: redis.client.Pipeline) -> None:
         """The batch's writes, in its MULTI: the header, the trials that changed, what was appended."""
