@@ -78,7 +78,12 @@ def _rank_score(trial: TrialJobDetail) -> float | None:
 
 def _view_names(client: redis.Redis, view_keys: ViewKeys) -> set[str]:
     """The views' keys now (a SCAN: too slow to repeat while a projector commits), and the fixed ones."""
-    return _names(view_keys, ()) | {str(name) for name in client.scan_iter(match=view_keys.pattern, count=1000)}
+    return _names(view_keys, ()) | _scanned(client, view_keys)
+
+
+def _scanned(client: redis.Redis, view_keys: ViewKeys) -> set[str]:
+    """The views' keys that exist now: SCAN returns every key that exists from its start to its end."""
+    return {str(name) for name in client.scan_iter(match=view_keys.pattern, count=1000)}
 
 
 def _existing(client: redis.Redis, names: set[str]) -> set[str]:
@@ -158,7 +163,8 @@ class Projector:
         live, rebuilt = ViewKeys(experiment_id, self.namespace), ViewKeys(experiment_id, scratch.namespace)
         store = EventStore(self.client, experiment_id)
         position = scratch.catch_up(experiment_id, until)
-        new_names = _existing(self.client, _view_names(self.client, rebuilt))
+        # The scratch keys found by a SCAN exist until the swap (nothing else writes them): only the fixed ones checked.
+        new_names = _existing(self.client, set(rebuilt.fixed)) | _scanned(self.client, rebuilt)
         # The live keys: listed once, then kept current from the log (see _trials_between).
         listed_at = _position(self.client, live)
         old_names = _view_names(self.client, live)
