@@ -154,9 +154,11 @@ class Projector:
         """
         scratch = Projector(self.client, namespace=scratch_namespace(), batch_size=self.batch_size)
         try:
-            return self._swap_in(scratch, experiment_id, until)
+            return self._swap_in(scratch, experiment_id, until)  # renames every scratch key: nothing is left
+        except BaseException:
+            _drop(self.client, ViewKeys(experiment_id, scratch.namespace))  # a SCAN of the whole keyspace
+            raise
         finally:
-            _drop(self.client, ViewKeys(experiment_id, scratch.namespace))  # nothing left once swapped
             self._finished.pop(experiment_id, None)
 
     def _swap_in(self, scratch: Projector, experiment_id: str, until: str) -> str:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from core import keys
-from core.connections import same_server
+from core.connections import connect, same_server
 from core.event_store import EventStore
 from core.keys import ViewKeys
 from manager.experiments import create_experiment, finish_experiment
 from manager.projection import metric_record
 from manager.projector import Projector
+from manager.replay import SCRATCH_PREFIX
 from manager.views import ViewStore
 from schemas.compact import compact_record
 from schemas.compact import metric_record as compact_metric_record
@@ -118,6 +121,24 @@ def test_a_rebuild_gives_identical_views(client: redis.Redis, make_service) -> N
     assert snapshot(client, exp) == before
     Projector(client, namespace="scratch").rebuild(exp)
     assert snapshot(client, exp, "scratch") == before
+
+
+def test_a_rebuild_that_fails_keeps_the_live_views_and_leaves_no_scratch_keys(
+    client: redis.Redis, redis_url: str, make_service: ServiceFactory
+) -> None:
+    """The swap refused by Redis (a user that may not RENAME): the scratch views folded so far are dropped."""
+    exp, _ = write_history(make_service)
+    Projector(client).catch_up(exp)
+    before = snapshot(client, exp)
+    user = f"no-rename-{secrets.token_hex(4)}"
+    client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-rename"])
+    try:
+        with pytest.raises(redis.RedisError, match="rename"):
+            Projector(connect(redis_url.replace("redis://", f"redis://{user}:pw@"))).rebuild(exp)
+    finally:
+        client.acl_deluser(user)
+    assert snapshot(client, exp) == before
+    assert list(client.scan_iter(match=f"{SCRATCH_PREFIX}*")) == []
 
 
 def test_two_projectors_at_once_never_apply_an_event_twice(client: redis.Redis, make_service) -> None:
