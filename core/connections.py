@@ -102,7 +102,7 @@ def _socket_options(url: str, decode: bool) -> dict[str, Any]:
 
 
 # Per pool. redis-py caps a pool at 100 unless told, and a pool grows to the most commands ever in flight
-# at once: a worker's trials share one commands reader and a few write slots (workers.runtime.trial_links),
+# at once: a worker's trials share one commands reader and a group commit (workers.runtime.trial_links),
 # but its jobs' own starts and ends may still come by the hundred.
 MAX_CONNECTIONS = 4096
 

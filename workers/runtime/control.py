@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
 
 import redis
+from redis.client import Pipeline
 
 from core import keys
 from core.connections import until_redis_answers
@@ -42,10 +42,10 @@ from schemas.events import (
     TrialUnreachable,
 )
 from schemas.trial import JobApplicationForm, TrialJobStatus
+from workers.runtime.group_commit import Fill
 from workers.runtime.trial_links import links
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 LOCAL_DEADLINE_LEASES = 2.0  # a Redis pause shorter than this many leases does not stop a trial
 STOP_MARGIN_S = 6.0  # a trial stopped at its local deadline is gone within this (SIGTERM, 5 s, SIGKILL)
@@ -133,18 +133,15 @@ class LogTrialControl:
 
         landed = self.metric_keys  # the last commit's: it returned, so no retry of it comes any more
 
-        def commit() -> None:
-            with self._links.write_slots, self._quick.pipeline(transaction=True) as pipe:
-                pipe.multi()
-                if events:
-                    self._appends.append_all(events, idempotency_keys, pipeline=pipe)
-                if offsets:
-                    pipe.hset(self.offsets_key, mapping={name: str(value) for name, value in offsets.items()})
-                if landed:
-                    pipe.hdel(keys.idempotency(self._store.experiment_id), *landed)
-                pipe.execute()
+        def fill(pipe: Pipeline) -> None:
+            if events:
+                self._appends.append_all(events, idempotency_keys, pipeline=pipe)
+            if offsets:
+                pipe.hset(self.offsets_key, mapping={name: str(value) for name, value in offsets.items()})
+            if landed:
+                pipe.hdel(keys.idempotency(self._store.experiment_id), *landed)
 
-        until_redis_answers(commit, f"trial {self._trial_id}", self._cut_off)  # safe to repeat: keyed appends
+        self._commit(fill)  # safe to repeat: keyed appends
         self.metric_keys = [key for key in idempotency_keys if key]
 
     def offsets(self) -> dict[str, int]:
@@ -159,9 +156,7 @@ class LogTrialControl:
             source=self._worker,
             reason=reason,
         )
-        until_redis_answers(
-            self._slotted(lambda: self._appends.append(event)), f"trial {self._trial_id}", self._cut_off
-        )
+        self._commit(lambda pipe: self._appends.append(event, pipeline=pipe))
 
     def rejected(self, reason: str) -> None:
         self._log.warning("trial %s: %s", self._trial_id, reason)
@@ -174,9 +169,7 @@ class LogTrialControl:
 
     def waiting(self, reason: str) -> None:
         event = TrialDeferred(experiment_id=self._store.experiment_id, trial_id=self._trial_id, reason=reason)
-        until_redis_answers(
-            self._slotted(lambda: self._appends.append(event)), f"trial {self._trial_id}", self._cut_off
-        )
+        self._commit(lambda pipe: self._appends.append(event, pipeline=pipe))
 
     # what the platform asks
 
@@ -261,21 +254,13 @@ class LogTrialControl:
 
     # plumbing
 
-    def _slotted(self, action: Callable[[], T]) -> Callable[[], T]:
-        """`action` run in one of the worker's write slots (trial_links.WRITE_SLOTS)."""
-
-        def slotted() -> T:
-            with self._links.write_slots:
-                return action()
-
-        return slotted
+    def _commit(self, fill: Fill) -> None:
+        """The commands `fill` queues, in one transaction with those other trials of the worker write meanwhile
+        (workers.runtime.group_commit); sent again while Redis cannot be reached, up to the local deadline."""
+        until_redis_answers(lambda: self._links.commits.write(fill), f"trial {self._trial_id}", self._cut_off)
 
     def _append(self, event: TrialStarted | TrialMetricRejected, key: str | None) -> None:
-        until_redis_answers(
-            self._slotted(lambda: self._appends.append(event, idempotency_key=key)),
-            f"trial {self._trial_id}",
-            self._cut_off,
-        )
+        self._commit(lambda pipe: self._appends.append(event, idempotency_key=key, pipeline=pipe))
 
     @property
     def _deadline_s(self) -> float:

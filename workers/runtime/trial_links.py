@@ -15,7 +15,8 @@ Redis memory; `maxclients` capped a Redis near 5,000 running trials: docs/benchm
 - `LeaseRenewer` renews every attempt's lease of one length in one script call (`core.leases.renew_all`)
   each quarter of the lease, and tells each trial's control how it went: the local deadline and the lost
   lease stay per trial (workers.runtime.control).
-- `write_slots` bounds the trials' writes (appends, offsets) in flight at once: a Redis connection pool grows
+- `commits` carries the trials' writes (appends, offsets) with a bounded number of round trips in flight, those
+  made while all are busy together in the next (workers.runtime.group_commit): a Redis connection pool grows
   to the most commands that were ever in flight together and keeps them, so 1,000 trials reporting in the
   same second would hold ~1,000 idle connections.
 
@@ -39,11 +40,11 @@ from core import keys
 from core.connections import quick_client
 from core.event_store import LogEntry, commands_in_log, stream_position
 from core.leases import Lease, renew_all
+from workers.runtime.group_commit import GroupCommit
 
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000  # a read returns at once on a command or a new trial; the timeout only ends an idle reader
-WRITE_SLOTS = 16  # trials' writes in flight at once, per worker process and lease length
 WAKE_TTL_MS = 3_600_000  # a wake stream left by a process that died goes within the hour
 WAKE_SPACING_S = 0.05  # trials starting within this share one wake of the reader
 RETRY_S = 0.5  # after a failed read, before the next
@@ -72,10 +73,9 @@ class _Followed:
 class CommandsReader:
     """One blocking read over the commands streams of every trial a process runs (on one Redis)."""
 
-    def __init__(self, client: redis.Redis, waker: redis.Redis, slots: threading.BoundedSemaphore) -> None:
+    def __init__(self, client: redis.Redis, waker: redis.Redis) -> None:
         self._client = client  # the read blocks one connection of its pool
         self._waker = waker
-        self._slots = slots
         self._wake_key = keys.commands_wake(secrets.token_hex(8))
         self._wake_cursor = "0-0"
         self._followed: dict[Follower, _Followed] = {}
@@ -104,7 +104,7 @@ class CommandsReader:
             self._wake_wanted.wait()
             self._wake_wanted.clear()
             try:
-                with self._slots, self._waker.pipeline(transaction=False) as pipe:
+                with self._waker.pipeline(transaction=False) as pipe:
                     pipe.xadd(self._wake_key, {"new": "trials"}, maxlen=1, approximate=False)
                     pipe.pexpire(self._wake_key, WAKE_TTL_MS)
                     pipe.execute()
@@ -222,7 +222,7 @@ class TrialLinks:
     reader: CommandsReader
     renewer: LeaseRenewer
     writes: redis.Redis  # a quick client: a write gives up within about half a lease
-    write_slots: threading.BoundedSemaphore
+    commits: GroupCommit  # the trials' writes, on `writes`
 
 
 _links: dict[tuple[int, float], TrialLinks] = {}
@@ -237,9 +237,9 @@ def links(client: redis.Redis, lease_s: float) -> TrialLinks:
         made = _links.get((pool, lease_s))
         if made is None:
             writes = quick_client(client, max(0.2, lease_s / 2))
-            slots = threading.BoundedSemaphore(WRITE_SLOTS)
             reader = _readers.get(pool)
             if reader is None:
-                reader = _readers[pool] = CommandsReader(client, writes, slots)
-            made = _links[(pool, lease_s)] = TrialLinks(reader, LeaseRenewer(writes, lease_s), writes, slots)
+                reader = _readers[pool] = CommandsReader(client, writes)
+            renewer = LeaseRenewer(writes, lease_s)
+            made = _links[(pool, lease_s)] = TrialLinks(reader, renewer, writes, GroupCommit(writes))
         return made
