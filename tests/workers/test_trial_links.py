@@ -4,8 +4,10 @@ connections; a trial registered while the reader blocks is followed at once; a R
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,16 +16,20 @@ from typing import Any
 import pytest
 import redis
 
+from core import keys
 from core.connections import connect
-from core.event_store import EventStore
+from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
+from core.platform import ParsedMetric
 from core.queueing import load_submission
 from manager.training_service import TrainingService
+from schemas.events import TrialMetricReported
 from tests.conftest import RedisServer, ServiceFactory, form, new_service, wait_until
 from workers.runtime import trial_links
 from workers.runtime.control import LogTrialControl
 
 TRIALS = 30
+METRICS = 20
 LEASE_S = 10.0
 LONG_BLOCK_MS = 20_000  # far longer than any deadline below: a test that waited for the block would fail
 
@@ -86,6 +92,36 @@ def test_many_trials_on_one_worker_each_get_their_own_commands_over_a_few_connec
     wait_until(lambda: _blocked_reads(client) == 1, 10, what="the reader to block again")
     # a connection per trial before: now the reader's, the renewer's and a few writes', whatever the trials
     assert len(client.client_list()) - connected_before <= 4
+
+
+def test_many_trials_reporting_at_once_each_land_every_metric_once_and_in_order(
+    make_service: ServiceFactory, client: redis.Redis, controls: list[LogTrialControl]
+) -> None:
+    """Their writes share round trips (workers/runtime/group_commit.py): each trial's own still land in its order,
+    once each, and the last batch's idempotency keys are dropped by the next write as before."""
+    service = make_service()
+    trial_ids = [service.submit_trial_job(form(index)).id for index in range(TRIALS)]
+    controls += [_control(client, service, trial_id) for trial_id in trial_ids]
+
+    def report(control: LogTrialControl) -> None:
+        for sequence in range(METRICS):
+            control.metrics([ParsedMetric("0", "PERIODICAL", sequence, json.dumps(json.dumps(sequence)))])
+
+    threads = [threading.Thread(target=report, args=(control,)) for control in controls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    reported: dict[str, list[int]] = {trial_id: [] for trial_id in trial_ids}
+    for entry in EventStore(client, service.experiment_id).read():
+        if isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported):
+            reported[entry.event.trial_id].append(entry.event.sequence)
+    assert reported == {trial_id: list(range(METRICS)) for trial_id in trial_ids}
+    held: Any = client.hkeys(keys.idempotency(service.experiment_id))
+    assert sorted(key for key in held if key.startswith("metric:")) == sorted(  # the last write's of each trial
+        f"metric:{trial_id}:1:0:PERIODICAL:{METRICS - 1}" for trial_id in trial_ids
+    )
 
 
 def test_a_cancel_that_came_before_the_worker_is_seen_before_launching(
