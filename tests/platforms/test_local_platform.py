@@ -296,41 +296,89 @@ def test_a_setsid_child_dies_with_its_sigkilled_worker(make_service, processes: 
     wait_until(lambda: not pid_alive(escaped), 10, what="the setsid child gone")
 
 
-def keepers_of(worker: int) -> list[int]:
-    """The live keeper processes the worker started (its children running the keeper script)."""
+def children_of(parent: int) -> list[int]:
+    """The live processes whose parent is `parent` and that run the keepers' script (`python -I -S -c`)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent_now = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             command = (entry / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if parent == worker and command.split(b"\0")[1:4] == [b"-I", b"-S", b"-c"] and pid_alive(int(entry.name)):
+        if parent_now == parent and command.split(b"\0")[1:4] == [b"-I", b"-S", b"-c"] and pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
 
-def test_a_keeper_waits_ahead_of_its_trial_with_nothing_of_the_worker_and_a_dead_one_is_replaced(
+def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead_one_is_replaced(
     make_service, processes: Processes
 ) -> None:
-    """The keeper of the next trial starts while the worker is idle (its start-up is off the refill's path):
-    it holds no environment until its trial's comes; one killed while it waits is replaced at the next
-    launch, and one left when the worker dies ends with it."""
+    """The worker's one zygote forks each trial's keeper, and the next trial's ahead (so no interpreter starts
+    per trial): both hold no environment until a trial's comes. A spare keeper killed while it waits, or the
+    zygote itself, is replaced at the next launch; both end with their worker."""
     service = make_service("exit 0")
     worker = processes.worker()
-    first = wait_for_status(service, service.submit_trial_job(form(0)).id, "SUCCEEDED", "FAILED", timeout=20)
-    assert first.status is TrialJobStatus.SUCCEEDED, first.message
-    spare = wait_until(lambda: keepers_of(worker.pid)[:1], 15, what="a spare keeper")[0]
-    assert Path(f"/proc/{spare}/environ").read_bytes() == b""
 
-    os.kill(spare, 9)
-    second = wait_for_status(service, service.submit_trial_job(form(1)).id, "SUCCEEDED", "FAILED", timeout=20)
-    assert second.status is TrialJobStatus.SUCCEEDED, second.message
+    def succeeds(sequence: int) -> None:
+        trial = wait_for_status(service, service.submit_trial_job(form(sequence)).id, "SUCCEEDED", "FAILED", timeout=20)
+        assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
 
-    spare = wait_until(lambda: keepers_of(worker.pid)[:1], 15, what="the next spare keeper")[0]
+    succeeds(0)
+    zygote = wait_until(lambda: children_of(worker.pid), 15, what="the keeper zygote")
+    assert len(zygote) == 1
+    spare = wait_until(lambda: children_of(zygote[0]), 15, what="a spare keeper")
+    assert len(spare) == 1
+    for pid in (*zygote, *spare):
+        assert Path(f"/proc/{pid}/environ").read_bytes() == b""
+
+    os.kill(spare[0], 9)
+    succeeds(1)
+    assert children_of(worker.pid) == zygote
+
+    os.kill(zygote[0], 9)
+    succeeds(2)  # the spare forked before
+    succeeds(3)  # forked by a new zygote
+    zygote = wait_until(lambda: children_of(worker.pid), 15, what="the new keeper zygote")
+    spare = wait_until(lambda: children_of(zygote[0]), 15, what="the new zygote's spare keeper")
     worker.kill()
     worker.wait()
-    wait_until(lambda: not pid_alive(spare), 10, what="the spare keeper gone with its worker")
+    left = [*zygote, *spare]
+    wait_until(lambda: not any(map(pid_alive, left)), 10, what="the zygote and its spare gone with their worker")
+
+
+def test_a_trial_killed_by_a_signal_fails_saying_which(make_service, processes: Processes) -> None:
+    service = make_service("echo about to go >&2; kill -SEGV $$")
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED")
+    assert trial.exit_code == -11
+    assert trial.message == "killed by signal SIGSEGV; stderr: about to go"
+
+
+def test_a_trial_that_kills_its_keeper_fails_as_killed_and_its_processes_go(make_service, processes: Processes) -> None:
+    """A keeper SIGKILLed says nothing on its lifeline: the trial counts as killed, and its process group is
+    killed after it."""
+    service = make_service('echo $$ > "$NNI_SYS_DIR/pid"; kill -9 $PPID; sleep 60')
+    processes.worker()
+    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED", timeout=20)
+    assert trial.exit_code == -9 and trial.message == "killed by signal SIGKILL"
+    shell = read_pid(Path(trial.working_directory) / "pid")
+    wait_until(lambda: not pid_alive(shell), 10, what="the trial's shell gone")
+
+
+def test_a_trial_holds_no_descriptor_but_its_three_and_ignores_no_signal(make_service, processes: Processes) -> None:
+    """Nothing of the worker, its zygote or its keeper leaks to the trial: no socket or pipe of theirs, and no
+    signal Python ignores (SIGPIPE, SIGXFSZ) stays ignored in a trial's processes."""
+    service = make_service('echo $$ > "$NNI_SYS_DIR/pid"; exec sleep 60')
+    processes.worker()
+    trial_id = service.submit_trial_job(form(0)).id
+    running = wait_for_status(service, trial_id, "RUNNING")
+    pid = read_pid(Path(running.working_directory) / "pid")
+    wait_until(lambda: b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes(), 10, what="the trial's exec")
+    assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2]
+    status = Path(f"/proc/{pid}/status").read_text()
+    assert "SigIgn:\t0000000000000000" in status
+    service.cancel_trial_job(trial_id)
+    wait_for_status(service, trial_id, "USER_CANCELED", timeout=20)
 
 
 def test_update_trial_job_hands_a_new_parameter_set_to_the_running_trial(

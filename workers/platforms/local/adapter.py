@@ -5,13 +5,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import marshal
 import os
 import select
 import signal
 import struct
-import subprocess
-import sys
 import termios
 import threading
 from pathlib import Path
@@ -35,6 +32,7 @@ from core.settings import Settings
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
 from workers.platforms.local.config import LocalConfig
+from workers.platforms.local.keeper import Keeper, Keepers
 from workers.platforms.local.settings import LocalSettings
 from workers.platforms.shared.gpu import (
     FakeGpuSource,
@@ -57,111 +55,6 @@ from workers.platforms.shared.trial_contract import (
 
 log = logging.getLogger(__name__)
 
-# The keeper, the trial's parent: a child subreaper that forwards SIGTERM, kills what the trial leaves
-# behind, and SIGKILLs everything when its stdin (held by the worker alone) closes. docs/platforms.md, Local.
-# It starts before its trial is known (`_Keeper`) and reads what to run from that stdin first: a 4-byte length,
-# then marshal's (command, working directory, environment, stderr path); an end of file before it, a spare
-# keeper the worker no longer needs, just exits. It imports C modules alone: `ctypes` and `signal` (enum) cost
-# ~15 ms more.
-_KEEPER = r"""
-import _ctypes, marshal, os, resource, select, sys, time
-import _signal as signal
-if _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"), (36, 1, 0, 0, 0)):  # PR_SET_CHILD_SUBREAPER
-    sys.exit("the keeper cannot become its trial's subreaper")
-lifeline = os.dup(0)
-
-def read_exactly(count):
-    data = b""
-    while len(data) < count:
-        chunk = os.read(lifeline, count - len(data))
-        if not chunk:
-            sys.exit(0)
-        data += chunk
-    return data
-
-command, cwd, environment, stderr_path = marshal.loads(read_exactly(int.from_bytes(read_exactly(4), "big")))
-stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-os.dup2(stderr, 2)
-os.close(stderr)
-try:
-    os.chdir(cwd)
-except OSError as error:
-    sys.exit(f"trialCodeDirectory {cwd}: {error.strerror}")
-devnull = os.open(os.devnull, os.O_RDWR)
-wake_r, wake_w = os.pipe()
-os.set_blocking(wake_w, False)
-for number in (signal.SIGTERM, signal.SIGCHLD):
-    signal.signal(number, lambda *_: None)
-for number in (signal.SIGINT, signal.SIGHUP):
-    signal.signal(number, signal.SIG_IGN)
-signal.set_wakeup_fd(wake_w)
-trial = os.fork()
-if trial == 0:
-    signal.set_wakeup_fd(-1)
-    for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP):
-        signal.signal(number, signal.SIG_DFL)
-    os.dup2(devnull, 0)
-    os.closerange(3, 1 << 16)
-    os.execve("/bin/sh", ["/bin/sh", "-c", command], environment)
-os.dup2(devnull, 1)
-status = None
-
-def descendants():
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    parents.setdefault(int(stat.read().rpartition(b")")[2].split()[1]), []).append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    found, todo = [], [os.getpid()]
-    while todo:
-        for child in parents.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found
-
-def signal_all(number):
-    for pid in descendants():
-        try:
-            os.kill(pid, number)
-        except ProcessLookupError:
-            pass
-
-def reap():
-    global status
-    while True:
-        pid, code = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            return
-        if pid == trial:
-            status = code
-
-try:
-    while status is None:
-        ready, _, _ = select.select([lifeline, wake_r], [], [])
-        if lifeline in ready:
-            break
-        if signal.SIGTERM in os.read(wake_r, 1024):
-            signal_all(signal.SIGTERM)
-        reap()
-    while True:  # until no child is left: then nothing of the trial is (every orphan re-parents here)
-        reap()
-        signal_all(signal.SIGKILL)
-        time.sleep(0.01)
-except ChildProcessError:
-    pass
-if os.WIFSIGNALED(status):  # die of the same signal, so the worker sees what killed the trial
-    number = os.WTERMSIG(status)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    signal.set_wakeup_fd(-1)
-    if number not in (signal.SIGKILL, signal.SIGSTOP):
-        signal.signal(number, signal.SIG_DFL)
-    os.kill(os.getpid(), number)
-    os._exit(128 + number)
-os._exit(os.waitstatus_to_exitcode(status))  # nothing to flush or tear down: ~2 ms sooner than sys.exit
-"""
 IDLE_WAIT_S = 0.5  # a safety net: the watch loop is woken by the trial's exit, its metric writes and commands
 POLL_S = 0.005  # how often the metrics file is read where inotify is not available
 DRAIN_S = 1.0  # how long stdout is still read once the trial and its descendants are gone
@@ -183,7 +76,7 @@ class LocalPlatform:
         source = FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
         self.ledger = GpuLedger(client, own.machine_id, source)
         self.kill_grace_s = settings.kill_grace_s
-        self.keepers = _Keepers()
+        self.keepers = Keepers()
 
     @classmethod
     def check(cls, config: LocalConfig, code_directory: Path, settings: Settings) -> list[str]:
@@ -233,99 +126,6 @@ class LocalPlatform:
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")
 
 
-class _Keeper:
-    """A keeper process, started before its trial is known: it waits on its lifeline for what to run."""
-
-    def __init__(self) -> None:
-        keeper_end, self.lifeline = os.pipe()  # the worker holds `lifeline` open until the trial must be gone
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _KEEPER],
-                env={},  # nothing of the worker's: the trial's environment comes with its command
-                stdin=keeper_end,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,  # until it opens the trial's stderr file
-                start_new_session=True,  # no terminal's signals; a process group for the last resort
-            )
-        except BaseException:
-            os.close(self.lifeline)
-            raise
-        finally:
-            os.close(keeper_end)
-
-    def run(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
-        """Send the keeper its trial; False if it is gone."""
-        launch = marshal.dumps((command, str(cwd), env, str(stderr)))
-        message = memoryview(len(launch).to_bytes(4, "big") + launch)
-        try:
-            while message:
-                message = message[os.write(self.lifeline, message) :]
-        except BrokenPipeError:
-            return False
-        return True
-
-    def close(self) -> None:
-        """Close the lifeline: the keeper kills what is left of its trial, if anything; then reap it."""
-        os.close(self.lifeline)
-        self.process.wait()
-
-    def discard(self) -> None:
-        """Close a keeper that runs no trial, its stdout pipe too (a trial's is its reader's to close)."""
-        self.close()
-        assert self.process.stdout is not None
-        self.process.stdout.close()
-
-
-class _Keepers:
-    """Keepers started ahead of their trials: a keeper's start-up (Python's, ~15 ms, and the worker's fork)
-    is paid while the worker waits for work or its trial runs, not between a trial's pick-up and its start.
-    One spare per worker process; the first trial, and a second one launched at the same moment, start
-    their own."""
-
-    def __init__(self) -> None:
-        self._spare: _Keeper | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> _Keeper:
-        """A keeper running `command`: the spare if there is one (`replenish` starts the next)."""
-        with self._lock:
-            keeper, self._spare = self._spare, None
-        if keeper is None or not keeper.run(command, cwd, env, stderr):
-            if keeper is not None:  # killed while it waited
-                keeper.discard()
-            keeper = _Keeper()
-            if not keeper.run(command, cwd, env, stderr):
-                keeper.discard()
-                raise RuntimeError("the trial's keeper exited before it got its trial")
-        return keeper
-
-    def replenish(self) -> None:
-        """Start a spare for the next trial, on a thread of its own: called once a trial's start is recorded, since
-        the spare's fork and start-up (~15 ms of CPU) beside the launch and that record slowed them from 2.4 to
-        4.6 ms (p50 at concurrency 1)."""
-        threading.Thread(target=self._replenish, name="spare-keeper", daemon=True).start()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            keeper, self._spare = self._spare, None
-        if keeper is not None:
-            keeper.discard()
-
-    def _replenish(self) -> None:
-        try:
-            keeper: _Keeper | None = _Keeper()
-        except OSError as error:  # the next launch starts its own
-            log.warning("cannot start a spare keeper: %s", error)
-            return
-        with self._lock:
-            if self._spare is None and not self._closed:
-                self._spare, keeper = keeper, None
-        if keeper is not None:
-            keeper.discard()
-
-
 class _AttemptFollower:
     """One launch of a trial command under its keeper, watched until it ends."""
 
@@ -335,7 +135,7 @@ class _AttemptFollower:
         control: TrialControl,
         cuda: str | None,
         grace_s: float,
-        keepers: _Keepers,
+        keepers: Keepers,
     ) -> None:
         self.trial = trial
         self.keepers = keepers
@@ -357,20 +157,18 @@ class _AttemptFollower:
         env = nni_environment(os.environ, LocalPlatform.name, self.trial, paths, self.cuda)
         with (self.sys_dir / "stdout").open("wb") as stdout_file:
             keeper = self.keepers.launch(self.trial.launch.command, code_dir, env, self.sys_dir / "stderr")
-            process = keeper.process
-            assert process.stdout is not None
-            pump = _StdoutReader(process.stdout, StdoutMetricPump(self.control, stdout_file))
+            pump = _StdoutReader(keeper.stdout, StdoutMetricPump(self.control, stdout_file))
             try:
                 self.control.started(str(self.sys_dir), url=str(self.sys_dir), gpu_indices=gpus or None)
                 self.keepers.replenish()
                 pump.start()
-                stop = self._watch(process)
+                stop = self._watch(keeper)
             finally:
-                keeper.close()  # the keeper kills whatever is left of the trial, if anything
-                _signal_group(process.pid, signal.SIGKILL)  # should the trial have killed its keeper
+                returncode = keeper.close()  # the keeper kills whatever is left of the trial, if anything
+                _signal_group(keeper.pid, signal.SIGKILL)  # should the trial have killed its keeper
                 pump.finish(DRAIN_S)
         forward_file_metrics(self.reader, self.control, final=True)
-        return self._outcome(process.returncode, stop)
+        return self._outcome(returncode, stop)
 
     def _archive_attempt(self, attempt: int) -> None:
         """Move a lost attempt's output aside, so the retry's metrics are read from a fresh file."""
@@ -380,13 +178,13 @@ class _AttemptFollower:
             with contextlib.suppress(FileNotFoundError):
                 (self.sys_dir / name).replace(archive / Path(name).name)
 
-    def _watch(self, process: subprocess.Popen[bytes]) -> StopRequest | None:
+    def _watch(self, keeper: Keeper) -> StopRequest | None:
         """Forward metrics and parameter updates until the process exits or must stop.
 
         Woken by what happens, not by polling: polling every few milliseconds cost ~5 % of a core
         per running trial, which the trials themselves need.
         """
-        exited = os.pidfd_open(process.pid)  # before anything reaps it; the thread closes it
+        exited = keeper.exit_signal()  # the thread closes it
         threading.Thread(
             target=_wake_on_exit_or_write, args=(exited, self.sys_dir / ".nni", self.control), daemon=True
         ).start()
@@ -394,21 +192,19 @@ class _AttemptFollower:
             forward_file_metrics(self.reader, self.control)
             for form in self.control.new_forms():
                 write_parameters(self.sys_dir, form.hyper_parameters.value, form.hyper_parameters.index)
-            if process.poll() is not None:
+            if keeper.poll() is not None:
                 return None
             stop = self.control.stop_request()
             if stop is not None:
-                self._terminate(process)
+                self._terminate(keeper)
                 return stop
             self.control.wait(IDLE_WAIT_S)
 
-    def _terminate(self, process: subprocess.Popen[bytes]) -> None:
+    def _terminate(self, keeper: Keeper) -> None:
         """SIGTERM to every process of the trial (the keeper forwards it), SIGKILL after the grace
         period (when the caller closes the keeper's lifeline)."""
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(self.grace_s)
+        keeper.send_signal(signal.SIGTERM)
+        keeper.wait(self.grace_s)
 
     def _outcome(self, returncode: int, stop: StopRequest | None) -> TrialOutcome:
         if stop is not None:
@@ -496,7 +292,7 @@ def attempt_member(trial: TrialAssignment[LocalConfig]) -> str:
 
 def _wake_on_exit_or_write(exited: int, metrics_dir: Path, control: TrialControl) -> None:
     """Wake the watch loop each time the trial writes in its `.nni` directory (inotify), and when it
-    exits (`exited`, its pidfd, becomes readable): then return.
+    exits (`exited`, its keeper's exit signal, becomes readable): then return.
 
     Without an inotify instance to spare (fs.inotify.max_user_instances), it wakes the loop every
     POLL_S instead, so metrics are still read promptly.

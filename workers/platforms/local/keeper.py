@@ -1,0 +1,370 @@
+"""A local trial's keeper, its parent, and the zygote that forks keepers. docs/platforms.md, Local.
+
+The keeper: a child subreaper that forwards SIGTERM, kills what the trial leaves behind, and SIGKILLs everything
+when its lifeline (a socket whose other end the worker alone holds) reaches its end; it reads what to run from
+that lifeline first (a 4-byte length, then marshal's (command, working directory, environment, stderr path);
+an end before it, a spare keeper the worker no longer needs, just exits) and writes back the trial's exit status
+(4 bytes, negative for a signal as `subprocess` has it) when the trial and every process it left are gone.
+
+Keepers are forked by a zygote, one per worker process: `python -I -S` with an empty environment, holding
+nothing of the worker's, that forks a keeper per request. Starting a keeper's own interpreter cost ~11 ms of
+CPU per trial, a seventh of a short trial's CPU with all of the service's; a fork of the zygote costs well
+under one. The keeper's parent is then the zygote, which reaps it as it exits (SIGCHLD ignored), so the worker
+learns the trial's status from the lifeline rather than from waitpid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import marshal
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+# Run in a child of the zygote, fd 0 its lifeline, 1 the trial's stdout pipe, 2 /dev/null until it opens the
+# trial's stderr; the zygote has imported its modules, and reports `exit_code` (or a SystemExit's) on fd 0.
+_KEEPER = r"""
+import _ctypes, marshal, os, select, time
+import _signal as signal
+if _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"), (36, 1, 0, 0, 0)):  # PR_SET_CHILD_SUBREAPER
+    raise SystemExit("the keeper cannot become its trial's subreaper")
+lifeline = 0
+
+def read_exactly(count):
+    data = b""
+    while len(data) < count:
+        chunk = os.read(lifeline, count - len(data))
+        if not chunk:
+            raise SystemExit(0)
+        data += chunk
+    return data
+
+command, cwd, environment, stderr_path = marshal.loads(read_exactly(int.from_bytes(read_exactly(4), "big")))
+stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+os.dup2(stderr, 2)
+os.close(stderr)
+try:
+    os.chdir(cwd)
+except OSError as error:
+    raise SystemExit(f"trialCodeDirectory {cwd}: {error.strerror}")
+devnull = os.open(os.devnull, os.O_RDWR)
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+for number in (signal.SIGTERM, signal.SIGCHLD):
+    signal.signal(number, lambda *_: None)
+for number in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(number, signal.SIG_IGN)
+signal.set_wakeup_fd(wake_w)
+trial = os.fork()
+if trial == 0:
+    signal.set_wakeup_fd(-1)
+    # Python ignores SIGPIPE and SIGXFSZ; a trial gets every signal's default, as a shell would give it.
+    for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_DFL)
+    os.dup2(devnull, 0)
+    os.closerange(3, 1 << 16)
+    os.execve("/bin/sh", ["/bin/sh", "-c", command], environment)
+os.dup2(devnull, 1)
+status = None
+
+def descendants():
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parents.setdefault(int(stat.read().rpartition(b")")[2].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = [], [os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+def signal_all(number):
+    for pid in descendants():
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass
+
+def reap():
+    global status
+    while True:
+        pid, code = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        if pid == trial:
+            status = code
+
+try:
+    while status is None:
+        ready, _, _ = select.select([lifeline, wake_r], [], [])
+        if lifeline in ready:
+            break
+        if signal.SIGTERM in os.read(wake_r, 1024):
+            signal_all(signal.SIGTERM)
+        reap()
+    while True:  # until no child is left: then nothing of the trial is (every orphan re-parents here)
+        reap()
+        signal_all(signal.SIGKILL)
+        time.sleep(0.01)
+except ChildProcessError:
+    pass
+exit_code = os.waitstatus_to_exitcode(status)
+"""
+
+# The zygote: argv[1] is the keeper's source. Each request on fd 0 (a byte, with the keeper's lifeline and
+# stdout pipe as SCM_RIGHTS) is answered with the forked keeper's pid, or minus the errno of a failed fork; an end
+# of file (its worker is gone) ends it, and the keepers it forked go on with their own lifelines.
+_ZYGOTE = r"""
+import _ctypes, _socket, marshal, os, select, sys, time
+import _signal as signal
+keeper = compile(sys.argv[1], "<keeper>", "exec")
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+requests = _socket.socket(fileno=0)
+
+def run_keeper(lifeline, stdout):
+    requests.detach()
+    os.dup2(lifeline, 0)
+    os.dup2(stdout, 1)
+    os.close(lifeline)
+    os.close(stdout)
+    code = 1
+    try:
+        os.setsid()
+        namespace = {"__name__": "__keeper__"}
+        exec(keeper, namespace)
+        code = namespace["exit_code"]
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            os.write(2, stop.code.encode(errors="replace") + b"\n")
+        else:
+            code = stop.code or 0
+    except BaseException as error:
+        os.write(2, f"the keeper failed: {error!r}\n".encode(errors="replace"))
+    finally:
+        try:
+            os.write(0, code.to_bytes(4, "big", signed=True))
+        finally:
+            os._exit(code & 0xFF if code >= 0 else 128 - code)
+
+while True:
+    message, ancillary, _, _ = requests.recvmsg(1, _socket.CMSG_SPACE(8))
+    if not message:
+        break
+    fds = [int.from_bytes(data[at : at + 4], sys.byteorder) for _, _, data in ancillary for at in (0, 4)]
+    try:
+        pid = os.fork()
+    except OSError as error:
+        pid = -error.errno
+    if pid == 0:
+        run_keeper(*fds)
+    for fd in fds:
+        os.close(fd)
+    requests.sendall(pid.to_bytes(4, "big", signed=True))
+"""
+
+_INT_BYTES = 4  # a pid or an exit status on the wire: a signed big-endian int
+
+
+class Keeper:
+    """A trial's keeper as its worker sees it: its pid (its process group's too), the trial's stdout, and its
+    lifeline, on which it gets its trial and gives back the trial's exit status (`returncode`)."""
+
+    def __init__(self, zygote: Zygote) -> None:
+        self.lifeline, keeper_end = socket.socketpair()
+        stdout, stdout_end = os.pipe()
+        try:
+            self.pid = zygote.fork(keeper_end.fileno(), stdout_end)
+        except BaseException:
+            self.lifeline.close()
+            os.close(stdout)
+            raise
+        finally:
+            keeper_end.close()
+            os.close(stdout_end)
+        self.stdout: IO[bytes] = open(stdout, "rb", buffering=0)  # noqa: SIM115 (the trial's reader closes it)
+        self.returncode: int | None = None
+
+    def run(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
+        """Send the keeper its trial; False if it is gone."""
+        launch = marshal.dumps((command, str(cwd), env, str(stderr)))
+        try:
+            self.lifeline.sendall(len(launch).to_bytes(4, "big") + launch)
+        except OSError:  # EPIPE, ECONNRESET: it died while it waited
+            return False
+        return True
+
+    def exit_signal(self) -> int:
+        """A descriptor that becomes readable once the keeper is done (its status came, or it died); the caller
+        closes it."""
+        return os.dup(self.lifeline.fileno())
+
+    def poll(self) -> int | None:
+        return self.wait(0)
+
+    def wait(self, timeout: float | None) -> int | None:
+        """The trial's exit status once the keeper is done, waiting up to `timeout` (None: for good)."""
+        if self.returncode is None and select.select([self.lifeline], [], [], timeout)[0]:
+            status = b""
+            with contextlib.suppress(OSError):  # reset: it died without a word
+                while len(status) < _INT_BYTES:
+                    chunk = self.lifeline.recv(_INT_BYTES - len(status))
+                    if not chunk:
+                        break
+                    status += chunk
+            # A keeper dies without a word only by a signal nobody can catch: the trial killed it, or the OOM killer.
+            complete = len(status) == _INT_BYTES
+            self.returncode = int.from_bytes(status, "big", signed=True) if complete else -signal.SIGKILL
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def close(self) -> int:
+        """End the lifeline: the keeper kills whatever is left of its trial, if anything; wait until it is done.
+        Returns the trial's exit status."""
+        with contextlib.suppress(OSError):  # a shutdown, not a close: the exit signal's copy must not keep it open
+            self.lifeline.shutdown(socket.SHUT_WR)
+        returncode = self.wait(None)
+        self.lifeline.close()
+        assert returncode is not None  # waited for good
+        return returncode
+
+    def discard(self) -> None:
+        """Close a keeper that runs no trial, its stdout pipe too (a trial's is its reader's to close)."""
+        self.close()
+        self.stdout.close()
+
+
+class ZygoteGone(RuntimeError):
+    """The zygote died (killed, or it could not start): the next request starts another."""
+
+
+class Zygote:
+    """The worker's keeper zygote, started at its first request and started again if it died."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._requests: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def fork(self, lifeline: int, stdout: int) -> int:
+        """A new keeper's pid, `lifeline` and `stdout` its fds 0 and 1."""
+        with self._lock:
+            if self._requests is None:
+                self._start()
+            assert self._requests is not None
+            try:
+                socket.send_fds(self._requests, [b"k"], [lifeline, stdout])
+                reply = self._requests.recv(_INT_BYTES, socket.MSG_WAITALL)
+            except OSError:
+                reply = b""
+            if len(reply) != _INT_BYTES:
+                self._stop()
+                raise ZygoteGone("the keeper zygote is gone")
+        pid = int.from_bytes(reply, "big", signed=True)
+        if pid < 0:
+            raise OSError(-pid, f"cannot fork a keeper: {os.strerror(-pid)}")
+        return pid
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _start(self) -> None:
+        self._requests, zygote_end = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _ZYGOTE, _KEEPER],
+                env={},  # nothing of the worker's: a trial's environment comes with its command
+                stdin=zygote_end.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # until a keeper opens its trial's stderr file
+                start_new_session=True,  # no terminal's signals
+            )
+        except BaseException:
+            self._requests.close()
+            self._requests = None
+            raise
+        finally:
+            zygote_end.close()
+
+    def _stop(self) -> None:
+        """Close the zygote's requests (it exits at their end) and reap it."""
+        if self._requests is not None:
+            self._requests.close()
+            self._requests = None
+        if self._process is not None:
+            self._process.wait()
+            self._process = None
+
+
+class Keepers:
+    """Keepers forked ahead of their trials, so that even the fork is not paid between a trial's pick-up and its
+    start: one spare per worker process; the first trial, and a second one launched at the same moment, fork
+    their own."""
+
+    def __init__(self) -> None:
+        self._zygote = Zygote()
+        self._spare: Keeper | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> Keeper:
+        """A keeper running `command`: the spare if there is one (`replenish` forks the next)."""
+        with self._lock:
+            keeper, self._spare = self._spare, None
+        if keeper is None or not keeper.run(command, cwd, env, stderr):
+            if keeper is not None:  # killed while it waited
+                keeper.discard()
+            keeper = self._fork()
+            if not keeper.run(command, cwd, env, stderr):
+                keeper.discard()
+                raise RuntimeError("the trial's keeper exited before it got its trial")
+        return keeper
+
+    def replenish(self) -> None:
+        """Fork a spare for the next trial, on a thread of its own: called once a trial's start is recorded."""
+        threading.Thread(target=self._replenish, name="spare-keeper", daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            keeper, self._spare = self._spare, None
+        if keeper is not None:
+            keeper.discard()
+        self._zygote.close()
+
+    def _fork(self) -> Keeper:
+        try:
+            return Keeper(self._zygote)
+        except ZygoteGone:  # once: a new one that dies at once too is not worth another
+            log.warning("the keeper zygote was gone: starting another")
+            return Keeper(self._zygote)
+
+    def _replenish(self) -> None:
+        try:
+            keeper: Keeper | None = self._fork()
+        except (OSError, RuntimeError) as error:  # the next launch forks its own
+            log.warning("cannot fork a spare keeper: %s", error)
+            return
+        with self._lock:
+            if self._spare is None and not self._closed:
+                self._spare, keeper = keeper, None
+        if keeper is not None:
+            keeper.discard()
