@@ -20,6 +20,7 @@ from schemas.trial import TrialJobStatus
 from simulators.processes import process_gone
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
 from workers.platforms.local import adapter as local
+from workers.platforms.local import wakeups
 from workers.platforms.shared.trial_contract import StdoutMetricPump
 
 
@@ -434,27 +435,76 @@ class CountingControl:
         self.wakes += 1
 
 
+def test_a_worker_watches_all_its_trials_with_one_inotify_instance(make_service, processes: Processes) -> None:
+    """Instances are a per-user limit (128 on Debian) that an instance per trial ran out of."""
+    service = make_service('touch "$NNI_SYS_DIR/up"; sleep 60')
+    worker = processes.worker(args=("--concurrency", "3"))
+    trial_ids = [service.submit_trial_job(form(index)).id for index in range(3)]
+    for trial_id in trial_ids:
+        up = Path(wait_for_status(service, trial_id, "RUNNING").working_directory) / "up"
+        wait_until(up.exists, 10, what="the trial up")
+    links = [os.readlink(fd) for fd in Path(f"/proc/{worker.pid}/fd").iterdir()]
+    assert links.count("anon_inode:inotify") == 1
+    for trial_id in trial_ids:
+        service.cancel_trial_job(trial_id)
+    for trial_id in trial_ids:
+        wait_for_status(service, trial_id, "USER_CANCELED", timeout=20)
+
+
+def gated_trial(directory: Path) -> subprocess.Popen[bytes]:
+    """A trial that appends to its metrics file once `write` appears beside it, and exits once `exit` does."""
+    script = "until [ -e write ]; do sleep 0.01; done; echo ME >> .nni/metrics; until [ -e exit ]; do sleep 0.01; done"
+    return subprocess.Popen(["/bin/sh", "-c", script], cwd=directory)
+
+
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "no-inotify-instance-left"])
-def test_the_watch_loop_is_woken_by_metric_writes_and_by_the_exit(
+def test_trials_are_woken_by_their_own_metric_writes_and_by_their_exit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inotify: bool
 ) -> None:
+    """One thread and one inotify instance wake every trial of a worker: each at its own writes (without inotify,
+    every few milliseconds), once more at its exit, then it is forgotten. Two attempts of a trial may watch the
+    same directory: the one still running is woken after the other has gone."""
     if not inotify:
 
         def no_instance_left() -> None:
             raise OSError(24, "Too many open files")
 
-        monkeypatch.setattr(local, "INotify", no_instance_left)
-    (tmp_path / ".nni").mkdir()
-    trial = subprocess.Popen(["/bin/sh", "-c", "sleep 0.3; echo ME >> .nni/metrics; sleep 0.3"], cwd=tmp_path)
-    control = CountingControl()
-    watcher = threading.Thread(
-        target=local._wake_on_exit_or_write, args=(os.pidfd_open(trial.pid), tmp_path / ".nni", control)
-    )
-    watcher.start()
-    wait_until(lambda: control.wakes >= 1, 5, what="a wake-up for the metric write")
-    assert trial.poll() is None  # woken by the write, not by the exit
-    watcher.join(5)
-    assert not watcher.is_alive() and trial.wait() == 0  # and it returned once the trial had exited
+        monkeypatch.setattr(wakeups, "INotify", no_instance_left)
+    directories = [tmp_path / name for name in ("a", "b", "b")]  # two attempts of b
+    for directory in directories:
+        (directory / ".nni").mkdir(parents=True, exist_ok=True)
+    watcher = wakeups.TrialWakeups()
+    trials = [gated_trial(directory) for directory in directories]
+    controls = [CountingControl() for _ in trials]
+    for directory, trial, control in zip(directories, trials, controls, strict=True):
+        watcher.watch(directory / ".nni", os.pidfd_open(trial.pid), control.wake)
+    try:
+        (tmp_path / "a" / "write").touch()
+        wait_until(lambda: controls[0].wakes >= 1, 5, what="a wake-up for a's write")
+        if inotify:
+            assert controls[1].wakes == controls[2].wakes == 0  # b wrote nothing
+        assert all(trial.poll() is None for trial in trials)  # woken by the write, not by an exit
+
+        (tmp_path / "a" / "exit").touch()
+        assert trials[0].wait(5) == 0
+        wait_until(lambda: len(watcher._by_fd) == 2, 5, what="a forgotten")
+        woken_at_exit = controls[0].wakes
+        (tmp_path / "b" / "write").touch()  # b's attempts both write in b: first the older one ends
+        wait_until(lambda: controls[1].wakes >= 1 and controls[2].wakes >= 1, 5, what="b's wake-ups")
+        trials[1].kill()
+        trials[1].wait(5)
+        wait_until(lambda: len(watcher._by_fd) == 1, 5, what="b's first attempt forgotten")
+        wakes = controls[2].wakes
+        with (tmp_path / "b" / ".nni" / "metrics").open("a") as metrics:
+            metrics.write("ME\n")
+        wait_until(lambda: controls[2].wakes > wakes, 5, what="a wake-up of b's second attempt at its write")
+        assert controls[0].wakes == woken_at_exit  # a, gone, is never woken again
+    finally:
+        (tmp_path / "b" / "exit").touch()
+        for trial in trials:
+            trial.wait(5)
+        wait_until(lambda: not watcher._by_fd, 5, what="every trial forgotten")
+        watcher.close()
 
 
 class StalledSink:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import IO, ClassVar
 
 import redis
-from inotify_simple import INotify, flags
 
 from core.connections import until_redis_answers
 from core.leases import AttemptRef
@@ -34,6 +33,7 @@ from schemas.trial import TrialJobStatus
 from workers.platforms.local.config import LocalConfig
 from workers.platforms.local.keeper import Keeper, Keepers
 from workers.platforms.local.settings import LocalSettings
+from workers.platforms.local.wakeups import TrialWakeups
 from workers.platforms.shared.gpu import (
     FakeGpuSource,
     GpuLedger,
@@ -56,7 +56,7 @@ from workers.platforms.shared.trial_contract import (
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5  # a safety net: the watch loop is woken by the trial's exit, its metric writes and commands
-POLL_S = 0.005  # how often the metrics file is read where inotify is not available
+READ_WAIT_S = 0.1  # how often a stdout reader looks whether it is told to stop
 DRAIN_S = 1.0  # how long stdout is still read once the trial and its descendants are gone
 READ_BYTES = 65536
 OUTPUT_READ_BYTES = 1 << 20  # the most read_output returns at once: the caller loops for more
@@ -77,6 +77,7 @@ class LocalPlatform:
         self.ledger = GpuLedger(client, own.machine_id, source)
         self.kill_grace_s = settings.kill_grace_s
         self.keepers = Keepers()
+        self.wakeups = TrialWakeups()
 
     @classmethod
     def check(cls, config: LocalConfig, code_directory: Path, settings: Settings) -> list[str]:
@@ -102,6 +103,7 @@ class LocalPlatform:
 
     def close(self) -> None:
         self.keepers.close()
+        self.wakeups.close()
 
     def run_trial(self, trial: TrialAssignment[LocalConfig], control: TrialControl) -> TrialOutcome | Deferred:
         config = trial.platform_config
@@ -118,7 +120,7 @@ class LocalPlatform:
                 count = policy.gpu_number
                 return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
             cuda = cuda_visible_devices(policy, gpus)
-            return _AttemptFollower(trial, control, cuda, self.kill_grace_s, self.keepers).run(gpus)
+            return _AttemptFollower(trial, control, cuda, self.kill_grace_s, self.keepers, self.wakeups).run(gpus)
         except GpuRequestImpossible as error:
             return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
         finally:
@@ -136,9 +138,11 @@ class _AttemptFollower:
         cuda: str | None,
         grace_s: float,
         keepers: Keepers,
+        wakeups: TrialWakeups,
     ) -> None:
         self.trial = trial
         self.keepers = keepers
+        self.wakeups = wakeups
         self.control = control
         self.cuda = cuda
         self.grace_s = grace_s
@@ -184,10 +188,7 @@ class _AttemptFollower:
         Woken by what happens, not by polling: polling every few milliseconds cost ~5 % of a core
         per running trial, which the trials themselves need.
         """
-        exited = keeper.exit_signal()  # the thread closes it
-        threading.Thread(
-            target=_wake_on_exit_or_write, args=(exited, self.sys_dir / ".nni", self.control), daemon=True
-        ).start()
+        self.wakeups.watch(self.sys_dir / ".nni", keeper.exit_signal(), self.control.wake)
         while True:
             forward_file_metrics(self.reader, self.control)
             for form in self.control.new_forms():
@@ -248,7 +249,7 @@ class _StdoutReader:
             if left is None and self._stop.is_set():
                 left = _queued_bytes(self._fd)
                 continue
-            ready, _, _ = select.select([self._fd], [], [], POLL_S * 20 if left is None else 0)
+            ready, _, _ = select.select([self._fd], [], [], READ_WAIT_S if left is None else 0)
             if not ready:
                 if left is None:
                     continue
@@ -288,37 +289,6 @@ def read_output_file(path: Path, offset: int, whose: str) -> bytes:
 def attempt_member(trial: TrialAssignment[LocalConfig]) -> str:
     """The attempt's name in the GPU ledger: as in the lease set."""
     return AttemptRef(trial.experiment_id, trial.trial_id, trial.attempt).member
-
-
-def _wake_on_exit_or_write(exited: int, metrics_dir: Path, control: TrialControl) -> None:
-    """Wake the watch loop each time the trial writes in its `.nni` directory (inotify), and when it
-    exits (`exited`, its keeper's exit signal, becomes readable): then return.
-
-    Without an inotify instance to spare (fs.inotify.max_user_instances), it wakes the loop every
-    POLL_S instead, so metrics are still read promptly.
-    """
-    inotify: INotify | None = None
-    try:
-        inotify = INotify()
-        inotify.add_watch(metrics_dir, flags.MODIFY | flags.CREATE | flags.MOVED_TO)
-    except OSError as error:
-        log.warning("no inotify for %s (%s): polling it every %g s", metrics_dir, error, POLL_S)
-        if inotify is not None:
-            inotify.close()
-            inotify = None
-    try:
-        watched = [exited] if inotify is None else [exited, inotify.fileno()]
-        while True:
-            ready, _, _ = select.select(watched, [], [], POLL_S if inotify is None else None)
-            if inotify is not None and inotify.fileno() in ready:
-                inotify.read(timeout=0)
-            control.wake()
-            if exited in ready:
-                return
-    finally:
-        os.close(exited)
-        if inotify is not None:
-            inotify.close()
 
 
 def _signal_group(pid: int, signum: int) -> None:
