@@ -9,13 +9,16 @@ for NNI's whole trial list, Redis's CPU (cores) and memory, the connections the 
 the worker processes' CPU per metric reported, and the rate the log took.
 
 BENCH_LOAD_STEPS=1000,2500 runs those steps, each whatever broke before it (to compare builds on a machine where an
-early step breaks); BENCH_LOAD_PROCESSES=1 runs every step's trials in one worker process.
+early step breaks); BENCH_LOAD_PROCESSES=1 runs every step's trials in one worker process. BENCH_LOAD_PLATFORM=local
+runs real trial processes instead (bench/trials/metrics.py, the dependency-free SDK, under the local platform's
+keepers, 64 to a worker process as `trialstream run` starts them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +27,17 @@ from typing import Any
 
 import httpx
 
-from bench.harness import BenchStack, Figure, Section, free_port, median_of, percentile, stream_ms, wait_until
+from bench.harness import (
+    TRIALS_DIR,
+    BenchStack,
+    Figure,
+    Section,
+    free_port,
+    median_of,
+    percentile,
+    stream_ms,
+    wait_until,
+)
 from core.event_store import EventStore, stored_payload
 from core.queueing import queue_name
 from core.settings import Settings
@@ -33,9 +46,30 @@ from manager.views import ViewStore
 
 STEPS = (1_000, 2_500, 5_000, 10_000)
 METRICS, INTERVAL_S = 30, 1.0
-SLOTS = 2_500  # trials one worker process follows at most
-TARGET = "bench.load_platform:ThreadPlatform"
-PLATFORM = "threads"
+
+
+@dataclass(frozen=True)
+class LoadPlatform:
+    """Where a step's trials run: the platform, the trial command, and how many trials a worker process follows."""
+
+    name: str
+    command: str
+    code_directory: str
+    slots: int
+    platforms: dict[str, str]  # the `platforms` setting that loads it (none for a built-in one)
+
+
+PLATFORMS = {
+    "threads": LoadPlatform(
+        "threads",
+        f"metrics={METRICS} interval={INTERVAL_S}",
+        "/",
+        2_500,
+        {"threads": "bench.load_platform:ThreadPlatform"},
+    ),
+    "local": LoadPlatform("local", f"{sys.executable} metrics.py {METRICS} {INTERVAL_S}", str(TRIALS_DIR), 64, {}),
+}
+PLATFORM = PLATFORMS[os.environ.get("BENCH_LOAD_PLATFORM", "threads")]
 MAX_VIEWS_LAG_S = 10.0
 PER_ENTRY_B = 213  # a metric event in Redis, log and views (bench/memory.py)
 
@@ -93,13 +127,13 @@ class Step:
 def _config(trials: int) -> dict[str, Any]:
     return {
         "experimentName": f"load{trials}",
-        "trialCommand": f"metrics={METRICS} interval={INTERVAL_S}",
-        "trialCodeDirectory": "/",
+        "trialCommand": PLATFORM.command,
+        "trialCodeDirectory": PLATFORM.code_directory,
         "trialConcurrency": trials,
         "maxTrialNumber": trials,
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "Random", "classArgs": {"seed": 7}},
-        "trainingService": {"platform": PLATFORM},
+        "trainingService": {"platform": PLATFORM.name},
     }
 
 
@@ -119,7 +153,7 @@ def _cpu_s(pids: list[int]) -> float:
 
 def _queued_job_b(stack: BenchStack, sample: int = 20) -> float:
     """Redis memory of one queued job (its hash and its place in the queue), the mean over the queue's first few."""
-    queue = f"rq:queue:{queue_name(PLATFORM)}"
+    queue = f"rq:queue:{queue_name(PLATFORM.name)}"
     found: Any = stack.rq_connection.lrange(queue, 0, sample - 1)  # bytes: the RQ connection does not decode
     job_ids = [job_id.decode() for job_id in found]
     if not job_ids:
@@ -169,7 +203,8 @@ def _metrics(stack: BenchStack, experiment_id: str, step: Step) -> None:
             if payload.get("metricType") != "PERIODICAL":
                 continue
             stored = stream_ms(entry.id)
-            reported = float(json.loads(json.loads(payload["data"])))
+            value = json.loads(json.loads(payload["data"]))  # a real trial's carries the time as `sent`
+            reported = float(value["sent"] if isinstance(value, dict) else value)
             step.metric_lag_ms.append(stored - reported * 1000)
             per_second[stored // 1000] = per_second.get(stored // 1000, 0) + 1
     step.stored_per_s = max(per_second.values(), default=0)
@@ -178,7 +213,7 @@ def _metrics(stack: BenchStack, experiment_id: str, step: Step) -> None:
 def _run_step(root: Path, trials: int) -> Step:
     step = Step(trials)
     with BenchStack(root / f"step{trials}", workers=0, projector=False) as stack:
-        services = ServiceProcesses(Settings(redis_url=stack.url, platforms={"threads": TARGET}), stack.root / "logs")
+        services = ServiceProcesses(Settings(redis_url=stack.url, platforms=PLATFORM.platforms), stack.root / "logs")
         try:
             port = free_port()
             services.start("manager", "--port", str(port), log_name="manager")
@@ -186,7 +221,7 @@ def _run_step(root: Path, trials: int) -> Step:
             for index in range(workers):
                 slots = str(-(-trials // workers))
                 services.start(
-                    "--platform", "threads", "--concurrency", slots, log_name=f"worker-{index}", module="workers"
+                    "--platform", PLATFORM.name, "--concurrency", slots, log_name=f"worker-{index}", module="workers"
                 )
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 wait_until(lambda: _answers(client), 60, "the manager")
@@ -238,9 +273,9 @@ def _run_step(root: Path, trials: int) -> Step:
 
 def worker_processes(trials: int) -> int:
     """A worker process per core (one Python process follows about a core's worth of trials: its interpreter
-    lock), more where a step needs more than SLOTS trials a process; BENCH_LOAD_PROCESSES sets it."""
+    lock), more where a step needs more than the platform's slots a process; BENCH_LOAD_PROCESSES sets it."""
     chosen = os.environ.get("BENCH_LOAD_PROCESSES")
-    return int(chosen) if chosen else max(os.cpu_count() or 1, -(-trials // SLOTS))
+    return int(chosen) if chosen else max(os.cpu_count() or 1, -(-trials // PLATFORM.slots))
 
 
 def _answers(client: httpx.Client) -> bool:
@@ -282,11 +317,15 @@ def run(root: Path, runs: int) -> Section:
             section.notes.append(f"At {label} the first thing that broke: {step.why}.")
             if not chosen:
                 break
+    what = (
+        "threads of `trialstream worker --platform threads` processes"
+        if PLATFORM.name == "threads"
+        else f"processes (`{PLATFORM.command}`, bench/trials) under `trialstream worker --platform local` processes"
+    )
     section.notes.append(
-        "Trials are threads of `trialstream worker --platform threads` processes (one per core, at most "
-        f"{SLOTS:,} trials each, the trials spread evenly; BENCH_LOAD_PROCESSES sets how many), each "
-        f"reporting {METRICS} intermediate metrics 1 s apart and a final one through the worker's control (one append "
-        "per report); one `trialstream manager` (its runner, Random tuner and projector) and one redis-server as "
+        f"Trials are {what} (one per core, at most {PLATFORM.slots:,} trials each, the trials spread evenly; "
+        f"BENCH_LOAD_PROCESSES sets how many), each reporting {METRICS} intermediate metrics 1 s apart and a final "
+        "one; one `trialstream manager` (its runner, Random tuner and projector) and one redis-server as "
         "`trialstream run` starts it (AOF, appendfsync always, unix socket)."
     )
     return section
