@@ -89,6 +89,7 @@ class Step:
     workers: int = 0  # worker processes
     memory_before: int = 0  # used_memory before the experiment
     worker_cpu_s: float = 0.0  # the worker processes' CPU over the step
+    machine_cores: float = 0.0  # the whole machine's CPU over the step, in cores (the trials' own included)
     clients_before: int = 0  # connected clients before the experiment: the manager's, the idle workers', the bench's
     peak_running: int = 0  # the most trials seen RUNNING at once, and at that sample:
     memory_at_peak: int = 0  # used_memory
@@ -149,6 +150,12 @@ def _cpu_s(pids: list[int]) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (/proc/stat: user, nice, system, irq, softirq, steal)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
 
 
 def _queued_job_b(stack: BenchStack, sample: int = 20) -> float:
@@ -228,7 +235,7 @@ def _run_step(root: Path, trials: int) -> Step:
                 wait_until(lambda: stack.client.scard("rq:workers") >= workers, 60, "the workers")
                 worker_pids = [process.pid for process in services.processes[1:]]
                 worker_cpu_before = _cpu_s(worker_pids)
-                cpu_before, began = _redis_cpu(stack), time.perf_counter()
+                cpu_before, machine_before, began = _redis_cpu(stack), _machine_cpu_s(), time.perf_counter()
                 before: Any = stack.client.info("memory")
                 step.memory_before = int(before["used_memory"])
                 clients_before: Any = stack.client.info("clients")
@@ -253,6 +260,7 @@ def _run_step(root: Path, trials: int) -> Step:
                 step.wall_s = time.perf_counter() - began
                 step.worker_cpu_s = _cpu_s(worker_pids) - worker_cpu_before
                 step.redis_cores = (_redis_cpu(stack) - cpu_before) / step.wall_s
+                step.machine_cores = (_machine_cpu_s() - machine_before) / step.wall_s
                 memory: Any = stack.client.info("memory")
                 step.redis_mb = float(memory["used_memory_peak"]) / 1e6
                 step.statuses = ViewStore(stack.client, experiment_id).counts()
@@ -303,6 +311,7 @@ def run(root: Path, runs: int) -> Section:
             Figure(f"{label}: a page of 100 trials, p50", _p(step.page_ms, 50), "ms"),
             Figure(f"{label}: NNI's whole trial list, p50", _p(step.nni_list_ms, 50), "ms"),
             Figure(f"{label}: Redis CPU", step.redis_cores, "cores"),
+            Figure(f"{label}: the machine's CPU, all of it", step.machine_cores, f"cores of {os.cpu_count()}"),
             Figure(f"{label}: Redis memory, peak", step.redis_mb, "MB"),
             Figure(f"{label}: Redis memory per running trial", step.per_running_trial_b, "B"),
             Figure(f"{label}: of which clients' buffers", _per(step.client_memory_at_peak, step.peak_running), "B"),
