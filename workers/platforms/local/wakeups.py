@@ -41,7 +41,7 @@ class TrialWakeups:
         self._lock = threading.Lock()
         self._epoll: select.epoll | None = None
         self._inotify: INotify | None = None
-        self._stop_r, self._stop_w = -1, -1
+        self._nudge_r, self._nudge_w = -1, -1  # the thread's own wake-up: b"s" to stop, b"p" to poll a new trial
         self._thread: threading.Thread | None = None
         self._by_fd: dict[int, _Watch] = {}
         self._by_wd: dict[int, list[_Watch]] = {}
@@ -59,19 +59,19 @@ class TrialWakeups:
                 self._by_wd.setdefault(watch.wd, []).append(watch)
             epoll.register(exited, select.EPOLLIN)
         if watch.wd is None:  # the thread's wait must now time out to poll it
-            os.write(self._stop_w, b"p")
+            os.write(self._nudge_w, b"p")
 
     def close(self) -> None:
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None:
-            os.write(self._stop_w, b"s")
+            os.write(self._nudge_w, b"s")
             thread.join()
 
     def _start(self) -> select.epoll:
         self._epoll = select.epoll()
-        self._stop_r, self._stop_w = os.pipe()
-        self._epoll.register(self._stop_r, select.EPOLLIN)
+        self._nudge_r, self._nudge_w = os.pipe()
+        self._epoll.register(self._nudge_r, select.EPOLLIN)
         try:
             self._inotify = INotify()
             self._epoll.register(self._inotify.fileno(), select.EPOLLIN)
@@ -97,7 +97,7 @@ class TrialWakeups:
                 with self._lock:
                     timeout = POLL_S if self._polled else -1
                 woken = {fd for fd, _ in self._epoll.poll(timeout)}
-                if self._stop_r in woken and b"s" in os.read(self._stop_r, 1024):
+                if self._nudge_r in woken and b"s" in os.read(self._nudge_r, 1024):
                     return
                 self._wake_written(woken)
                 for fd in woken.intersection(self._by_fd):
@@ -150,5 +150,5 @@ class TrialWakeups:
             if self._epoll is not None:
                 self._epoll.close()
                 self._epoll = None
-            os.close(self._stop_r)
-            os.close(self._stop_w)
+            os.close(self._nudge_r)
+            os.close(self._nudge_w)
