@@ -348,6 +348,22 @@ def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead
     wait_until(lambda: not any(map(pid_alive, left)), 10, what="the zygote and its spare gone with their worker")
 
 
+def test_a_running_trial_outlives_its_zygote(make_service, processes: Processes) -> None:
+    """The zygote only forks keepers: killed while a trial runs, it takes nothing of that trial with it."""
+    service = make_service('touch "$NNI_SYS_DIR/up"; until [ -e "$NNI_SYS_DIR/go" ]; do sleep 0.01; done; exit 0')
+    worker = processes.worker()
+    trial_id = service.submit_trial_job(form(0)).id
+    directory = Path(wait_for_status(service, trial_id, "RUNNING").working_directory)
+    wait_until((directory / "up").exists, 10, what="the trial up")
+    zygote = children_of(worker.pid)
+    assert len(zygote) == 1
+    os.kill(zygote[0], 9)
+    wait_until(lambda: not pid_alive(zygote[0]), 10, what="the zygote gone")
+    (directory / "go").touch()
+    trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=20)
+    assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+
+
 def test_a_trial_killed_by_a_signal_fails_saying_which(make_service, processes: Processes) -> None:
     service = make_service("echo about to go >&2; kill -SEGV $$")
     processes.worker()
