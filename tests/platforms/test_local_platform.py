@@ -316,8 +316,9 @@ def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead
     make_service, processes: Processes
 ) -> None:
     """The worker's one zygote forks each trial's keeper, and the next trial's ahead (so no interpreter starts
-    per trial): both hold no environment until a trial's comes. A spare keeper killed while it waits, or the
-    zygote itself, is replaced at the next launch; both end with their worker."""
+    per trial): both are there before the first trial comes, and hold no environment until a trial's does.
+    A spare keeper killed while it waits, or the zygote itself, is replaced at the next launch; both end with
+    their worker."""
     service = make_service("exit 0")
     worker = processes.worker()
 
@@ -325,14 +326,16 @@ def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead
         trial = wait_for_status(service, service.submit_trial_job(form(sequence)).id, "SUCCEEDED", "FAILED", timeout=20)
         assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
 
-    succeeds(0)
-    zygote = wait_until(lambda: children_of(worker.pid), 15, what="the keeper zygote")
+    zygote = wait_until(lambda: children_of(worker.pid), 15, what="the keeper zygote, before any trial")
     assert len(zygote) == 1
-    spare = wait_until(lambda: children_of(zygote[0]), 15, what="a spare keeper")
+    spare = wait_until(lambda: children_of(zygote[0]), 15, what="a spare keeper, before any trial")
     assert len(spare) == 1
     for pid in (*zygote, *spare):
         assert Path(f"/proc/{pid}/environ").read_bytes() == b""
 
+    succeeds(0)  # with the spare forked before it
+    assert children_of(worker.pid) == zygote
+    spare = wait_until(lambda: children_of(zygote[0]), 15, what="the next spare keeper")
     os.kill(spare[0], 9)
     succeeds(1)
     assert children_of(worker.pid) == zygote

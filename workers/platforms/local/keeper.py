@@ -262,10 +262,13 @@ class Zygote:
         self._process: subprocess.Popen[bytes] | None = None
         self._requests: socket.socket | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def fork(self, lifeline: int, stdout: int) -> int:
         """A new keeper's pid, `lifeline` and `stdout` its fds 0 and 1."""
         with self._lock:
+            if self._closed:  # a spare still being forked as its worker ends must not start another zygote
+                raise ZygoteGone("the worker is ending: no more keepers")
             if self._requests is None:
                 self._start()
             assert self._requests is not None
@@ -284,6 +287,7 @@ class Zygote:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._stop()
 
     def _start(self) -> None:
@@ -316,14 +320,15 @@ class Zygote:
 
 class Keepers:
     """Keepers forked ahead of their trials, so that even the fork is not paid between a trial's pick-up and its
-    start: one spare per worker process; the first trial, and a second one launched at the same moment, fork
-    their own."""
+    start: one spare per worker process, the first forked as the worker starts (with the zygote: ~14 ms its
+    first trial would otherwise wait); a trial launched while there is none forks its own."""
 
     def __init__(self) -> None:
         self._zygote = Zygote()
         self._spare: Keeper | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.replenish()
 
     def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> Keeper:
         """A keeper running `command`: the spare if there is one (`replenish` forks the next)."""
@@ -339,7 +344,8 @@ class Keepers:
         return keeper
 
     def replenish(self) -> None:
-        """Fork a spare for the next trial, on a thread of its own: called once a trial's start is recorded."""
+        """Fork a spare for the next trial, on a thread of its own: called as the worker starts and once each
+        trial's start is recorded."""
         threading.Thread(target=self._replenish, name="spare-keeper", daemon=True).start()
 
     def close(self) -> None:
@@ -354,6 +360,8 @@ class Keepers:
         try:
             return Keeper(self._zygote)
         except ZygoteGone:  # once: a new one that dies at once too is not worth another
+            if self._closed:
+                raise
             log.warning("the keeper zygote was gone: starting another")
             return Keeper(self._zygote)
 
@@ -361,7 +369,8 @@ class Keepers:
         try:
             keeper: Keeper | None = self._fork()
         except (OSError, RuntimeError) as error:  # the next launch forks its own
-            log.warning("cannot fork a spare keeper: %s", error)
+            if not self._closed:
+                log.warning("cannot fork a spare keeper: %s", error)
             return
         with self._lock:
             if self._spare is None and not self._closed:
