@@ -129,7 +129,8 @@ class Platform(Protocol[ConfigT]):
 
     One instance per worker process, made with that process's settings: long-lived clients (an SSH
     connection, a Kubernetes API client) belong to it. Its methods may be called from several
-    threads at once when `trials_per_process` > 1.
+    threads at once when `trials_per_process` > 1. The manager makes one too, to read a trial's output,
+    so making one starts nothing that only running trials need (`warm_up` does).
     """
 
     name: ClassVar[str]
@@ -177,6 +178,10 @@ class Platform(Protocol[ConfigT]):
     def release(self, trial: TrialAssignment[ConfigT]) -> None:
         """Free what a lost attempt still holds (GPUs, a process on a host, a pod). Runs as a job of
         this platform's queue, so on a worker that has the platform's settings and clients."""
+
+    def warm_up(self) -> None:
+        """The worker is about to take jobs: start ahead what its first trial would otherwise wait for (local:
+        the keepers' zygote). Optional."""
 
     def close(self) -> None:
         """The worker stops: close what __init__ opened."""

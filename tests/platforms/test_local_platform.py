@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.platform import ParsedMetric
+from core.settings import Settings
 from manager.projector import Projector
 from schemas.events import TrialMetricRejected
 from schemas.trial import TrialJobStatus
@@ -349,6 +350,19 @@ def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead
     worker.wait()
     left = [*zygote, *spare]
     wait_until(lambda: not any(map(pid_alive, left)), 10, what="the zygote and its spare gone with their worker")
+
+
+def test_a_platform_made_to_read_output_starts_no_keeper(client) -> None:
+    """The manager makes a local platform to read a trial's output: only a worker's `warm_up` starts the zygote
+    and a spare keeper, not every platform made."""
+    platform = local.LocalPlatform(Settings(), client)
+    try:
+        for thread in threading.enumerate():
+            if thread.name == "spare-keeper":
+                thread.join(15)
+        assert children_of(os.getpid()) == []
+    finally:
+        platform.close()
 
 
 def test_a_running_trial_outlives_its_zygote(make_service, processes: Processes) -> None:

@@ -220,6 +220,9 @@ def serve(
     client = same_server(rq_connection, decode=True)
     runtime = WorkerRuntime(settings, client, rq_connection, adapter(settings, client))
     install(runtime)
+    warm_up = getattr(runtime.platform, "warm_up", None)  # optional for third-party platforms
+    if warm_up is not None:
+        warm_up()
     stop = threading.Event()
     threading.Thread(target=_housekeeping, args=(runtime, stop), name="housekeeping", daemon=True).start()
     try:

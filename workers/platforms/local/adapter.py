@@ -100,6 +100,10 @@ class LocalPlatform:
     def clean_up(self, experiment_id: str, config: LocalConfig) -> None:
         """Nothing to remove: a local trial's files live in the experiment's own directory."""
 
+    def warm_up(self) -> None:
+        """The zygote and the first trial's keeper, forked before a trial waits for them."""
+        self.keepers.replenish()
+
     def close(self) -> None:
         self.keepers.close()
         self.wakeups.close()

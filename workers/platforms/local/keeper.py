@@ -320,15 +320,15 @@ class Zygote:
 
 class Keepers:
     """Keepers forked ahead of their trials, so that even the fork is not paid between a trial's pick-up and its
-    start: one spare per worker process, the first forked as the worker starts (with the zygote: ~14 ms its
-    first trial would otherwise wait); a trial launched while there is none forks its own."""
+    start: one spare per worker process, the first forked as the worker starts (`replenish`, from the platform's
+    `warm_up`: with the zygote, ~14 ms its first trial would otherwise wait); a trial launched while there is none
+    forks its own."""
 
     def __init__(self) -> None:
         self._zygote = Zygote()
         self._spare: Keeper | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self.replenish()
 
     def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> Keeper:
         """A keeper running `command`: the spare if there is one (`replenish` forks the next)."""
@@ -344,8 +344,8 @@ class Keepers:
         return keeper
 
     def replenish(self) -> None:
-        """Fork a spare for the next trial, on a thread of its own: called as the worker starts and once each
-        trial's start is recorded."""
+        """Fork a spare for the next trial, on a thread of its own: called as the worker starts serving and once
+        each trial's start is recorded."""
         threading.Thread(target=self._replenish, name="spare-keeper", daemon=True).start()
 
     def close(self) -> None:
