@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -379,6 +380,44 @@ def test_a_running_trial_outlives_its_zygote(make_service, processes: Processes)
     (directory / "go").touch()
     trial = wait_for_status(service, trial_id, "SUCCEEDED", "FAILED", timeout=20)
     assert trial.status is TrialJobStatus.SUCCEEDED, trial.message
+
+
+_WITHOUT_PROC = """
+import json, sys
+from pathlib import Path
+from workers.platforms.local.keeper import Keeper, Zygote
+directory = Path(sys.argv[1])
+zygote = Zygote()
+ended = Keeper(zygote)  # its trial ends, leaving a process in a session of its own
+ended.run("setsid sleep 300 & echo $! > left; exit 3", directory, {"PATH": "/usr/bin:/bin"}, directory / "stderr")
+canceled = Keeper(zygote)  # its trial runs until the worker ends it
+canceled.run("echo $$ > running; exec sleep 300", directory, {"PATH": "/usr/bin:/bin"}, directory / "stderr2")
+print(json.dumps([ended.wait(30), canceled.close(), ended.close()]))
+zygote.close()
+"""
+
+
+def test_a_keeper_that_cannot_read_proc_still_ends_and_reports(tmp_path: Path) -> None:
+    """Without a readable /proc (an empty one here, in a mount namespace) the keeper cannot find what a trial
+    left: it still reports the trial's status at its end, and still kills the trial itself on a cancel."""
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs `unshare --mount` (root) to hide /proc")
+    script = f"mount -t tmpfs none /proc && exec {sys.executable} -c '{_WITHOUT_PROC}' {tmp_path}"
+    try:
+        answer = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert answer.returncode == 0, answer.stderr
+        assert json.loads(answer.stdout) == [3, -signal.SIGKILL, 3]
+    finally:
+        for name in ("left", "running"):  # outside the namespace, /proc finds them
+            if (tmp_path / name).exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int((tmp_path / name).read_text()), signal.SIGKILL)
 
 
 def test_a_trial_killed_by_a_signal_fails_saying_which(make_service, processes: Processes) -> None:

@@ -59,11 +59,11 @@ except OSError as error:
 devnull = os.open(os.devnull, os.O_RDWR)
 wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)  # before the handlers: a SIGTERM between the two would be lost
 for number in (signal.SIGTERM, signal.SIGCHLD):
     signal.signal(number, lambda *_: None)
 for number in (signal.SIGINT, signal.SIGHUP):
     signal.signal(number, signal.SIG_IGN)
-signal.set_wakeup_fd(wake_w)
 trial = os.fork()
 if trial == 0:
     signal.set_wakeup_fd(-1)
@@ -78,7 +78,11 @@ status = None
 
 def descendants():
     parents = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc to read: only the trial itself is known (signal_all)
+        entries = []
+    for entry in entries:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as stat:
@@ -92,12 +96,22 @@ def descendants():
             todo.append(child)
     return found
 
+# Signals the trial and every process it left: (how many took it, the pids that may not be signalled: one that
+# became root, as `sudo cmd &` does, which the keeper cannot end).
 def signal_all(number):
-    for pid in descendants():
+    pids = set(descendants())
+    if status is None:
+        pids.add(trial)  # even where /proc shows nothing
+    taken, refused = 0, []
+    for pid in pids:
         try:
             os.kill(pid, number)
+            taken += 1
         except ProcessLookupError:
             pass
+        except OSError:
+            refused.append(pid)
+    return taken, refused
 
 def reap():
     global status
@@ -118,7 +132,14 @@ try:
         reap()
     while True:  # until no child is left: then nothing of the trial is (every orphan re-parents here)
         reap()
-        signal_all(signal.SIGKILL)
+        taken, refused = signal_all(signal.SIGKILL)
+        if not taken:  # nothing left that the keeper can see and may end
+            if status is None:  # the trial itself is beyond its signals: wait for its own end
+                status = os.waitpid(trial, 0)[1]
+                continue
+            if refused:
+                os.write(2, f"trialstream: left running, not the keeper's to stop: pids {sorted(refused)}\n".encode())
+            break
         time.sleep(0.01)
 except ChildProcessError:
     pass
