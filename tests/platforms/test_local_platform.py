@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from inotify_simple import INotify
 
 from core.platform import ParsedMetric
 from core.settings import Settings
@@ -578,6 +579,42 @@ def test_trials_are_woken_by_their_own_metric_writes_and_by_their_exit(
     finally:
         (tmp_path / "b" / "exit").touch()
         for trial in trials:
+            trial.wait(5)
+        wait_until(lambda: not watcher._by_fd, 5, what="every trial forgotten")
+        watcher.close()
+
+
+def test_a_worker_without_an_inotify_instance_takes_one_at_a_later_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's inotify instances ran out as the worker's first trial came (fs.inotify.max_user_instances):
+    that trial is polled, and the next one asks again, gets an instance once one is free, and is watched."""
+    refusals = [OSError(24, "Too many open files")]
+
+    def instance_once_free() -> object:
+        if refusals:
+            raise refusals.pop()
+        return INotify()
+
+    monkeypatch.setattr(wakeups, "INotify", instance_once_free)
+    directories = [tmp_path / name for name in ("first", "second")]
+    for directory in directories:
+        (directory / ".nni").mkdir(parents=True)
+    watcher = wakeups.TrialWakeups()
+    trials = [gated_trial(directory) for directory in directories]
+    controls = [CountingControl() for _ in trials]
+    try:
+        for directory, trial, control in zip(directories, trials, controls, strict=True):
+            watcher.watch(directory / ".nni", os.pidfd_open(trial.pid), control.wake)
+        first, second = (next(w for w in watcher._by_fd.values() if w.wake == c.wake) for c in controls)
+        assert first.wd is None and watcher._polled == {first}
+        assert second.wd is not None
+        (tmp_path / "second" / ".nni" / "metrics").write_text("ME\n")
+        wait_until(lambda: controls[1].wakes >= 1, 5, what="a wake-up of the second trial at its write")
+    finally:
+        for directory, trial in zip(directories, trials, strict=True):
+            (directory / "write").touch()
+            (directory / "exit").touch()
             trial.wait(5)
         wait_until(lambda: not watcher._by_fd, 5, what="every trial forgotten")
         watcher.close()

@@ -46,6 +46,7 @@ class TrialWakeups:
         self._by_fd: dict[int, _Watch] = {}
         self._by_wd: dict[int, list[_Watch]] = {}
         self._polled: set[_Watch] = set()
+        self._inotify_refused = False  # warned once: each new trial tries for an instance again
 
     def watch(self, directory: Path, exited: int, wake: Callable[[], None]) -> None:
         """Wake at each write in `directory` until `exited` (a descriptor, closed here then) is readable."""
@@ -72,23 +73,34 @@ class TrialWakeups:
         self._epoll = select.epoll()
         self._nudge_r, self._nudge_w = os.pipe()
         self._epoll.register(self._nudge_r, select.EPOLLIN)
-        try:
-            self._inotify = INotify()
-            self._epoll.register(self._inotify.fileno(), select.EPOLLIN)
-        except OSError as error:
-            log.warning("no inotify (%s): polling running trials' metrics every %g s", error, POLL_S)
         self._thread = threading.Thread(target=self._run, name="trial-wakeups", daemon=True)
         self._thread.start()
         return self._epoll
 
     def _add_watch(self, directory: Path) -> int | None:
-        if self._inotify is None:
+        inotify = self._inotify or self._open_inotify()
+        if inotify is None:
             return None
         try:
-            return int(self._inotify.add_watch(directory, _WRITES))
+            return int(inotify.add_watch(directory, _WRITES))
         except OSError as error:  # ENOSPC: out of watches (fs.inotify.max_user_watches)
             log.warning("no inotify watch for %s (%s): polling it every %g s", directory, error, POLL_S)
             return None
+
+    def _open_inotify(self) -> INotify | None:
+        """The process's inotify instance; while the user has none left (fs.inotify.max_user_instances), each new
+        trial asks again, since other processes may have freed one."""
+        assert self._epoll is not None
+        try:
+            inotify = INotify()
+        except OSError as error:
+            if not self._inotify_refused:
+                log.warning("no inotify (%s): polling running trials' metrics every %g s", error, POLL_S)
+                self._inotify_refused = True
+            return None
+        self._epoll.register(inotify.fileno(), select.EPOLLIN)
+        self._inotify = inotify
+        return inotify
 
     def _run(self) -> None:
         assert self._epoll is not None
