@@ -11,7 +11,7 @@ the worker processes' CPU per metric reported, and the rate the log took.
 BENCH_LOAD_STEPS=1000,2500 runs those steps, each whatever broke before it (to compare builds on a machine where an
 early step breaks); BENCH_LOAD_PROCESSES=1 runs every step's trials in one worker process. BENCH_LOAD_PLATFORM=local
 runs real trial processes instead (bench/trials/metrics.py, the dependency-free SDK, under the local platform's
-keepers, 64 to a worker process as `trialstream run` starts them).
+keepers, 64 to a worker process as `trialstream worker --concurrency 64` runs them).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _START_DEADLINE_S = 15.0
 _PR_SET_PDEATHSIG = 1
 SPARE_WORKERS = 1  # see worker_slots
+PROCESSES_PER_TRIAL_UP_TO = 16  # local trials: see worker_slots
 DATA_DIR = "redis"
 
 
@@ -160,14 +161,20 @@ class ServiceProcesses:
 def worker_slots(adapter: type[Platform[Any]], concurrency: int) -> list[int]:
     """How many trials each worker process of a platform supervises, so that `concurrency` run at once plus a
     spare (the worker whose trial just ended is still doing RQ's bookkeeping when the next trial is queued,
-    ~30 ms here, and the spare takes it at once). Where trials run on their worker (local): a process per trial.
-    Where they run elsewhere and a worker only follows them: as few processes as hold them all, each at most the
-    platform's `trials_per_process` (one process starts sooner than several importing at once, and holds one
-    SSH connection per host), the trials spread evenly: one process follows about a core's worth."""
+    ~30 ms here, and the spare takes it at once), the trials spread evenly.
+
+    Where trials run on their worker (local): a process per trial, so that a worker that dies takes one trial with
+    it, up to `PROCESSES_PER_TRIAL_UP_TO` processes or one per core where there are more; past that the trials share
+    them (a worker process is ~50 MB and an inotify instance, of the user's 128: docs/benchmarks.md, "Real trial
+    processes"), each at most the platform's `trials_per_process`. Where they run elsewhere and a worker only
+    follows them: as few processes as hold them all (one process starts sooner than several importing at once,
+    and holds one SSH connection per host): one process follows about a core's worth."""
     needed = concurrency + SPARE_WORKERS
-    if not adapter.trials_outlive_worker:
-        return [1] * needed
-    processes = -(-needed // adapter.trials_per_process)
+    fewest = -(-needed // adapter.trials_per_process)
+    if adapter.trials_outlive_worker:
+        processes = fewest
+    else:
+        processes = max(min(needed, max(PROCESSES_PER_TRIAL_UP_TO, len(os.sched_getaffinity(0)))), fewest)
     return [needed // processes + (index < needed % processes) for index in range(processes)]
 
 
