@@ -172,7 +172,8 @@ class _AttemptFollower:
                 stop = self._watch(keeper)
             finally:
                 returncode = keeper.close()  # the keeper kills whatever is left of the trial, if anything
-                _signal_group(keeper.pid, signal.SIGKILL)  # should the trial have killed its keeper
+                if keeper.died_without_a_word:  # the trial killed its keeper: its group is what is left of it
+                    _signal_group(keeper.pid, signal.SIGKILL)  # (only then: a group gone may have its id reused)
                 pump.finish(DRAIN_S)
         forward_file_metrics(self.reader, self.control, final=True)
         return self._outcome(returncode, stop)

@@ -218,6 +218,7 @@ class Keeper:
             os.close(stdout_end)
         self.stdout: IO[bytes] = open(stdout, "rb", buffering=0)  # noqa: SIM115 (the trial's reader closes it)
         self.returncode: int | None = None
+        self.died_without_a_word = False  # killed: what it kept may be left, in its process group
 
     def run(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
         """Send the keeper its trial; False if it is gone."""
@@ -247,8 +248,9 @@ class Keeper:
                         break
                     status += chunk
             # A keeper dies without a word only by a signal nobody can catch: the trial killed it, or the OOM killer.
-            complete = len(status) == _INT_BYTES
-            self.returncode = int.from_bytes(status, "big", signed=True) if complete else -signal.SIGKILL
+            self.died_without_a_word = len(status) != _INT_BYTES
+            told = int.from_bytes(status, "big", signed=True)
+            self.returncode = -signal.SIGKILL if self.died_without_a_word else told
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
