@@ -576,8 +576,10 @@ def test_trials_are_woken_by_their_own_metric_writes_and_by_their_exit(
             metrics.write("ME\n")
         wait_until(lambda: controls[2].wakes > wakes, 5, what="a wake-up of b's second attempt at its write")
         assert controls[0].wakes == woken_at_exit  # a, gone, is never woken again
-    finally:
-        (tmp_path / "b" / "exit").touch()
+    finally:  # every gate open, so that no trial outlives a failed assertion
+        for name in ("a", "b"):
+            (tmp_path / name / "write").touch()
+            (tmp_path / name / "exit").touch()
         for trial in trials:
             trial.wait(5)
         wait_until(lambda: not watcher._by_fd, 5, what="every trial forgotten")
