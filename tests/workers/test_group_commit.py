@@ -102,6 +102,20 @@ def test_a_write_refused_before_it_runs_does_not_take_the_others_with_it(client:
     assert _transactions(client) - before == 1 + 1 + 3  # the first write's; the batch's, aborted; each alone
 
 
+def test_an_argument_that_cannot_be_sent_fails_its_own_write_only(client: redis.Redis) -> None:
+    """redis-py checks a command's arguments as it sends the transaction, after every fill has queued: an argument
+    it cannot send (None) fails the whole batch before anything is sent, and the writes then go one by one."""
+
+    def unsendable(pipe: Pipeline) -> None:
+        pipe.hset("unsendable", mapping={"field": None})  # type: ignore[dict-item]
+
+    outcomes = _together(client, [_set("key0"), unsendable, _set("key2")])
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], redis.DataError)
+    assert client.mget(["key0", "key2"]) == ["written", "written"]
+    assert client.exists("unsendable") == 0
+
+
 def test_a_fill_that_raises_sends_nothing_of_its_own(client: redis.Redis) -> None:
     def broken(pipe: Pipeline) -> None:
         pipe.set("half-written", "1")

@@ -75,16 +75,16 @@ class GroupCommit:
         """One round trip for `batch`; every write of it is finished when this returns."""
         try:
             self._round_trip(batch)
-        except redis.ResponseError as error:  # refused as a whole (EXECABORT): each alone tells whose it was
-            if len(batch) == 1:
+        except (redis.ConnectionError, redis.TimeoutError) as error:  # the round trip's: each writer sends again
+            for write in batch:
+                write.finish(error)
+        except Exception as error:  # refused as a whole (EXECABORT, an argument redis-py cannot send): each alone
+            if len(batch) == 1:  # tells whose it was
                 batch[0].finish(error)
             else:
                 for write in batch:
                     if not write.done.is_set():
                         self._carry([write])
-        except Exception as error:
-            for write in batch:
-                write.finish(error)
 
     def _round_trip(self, batch: list[_Write]) -> None:
         spans = []  # (write, where its commands start and end in the transaction)
