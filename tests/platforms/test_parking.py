@@ -3,13 +3,15 @@ as soon as what it waits for is freed."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rq.registry import FinishedJobRegistry
 
+from core import keys
 from core.event_store import StoredEvent
 from core.queueing import attempt_job_prefix, recheck_delay_s, trial_queue
 from manager.training_service import TrainingService
@@ -37,6 +39,11 @@ def deliveries(rq_connection, service, trial_id: str) -> int:
     return sum(1 for job_id in registry.get_job_ids() if job_id.startswith(prefix))
 
 
+def parked(service: TrainingService, trial_id: str) -> bool:
+    members: Any = service.store.client.zrange(keys.parked("local"), 0, -1)
+    return any(json.loads(member)[:2] == [service.experiment_id, trial_id] for member in members)
+
+
 def test_a_waiting_trial_backs_off_then_starts_when_the_gpu_is_freed(
     make_service: ServiceFactory, processes: Processes, code_dir: Path, tmp_path: Path, rq_connection
 ) -> None:
@@ -53,6 +60,8 @@ def test_a_waiting_trial_backs_off_then_starts_when_the_gpu_is_freed(
 
     rechecks = lambda: [e for e in events_of(service, waiting, TrialRequeued) if e.reason == "re-check"]  # noqa: E731
     wait_until(lambda: len(rechecks()) >= RECHECKS, 10 + sum(map(recheck_delay_s, range(RECHECKS + 1))))
+    # Parked again after its last re-check: released before that, its re-check itself would find the GPU free.
+    wait_until(lambda: parked(service, waiting), 30, what="the waiting trial parked again after its re-check")
     # Before parking, a waiting trial's job ran again twice a second: ~14 times by now.
     assert deliveries(rq_connection, service, waiting) <= RECHECKS + 2
     assert len(events_of(service, waiting, TrialDeferred)) == 1  # one record of the wait, not one per re-check
