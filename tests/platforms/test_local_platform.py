@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from inotify_simple import INotify
 from core.platform import ParsedMetric
 from core.settings import Settings
 from manager.projector import Projector
-from schemas.events import TrialMetricRejected
+from schemas.events import TrialDeferred, TrialMetricRejected
 from schemas.trial import TrialJobStatus
 from simulators.processes import process_gone
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
@@ -420,6 +420,73 @@ def test_a_keeper_that_cannot_read_proc_still_ends_and_reports(tmp_path: Path) -
             if pid:  # empty: killed by its cancel before it wrote its pid
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def pids_cgroup(name: str) -> Iterator[Path]:
+    """A pids cgroup of its own (v1's hierarchy, or v2's root where it delegates pids); at the end, what is still in
+    it goes back to the root group and it is removed. Skips where there is none to make (not root, no pids
+    controller)."""
+    root = Path("/sys/fs/cgroup/pids")
+    if not root.is_dir():
+        root = Path("/sys/fs/cgroup")
+        with contextlib.suppress(OSError):
+            if "pids" not in (root / "cgroup.subtree_control").read_text().split():
+                pytest.skip("no pids cgroup controller to limit the processes with")
+    group = root / name
+    try:
+        group.mkdir()
+    except OSError as error:
+        pytest.skip(f"cannot make a pids cgroup: {error}")
+    try:
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+                (root / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+@pytest.mark.parametrize("refused", ["the keeper's fork of its trial", "the zygote's fork of a keeper"])
+def test_a_trial_the_machine_cannot_fork_yet_waits_and_starts_when_a_trial_ends(
+    make_service, processes: Processes, refused: str
+) -> None:
+    """At a limit on processes (a pids cgroup's `pids.max` here, as a container's can be), a fork for a trial fails
+    with EAGAIN. The trial did not fail: it waits, saying why, and starts once a process is free."""
+    with pids_cgroup(f"trialstream-test-{os.getpid()}-{len(refused)}") as group:
+        service = make_service("exit 0")
+        worker = processes.worker()
+        zygote = wait_until(lambda: children_of(worker.pid), 15, what="the keeper zygote")
+        spare = wait_until(lambda: children_of(zygote[0]), 15, what="a spare keeper")
+        (group / "pids.max").write_text("1")  # the process put in it, and no fork
+        if refused == "the keeper's fork of its trial":
+            (group / "cgroup.procs").write_text(str(spare[0]))
+        else:
+            (group / "cgroup.procs").write_text(str(zygote[0]))
+            os.kill(spare[0], signal.SIGKILL)  # the launch forks a keeper of its own
+            wait_until(lambda: not pid_alive(spare[0]), 10, what="the spare keeper gone")
+        waiting = service.submit_trial_job(form(0)).id
+
+        def deferred() -> list[str]:
+            return [
+                entry.event.reason
+                for entry in service.store.read()
+                if isinstance(getattr(entry, "event", None), TrialDeferred)
+            ]
+
+        reasons = wait_until(deferred, 20, what="the trial deferred")
+        assert reasons == [
+            "waiting to start a process: Resource temporarily unavailable (a limit on processes or memory)"
+        ]
+        view = service.get_trial_job(waiting)
+        assert view.status is TrialJobStatus.WAITING and view.message == reasons[0]
+        (group / "pids.max").write_text("max")
+        ended = wait_for_status(service, service.submit_trial_job(form(1)).id, "SUCCEEDED", "FAILED", timeout=20)
+        assert ended.status is TrialJobStatus.SUCCEEDED, ended.message
+        trial = wait_for_status(service, waiting, "SUCCEEDED", "FAILED", timeout=20)  # woken by that end
+        assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
+        worker.kill()
+        worker.wait()
 
 
 def test_a_trial_killed_by_a_signal_fails_saying_which(make_service, processes: Processes) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -56,6 +57,8 @@ from workers.platforms.shared.trial_contract import (
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5  # a safety net: the watch loop is woken by the trial's exit, its metric writes and commands
+# A fork refused for the machine's limits: the trial waits (parked) and starts when a process ends, not FAILED.
+_OUT_OF_PROCESSES = frozenset({errno.EAGAIN, errno.ENOMEM})
 DRAIN_S = 1.0  # how long stdout is still read once the trial and its descendants are gone
 READ_BYTES = 65536
 OUTPUT_READ_BYTES = 1 << 20  # the most read_output returns at once: the caller loops for more
@@ -152,7 +155,7 @@ class _AttemptFollower:
         self.sys_dir = Path(trial.working_directory)
         self.reader = MetricFileReader(self.sys_dir / ".nni" / "metrics")
 
-    def run(self, gpus: list[int]) -> TrialOutcome:
+    def run(self, gpus: list[int]) -> TrialOutcome | Deferred:
         code_dir = Path(self.trial.launch.code_directory)
         if not code_dir.is_dir():
             return TrialOutcome(TrialJobStatus.FAILED, message=f"trialCodeDirectory {code_dir} does not exist")
@@ -163,7 +166,12 @@ class _AttemptFollower:
         paths = TrialPaths(sys_dir=str(self.sys_dir), output_dir=str(self.sys_dir), code_dir=str(code_dir))
         env = nni_environment(os.environ, LocalPlatform.name, self.trial, paths, self.cuda)
         with (self.sys_dir / "stdout").open("wb") as stdout_file:
-            keeper = self.keepers.launch(self.trial.launch.command, code_dir, env, self.sys_dir / "stderr")
+            try:
+                keeper = self.keepers.launch(self.trial.launch.command, code_dir, env, self.sys_dir / "stderr")
+            except OSError as error:
+                if error.errno not in _OUT_OF_PROCESSES:
+                    raise
+                return Deferred(f"waiting to start a process: {error.strerror} (a limit on processes or memory)")
             pump = _StdoutReader(keeper.stdout, StdoutMetricPump(self.control, stdout_file))
             try:
                 self.control.started(str(self.sys_dir), url=str(self.sys_dir), gpu_indices=gpus or None)

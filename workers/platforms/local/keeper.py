@@ -3,8 +3,12 @@
 The keeper: a child subreaper that forwards SIGTERM, kills what the trial leaves behind, and SIGKILLs everything
 when its lifeline (a socket whose other end the worker alone holds) reaches its end; it reads what to run from
 that lifeline first (a 4-byte length, then marshal's (command, working directory, environment, stderr path);
-an end before it, a spare keeper the worker no longer needs, just exits) and writes back the trial's exit status
-(4 bytes, negative for a signal as `subprocess` has it) when the trial and every process it left are gone.
+an end before it, a spare keeper the worker no longer needs, just exits). It answers on the lifeline with tagged
+messages, a byte and a signed 4-byte int: `P` and the trial's pid once it is forked, or `E` and the errno of a fork
+that failed (a limit on processes or memory: the worker launches the trial again later), then `S` and the
+trial's exit status (negative for a signal, as `subprocess` has it) when the trial and every process it left are
+gone. A keeper that ends before its fork (it cannot open the trial's stderr or enter its directory) sends only
+its `S`.
 
 Keepers are forked by a zygote, one per worker process: `python -I -S` with an empty environment, holding
 nothing of the worker's, that forks a keeper per request. Starting a keeper's own interpreter cost ~11 ms of
@@ -64,7 +68,11 @@ for number in (signal.SIGTERM, signal.SIGCHLD):
     signal.signal(number, lambda *_: None)
 for number in (signal.SIGINT, signal.SIGHUP):
     signal.signal(number, signal.SIG_IGN)
-trial = os.fork()
+try:
+    trial = os.fork()
+except OSError as error:  # EAGAIN, ENOMEM: the machine's limit, not the trial's fault
+    os.write(lifeline, b"E" + error.errno.to_bytes(4, "big", signed=True))
+    raise SystemExit(f"trialstream: cannot start the trial now: {error.strerror}")
 if trial == 0:
     signal.set_wakeup_fd(-1)
     # Python ignores SIGPIPE and SIGXFSZ; a trial gets every signal's default, as a shell would give it.
@@ -73,6 +81,7 @@ if trial == 0:
     os.dup2(devnull, 0)
     os.closerange(3, 1 << 16)
     os.execve("/bin/sh", ["/bin/sh", "-c", command], environment)
+os.write(lifeline, b"P" + trial.to_bytes(4, "big", signed=True))
 os.dup2(devnull, 1)
 status = None
 
@@ -177,7 +186,7 @@ def run_keeper(lifeline, stdout):
         os.write(2, f"the keeper failed: {error!r}\n".encode(errors="replace"))
     finally:
         try:
-            os.write(0, code.to_bytes(4, "big", signed=True))
+            os.write(0, b"S" + code.to_bytes(4, "big", signed=True))
         finally:
             os._exit(code & 0xFF if code >= 0 else 128 - code)
 
@@ -197,7 +206,8 @@ while True:
     requests.sendall(pid.to_bytes(4, "big", signed=True))
 """
 
-_INT_BYTES = 4  # a pid or an exit status on the wire: a signed big-endian int
+_INT_BYTES = 4  # a pid, an errno or an exit status on the wire: a signed big-endian int
+_MESSAGE_BYTES = 1 + _INT_BYTES  # a keeper's message on its lifeline: a tag (P, E, S), then its int
 
 
 class Keeper:
@@ -221,12 +231,20 @@ class Keeper:
         self.died_without_a_word = False  # killed: what it kept may be left, in its process group
 
     def run(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
-        """Send the keeper its trial; False if it is gone."""
+        """Send the keeper its trial and wait until it has forked it; False if the keeper was gone before it got
+        it. Raises OSError (EAGAIN, ENOMEM) when the fork failed: the trial never ran, the keeper ends."""
         launch = marshal.dumps((command, str(cwd), env, str(stderr)))
         try:
             self.lifeline.sendall(len(launch).to_bytes(4, "big") + launch)
         except OSError:  # EPIPE, ECONNRESET: it died while it waited
             return False
+        match self._receive():
+            case (b"E", error):
+                raise OSError(error, os.strerror(error))
+            case (b"S", status):  # it ended before its fork, saying why on the trial's stderr
+                self.returncode = status
+            case None:  # killed, maybe by the trial it had just forked: `wait` tells it as such
+                self._died()
         return True
 
     def exit_signal(self) -> int:
@@ -240,18 +258,30 @@ class Keeper:
     def wait(self, timeout: float | None) -> int | None:
         """The trial's exit status once the keeper is done, waiting up to `timeout` (None: for good)."""
         if self.returncode is None and select.select([self.lifeline], [], [], timeout)[0]:
-            status = b""
-            with contextlib.suppress(OSError):  # reset: it died without a word
-                while len(status) < _INT_BYTES:
-                    chunk = self.lifeline.recv(_INT_BYTES - len(status))
-                    if not chunk:
-                        break
-                    status += chunk
-            # A keeper dies without a word only by a signal nobody can catch: the trial killed it, or the OOM killer.
-            self.died_without_a_word = len(status) != _INT_BYTES
-            told = int.from_bytes(status, "big", signed=True)
-            self.returncode = -signal.SIGKILL if self.died_without_a_word else told
+            message = self._receive()
+            if message is None:
+                self._died()
+            else:
+                self.returncode = message[1]
         return self.returncode
+
+    def _receive(self) -> tuple[bytes, int] | None:
+        """The keeper's next message on its lifeline, or None if it died before it was whole."""
+        message = b""
+        with contextlib.suppress(OSError):  # reset: it died without a word
+            while len(message) < _MESSAGE_BYTES:
+                chunk = self.lifeline.recv(_MESSAGE_BYTES - len(message))
+                if not chunk:
+                    break
+                message += chunk
+        if len(message) != _MESSAGE_BYTES:
+            return None
+        return message[:1], int.from_bytes(message[1:], "big", signed=True)
+
+    def _died(self) -> None:
+        """A keeper dies without a word only by a signal nobody can catch: the trial killed it, or the OOM killer."""
+        self.died_without_a_word = True
+        self.returncode = -signal.SIGKILL
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
@@ -305,7 +335,7 @@ class Zygote:
                 raise ZygoteGone("the keeper zygote is gone")
         pid = int.from_bytes(reply, "big", signed=True)
         if pid < 0:
-            raise OSError(-pid, f"cannot fork a keeper: {os.strerror(-pid)}")
+            raise OSError(-pid, os.strerror(-pid))
         return pid
 
     def close(self) -> None:
@@ -354,16 +384,15 @@ class Keepers:
         self._closed = False
 
     def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> Keeper:
-        """A keeper running `command`: the spare if there is one (`replenish` forks the next)."""
+        """A keeper running `command`: the spare if there is one (`replenish` forks the next). Raises OSError
+        (EAGAIN, ENOMEM) when no process could be forked for it."""
         with self._lock:
             keeper, self._spare = self._spare, None
-        if keeper is None or not keeper.run(command, cwd, env, stderr):
-            if keeper is not None:  # killed while it waited
-                keeper.discard()
-            keeper = self._fork()
-            if not keeper.run(command, cwd, env, stderr):
-                keeper.discard()
-                raise RuntimeError("the trial's keeper exited before it got its trial")
+        if keeper is not None and _started(keeper, command, cwd, env, stderr):
+            return keeper
+        keeper = self._fork()  # none was spare, or it was killed while it waited
+        if not _started(keeper, command, cwd, env, stderr):
+            raise RuntimeError("the trial's keeper exited before it got its trial")
         return keeper
 
     def replenish(self) -> None:
@@ -400,3 +429,15 @@ class Keepers:
                 self._spare, keeper = keeper, None
         if keeper is not None:
             keeper.discard()
+
+
+def _started(keeper: Keeper, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
+    """Hand `keeper` its trial; a keeper that is not running it (gone, or its fork failed) is discarded."""
+    try:
+        if keeper.run(command, cwd, env, stderr):
+            return True
+    except OSError:
+        keeper.discard()
+        raise
+    keeper.discard()
+    return False
