@@ -386,13 +386,14 @@ def test_a_running_trial_outlives_its_zygote(make_service, processes: Processes)
 _WITHOUT_PROC = """
 import json, sys
 from pathlib import Path
-from workers.platforms.local.keeper import Keeper, Zygote
+from workers.platforms.local.keeper import Keeper, TrialLaunch, Zygote
 directory = Path(sys.argv[1])
 zygote = Zygote()
+path = {"PATH": "/usr/bin:/bin"}
 ended = Keeper(zygote)  # its trial ends, leaving a process in a session of its own
-ended.run("setsid sleep 300 & echo $! > left; exit 3", directory, {"PATH": "/usr/bin:/bin"}, directory / "stderr")
+ended.run(TrialLaunch("setsid sleep 300 & echo $! > left; exit 3", str(directory), path, str(directory / "e1"), 10))
 canceled = Keeper(zygote)  # its trial runs until the worker ends it
-canceled.run("echo $$ > running; exec sleep 300", directory, {"PATH": "/usr/bin:/bin"}, directory / "stderr2")
+canceled.run(TrialLaunch("echo $$ > running; exec sleep 300", str(directory), path, str(directory / "e2"), 10))
 print(json.dumps([ended.wait(30), canceled.close(), ended.close()]))
 zygote.close()
 """
@@ -487,6 +488,42 @@ def test_a_trial_the_machine_cannot_fork_yet_waits_and_starts_when_a_trial_ends(
         assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
         worker.kill()
         worker.wait()
+
+
+def test_a_process_of_the_trial_that_sigkill_cannot_end_is_left_and_named_and_the_trial_ends(
+    make_service, processes: Processes
+) -> None:
+    """A process stuck where SIGKILL waits (frozen by a v1 freezer cgroup here, as one in a GPU driver or on a dead
+    NFS mount is) would hold its keeper, the trial and its worker's slot for good: after TRIALSTREAM_KILL_WAIT_S
+    the keeper leaves it, names it on the trial's stderr, and reports the trial's status."""
+    freezer = Path("/sys/fs/cgroup/freezer")
+    group = freezer / f"trialstream-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as error:
+        pytest.skip(f"needs a v1 freezer cgroup, where a frozen process waits out SIGKILL: {error}")
+    try:
+        service = make_service(
+            'sleep 300 & echo $! > "$NNI_SYS_DIR/child"; until [ -e "$NNI_SYS_DIR/go" ]; do sleep 0.01; done; exit 3'
+        )
+        processes.worker(env={"TRIALSTREAM_KILL_WAIT_S": "0.5"})
+        trial_id = service.submit_trial_job(form(0)).id
+        directory = Path(wait_for_status(service, trial_id, "RUNNING").working_directory)
+        child = read_pid(directory / "child")
+        (group / "cgroup.procs").write_text(str(child))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, what="the child frozen")
+        (directory / "go").touch()
+        trial = wait_for_status(service, trial_id, "FAILED", "SUCCEEDED", timeout=20)
+        assert trial.exit_code == 3
+        assert f"left running, beyond the keeper's SIGKILL: pids [{child}]" in (directory / "stderr").read_text()
+        assert pid_alive(child)
+    finally:
+        (group / "freezer.state").write_text("THAWED")  # its SIGKILL lands
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                (freezer / "cgroup.procs").write_text(pid)
+        group.rmdir()
 
 
 def test_a_trial_killed_by_a_signal_fails_saying_which(make_service, processes: Processes) -> None:

@@ -78,7 +78,7 @@ class LocalPlatform:
         source = FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
         self.ledger = GpuLedger(client, own.machine_id, source)
         self.kill_grace_s = settings.kill_grace_s
-        self.keepers = Keepers()
+        self.keepers = Keepers(own.kill_wait_s)
         self.wakeups = TrialWakeups()
 
     @classmethod

@@ -2,13 +2,12 @@
 
 The keeper: a child subreaper that forwards SIGTERM, kills what the trial leaves behind, and SIGKILLs everything
 when its lifeline (a socket whose other end the worker alone holds) reaches its end; it reads what to run from
-that lifeline first (a 4-byte length, then marshal's (command, working directory, environment, stderr path);
-an end before it, a spare keeper the worker no longer needs, just exits). It answers on the lifeline with tagged
-messages, a byte and a signed 4-byte int: `P` and the trial's pid once it is forked, or `E` and the errno of a fork
-that failed (a limit on processes or memory: the worker launches the trial again later), then `S` and the
-trial's exit status (negative for a signal, as `subprocess` has it) when the trial and every process it left are
-gone. A keeper that ends before its fork (it cannot open the trial's stderr or enter its directory) sends only
-its `S`.
+that lifeline first (a 4-byte length, then marshal's `TrialLaunch`; an end before it, a spare keeper the worker
+no longer needs, just exits). It answers on the lifeline with tagged messages, a byte and a signed 4-byte int:
+`P` and the trial's pid once it is forked, or `E` and the errno of a fork that failed (a limit on processes or
+memory: the worker launches the trial again later), then `S` and the trial's exit status (negative for a signal,
+as `subprocess` has it) when the trial and every process it left are gone. A keeper that ends before its fork
+(it cannot open the trial's stderr or enter its directory) sends only its `S`.
 
 Keepers are forked by a zygote, one per worker process: `python -I -S` with an empty environment, holding
 nothing of the worker's, that forks a keeper per request. Starting a keeper's own interpreter cost ~11 ms of
@@ -30,7 +29,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,8 @@ def read_exactly(count):
         data += chunk
     return data
 
-command, cwd, environment, stderr_path = marshal.loads(read_exactly(int.from_bytes(read_exactly(4), "big")))
+length = int.from_bytes(read_exactly(4), "big")
+command, cwd, environment, stderr_path, kill_wait_s = marshal.loads(read_exactly(length))
 stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
 os.dup2(stderr, 2)
 os.close(stderr)
@@ -105,22 +105,22 @@ def descendants():
             todo.append(child)
     return found
 
-# Signals the trial and every process it left: (how many took it, the pids that may not be signalled: one that
-# became root, as `sudo cmd &` does, which the keeper cannot end).
+# What is left of the trial: the processes it left, and itself until its status is known (even where /proc shows
+# nothing).
+def remaining():
+    return set(descendants()) | ({trial} if status is None else set())
+
+# Signals the trial and every process it left; how many took it (not one that became root, as `sudo cmd &` does,
+# which the keeper may not signal).
 def signal_all(number):
-    pids = set(descendants())
-    if status is None:
-        pids.add(trial)  # even where /proc shows nothing
-    taken, refused = 0, []
-    for pid in pids:
+    taken = 0
+    for pid in remaining():
         try:
             os.kill(pid, number)
             taken += 1
-        except ProcessLookupError:
+        except OSError:  # gone, or not the keeper's to signal
             pass
-        except OSError:
-            refused.append(pid)
-    return taken, refused
+    return taken
 
 def reap():
     global status
@@ -139,17 +139,20 @@ try:
         if signal.SIGTERM in os.read(wake_r, 1024):
             signal_all(signal.SIGTERM)
         reap()
-    while True:  # until no child is left: then nothing of the trial is (every orphan re-parents here)
+    # Until nothing the keeper may end is left (every orphan re-parents here) and the trial's status is known, or
+    # for `kill_wait_s` at most: what SIGKILL has not ended by then is stuck (in a driver or a dead NFS mount) and
+    # would hold its worker for good.
+    given_up_at = time.monotonic() + kill_wait_s
+    while True:
         reap()
-        taken, refused = signal_all(signal.SIGKILL)
-        if not taken:  # nothing left that the keeper can see and may end
-            if status is None:  # the trial itself is beyond its signals: wait for its own end
-                status = os.waitpid(trial, 0)[1]
-                continue
-            if refused:
-                os.write(2, f"trialstream: left running, not the keeper's to stop: pids {sorted(refused)}\n".encode())
+        if not signal_all(signal.SIGKILL) and status is not None or time.monotonic() > given_up_at:
             break
         time.sleep(0.01)
+    left = sorted(remaining())
+    if left:
+        os.write(2, f"trialstream: left running, beyond the keeper's SIGKILL: pids {left}\n".encode())
+    if status is None:  # the trial itself is among them: it counts as killed
+        status = signal.SIGKILL
 except ChildProcessError:
     pass
 exit_code = os.waitstatus_to_exitcode(status)
@@ -206,6 +209,17 @@ while True:
     requests.sendall(pid.to_bytes(4, "big", signed=True))
 """
 
+
+class TrialLaunch(NamedTuple):
+    """What a keeper runs, as it goes down its lifeline (marshal's tuple)."""
+
+    command: str
+    cwd: str
+    environment: dict[str, str]
+    stderr: str  # the file the trial's stderr goes to, the keeper's own notes too
+    kill_wait_s: float  # what SIGKILL has not ended by then is left, named on that stderr
+
+
 _INT_BYTES = 4  # a pid, an errno or an exit status on the wire: a signed big-endian int
 _MESSAGE_BYTES = 1 + _INT_BYTES  # a keeper's message on its lifeline: a tag (P, E, S), then its int
 
@@ -230,12 +244,12 @@ class Keeper:
         self.returncode: int | None = None
         self.died_without_a_word = False  # killed: what it kept may be left, in its process group
 
-    def run(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
+    def run(self, launch: TrialLaunch) -> bool:
         """Send the keeper its trial and wait until it has forked it; False if the keeper was gone before it got
         it. Raises OSError (EAGAIN, ENOMEM) when the fork failed: the trial never ran, the keeper ends."""
-        launch = marshal.dumps((command, str(cwd), env, str(stderr)))
+        packed = marshal.dumps(tuple(launch))
         try:
-            self.lifeline.sendall(len(launch).to_bytes(4, "big") + launch)
+            self.lifeline.sendall(len(packed).to_bytes(4, "big") + packed)
         except OSError:  # EPIPE, ECONNRESET: it died while it waited
             return False
         match self._receive():
@@ -377,7 +391,8 @@ class Keepers:
     `warm_up`: with the zygote, ~14 ms its first trial would otherwise wait); a trial launched while there is none
     forks its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, kill_wait_s: float) -> None:
+        self._kill_wait_s = kill_wait_s
         self._zygote = Zygote()
         self._spare: Keeper | None = None
         self._lock = threading.Lock()
@@ -386,12 +401,13 @@ class Keepers:
     def launch(self, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> Keeper:
         """A keeper running `command`: the spare if there is one (`replenish` forks the next). Raises OSError
         (EAGAIN, ENOMEM) when no process could be forked for it."""
+        launch = TrialLaunch(command, str(cwd), env, str(stderr), self._kill_wait_s)
         with self._lock:
             keeper, self._spare = self._spare, None
-        if keeper is not None and _started(keeper, command, cwd, env, stderr):
+        if keeper is not None and _started(keeper, launch):
             return keeper
         keeper = self._fork()  # none was spare, or it was killed while it waited
-        if not _started(keeper, command, cwd, env, stderr):
+        if not _started(keeper, launch):
             raise RuntimeError("the trial's keeper exited before it got its trial")
         return keeper
 
@@ -431,10 +447,10 @@ class Keepers:
             keeper.discard()
 
 
-def _started(keeper: Keeper, command: str, cwd: Path, env: dict[str, str], stderr: Path) -> bool:
+def _started(keeper: Keeper, launch: TrialLaunch) -> bool:
     """Hand `keeper` its trial; a keeper that is not running it (gone, or its fork failed) is discarded."""
     try:
-        if keeper.run(command, cwd, env, stderr):
+        if keeper.run(launch):
             return True
     except OSError:
         keeper.discard()

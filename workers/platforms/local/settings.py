@@ -1,4 +1,5 @@
-"""The local platform's own settings (`TRIALSTREAM_MACHINE_ID`, `TRIALSTREAM_FAKE_GPUS`)."""
+"""The local platform's own settings (`TRIALSTREAM_MACHINE_ID`, `TRIALSTREAM_FAKE_GPUS`,
+`TRIALSTREAM_KILL_WAIT_S`)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,6 @@ def default_machine_id() -> str:
 class LocalSettings(EnvironmentSettings):
     machine_id: str = Field(default_factory=default_machine_id, min_length=1, description="the GPU ledger's host")
     fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")
+    kill_wait_s: float = Field(
+        default=10.0, gt=0, description="what a trial left that SIGKILL has not ended by then is stuck: left, named"
+    )
