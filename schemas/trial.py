@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -165,7 +166,10 @@ def metric_score(value: Any) -> float | None:
         value = value.get("default")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a float's range, in a log written before workers rejected it
+        return math.inf if value > 0 else -math.inf
 
 
 class TrialConfig(CamelModel):

@@ -270,6 +270,9 @@ def test_metric_record_value_round_trips_with_how_workers_encode() -> None:
         (None, None),
         ("0.5", None),
         ([0.5], None),
+        # past a float's range: in a log written before workers rejected it
+        pytest.param(10**400, math.inf, id="int-past-float"),
+        pytest.param({"default": -(10**400)}, -math.inf, id="default-past-float"),
     ],
 )
 def test_metric_score(value: Any, score: float | None) -> None:

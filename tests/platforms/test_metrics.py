@@ -324,6 +324,12 @@ def test_final_read_still_returns_complete_records(trial: Trial) -> None:
         (payload(type_="BOGUS"), "metric record has type 'BOGUS'"),
         (payload(sequence="1"), "non-integer sequence"),  # type: ignore[arg-type]
         (payload(sequence=True), "non-integer sequence"),
+        (payload(sequence=2**63), "sequence past a 64-bit integer's range"),
+        (payload(value="1" + "0" * 400), "integer of 1329 bits, too large for a float"),
+        (payload(value=json.dumps({"default": -(10**400)})), "integer of 1329 bits, too large for a float"),
+        (payload(value=10**400), "integer of 1329 bits, too large for a float"),
+        (payload(value="1" * 5000), "metric value is not JSON: Exceeds the limit"),
+        (payload().replace(b'"sequence": 0', b'"sequence": ' + b"1" * 5000), "metric record is not JSON: Exceeds the"),
     ],
     ids=[
         "not-json",
@@ -338,6 +344,12 @@ def test_final_read_still_returns_complete_records(trial: Trial) -> None:
         "unknown-type",
         "string-sequence",
         "bool-sequence",
+        "int64-sequence",
+        "value-past-float",
+        "default-past-float",
+        "number-value-past-float",
+        "value-past-python-int-digits",
+        "sequence-past-python-int-digits",
     ],
 )
 def test_bad_record_is_rejected_with_a_reason(trial: Trial, body: bytes, reason: str) -> None:

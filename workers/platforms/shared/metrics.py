@@ -31,6 +31,7 @@ from workers.platforms.shared.metric_framing import (
 
 STDOUT_PREFIX = b"NNISDK_ME"
 _METRIC_TYPES = {"PERIODICAL", "FINAL", "REQUEST_PARAMETER"}
+_INT64 = 1 << 63  # a sequence is stored and compared as one
 
 
 class MetricRejected(ValueError):
@@ -38,10 +39,16 @@ class MetricRejected(ValueError):
 
 
 def _check_value(value: Any) -> None:
-    """NNI metric values are numbers, or dicts whose `default` is a number."""
+    """NNI metric values are numbers, or dicts whose `default` is a number; tuners compare them as floats, so an
+    integer past a float's range (JSON allows `1e400` as an integer's digits) is no metric."""
     number = value.get("default") if isinstance(value, dict) else value
     if isinstance(number, bool) or not isinstance(number, int | float):
         raise MetricRejected(f"metric value must be a number or a dict with a numeric 'default', got {value!r:.80}")
+    try:
+        float(number)
+    except OverflowError:
+        bits = int(number).bit_length()
+        raise MetricRejected(f"metric value is an integer of {bits} bits, too large for a float") from None
 
 
 def _check_unicode(value: Any, what: str) -> None:
@@ -51,6 +58,8 @@ def _check_unicode(value: Any, what: str) -> None:
         json.dumps(value, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         raise MetricRejected(f"metric {what} holds a lone surrogate, which is not valid Unicode") from None
+    except RecursionError:
+        raise MetricRejected(f"metric {what} is nested too deeply") from None
 
 
 def parse_record(payload: bytes) -> ParsedMetric:
@@ -59,7 +68,7 @@ def parse_record(payload: bytes) -> ParsedMetric:
         raise MetricRejected(f"metric record of {len(payload)} bytes exceeds the {MAX_RECORD_BYTES}-byte limit")
     try:
         record = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # not UTF-8, not JSON, or an integer past Python's 4,300 digits
         raise MetricRejected(f"metric record is not JSON: {error}") from error
     except RecursionError:
         raise MetricRejected("metric record is nested too deeply") from None
@@ -70,22 +79,35 @@ def parse_record(payload: bytes) -> ParsedMetric:
     metric_type = record.get("type")
     if metric_type not in _METRIC_TYPES:
         raise MetricRejected(f"metric record has type {metric_type!r}; expected PERIODICAL, FINAL or REQUEST_PARAMETER")
-    sequence = record.get("sequence", 0)
-    if isinstance(sequence, bool) or not isinstance(sequence, int):
-        raise MetricRejected(f"metric record has a non-integer sequence {sequence!r}")
+    sequence = _sequence(record.get("sequence", 0))
     value = record.get("value")
     if metric_type != "REQUEST_PARAMETER":
-        try:
-            decoded = json.loads(value) if isinstance(value, str) else value
-            if isinstance(value, str) and "\\u" in value:
-                _check_unicode(decoded, "value")
-            _check_value(decoded)
-        except json.JSONDecodeError as error:
-            raise MetricRejected(f"metric value is not JSON: {error}") from error
-        except RecursionError:
-            raise MetricRejected("metric value is nested too deeply") from None
+        _check_value(_decoded_value(value))
     encoded = value if isinstance(value, str) else json.dumps(value)
     return ParsedMetric(str(record.get("parameter_id")), metric_type, sequence, json.dumps(encoded))
+
+
+def _sequence(sequence: Any) -> int:
+    if isinstance(sequence, bool) or not isinstance(sequence, int):
+        raise MetricRejected(f"metric record has a non-integer sequence {sequence!r}")
+    if not -_INT64 <= sequence < _INT64:
+        raise MetricRejected("metric record has a sequence past a 64-bit integer's range")
+    return sequence
+
+
+def _decoded_value(value: Any) -> Any:
+    """The metric's value: NNI's SDK sends it JSON-encoded in the record's JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        decoded = json.loads(value)
+    except ValueError as error:  # not JSON, or an integer past Python's 4,300 digits
+        raise MetricRejected(f"metric value is not JSON: {error}") from error
+    except RecursionError:
+        raise MetricRejected("metric value is nested too deeply") from None
+    if "\\u" in value:
+        _check_unicode(decoded, "value")
+    return decoded
 
 
 def parse_stdout_line(line: bytes) -> ParsedMetric | None:
