@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -49,7 +50,7 @@ class ManagerClient:
         return [ExperimentState.model_validate(item) for item in self._json("GET", "/experiments")]
 
     def experiment(self, experiment_id: str) -> ExperimentState:
-        return ExperimentState.model_validate(self._json("GET", f"/experiments/{experiment_id}"))
+        return ExperimentState.model_validate(self._json("GET", _path("experiments", experiment_id)))
 
     def resolve(self, experiment_id: str | None) -> str:
         """The given experiment if the manager has it, else its newest one (as on Redis)."""
@@ -67,13 +68,13 @@ class ManagerClient:
         return str(self._json("POST", "/experiments", json={"config": config, "codeId": code_id})["id"])
 
     def stop(self, experiment_id: str) -> None:
-        self._json("POST", f"/experiments/{experiment_id}/stop")
+        self._json("POST", _path("experiments", experiment_id, "stop"))
 
     def resume(self, experiment_id: str) -> None:
-        self._json("POST", f"/experiments/{experiment_id}/resume")
+        self._json("POST", _path("experiments", experiment_id, "resume"))
 
     def delete(self, experiment_id: str) -> int:
-        return int(self._json("DELETE", f"/experiments/{experiment_id}")["deletedKeys"])
+        return int(self._json("DELETE", _path("experiments", experiment_id))["deletedKeys"])
 
     # trials
 
@@ -90,41 +91,41 @@ class ManagerClient:
         self, experiment_id: str, offset: int = 0, limit: int = PAGE, sort: str = "sequence"
     ) -> list[TrialJobDetail]:
         params = {"offset": offset, "limit": limit, "sort": sort}
-        page = self._json("GET", f"/experiments/{experiment_id}/trials", params=params)
+        page = self._json("GET", _path("experiments", experiment_id, "trials"), params=params)
         return [TrialJobDetail.model_validate(item) for item in page["items"]]
 
     def trial(self, experiment_id: str, trial_id: str) -> TrialJobDetail:
-        return TrialJobDetail.model_validate(self._json("GET", f"/experiments/{experiment_id}/trials/{trial_id}"))
+        return TrialJobDetail.model_validate(self._json("GET", _path("experiments", experiment_id, "trials", trial_id)))
 
     def metrics(self, experiment_id: str, trial_id: str) -> list[MetricRecord]:
-        answer = self._json("GET", f"/experiments/{experiment_id}/trials/{trial_id}/metrics")
+        answer = self._json("GET", _path("experiments", experiment_id, "trials", trial_id, "metrics"))
         return [MetricRecord.model_validate(item) for item in answer["items"]]
 
     def cancel(self, experiment_id: str, trial_id: str) -> TrialJobDetail:
-        answer = self._json("POST", f"/experiments/{experiment_id}/trials/{trial_id}/cancel", json={})
+        answer = self._json("POST", _path("experiments", experiment_id, "trials", trial_id, "cancel"), json={})
         return TrialJobDetail.model_validate(answer)
 
     def output(self, experiment_id: str, trial_id: str, stream: OutputStream, offset: int) -> bytes:
         """The trial's output from `offset` on, as it is (empty when there is no more yet)."""
-        path = f"/experiments/{experiment_id}/trials/{trial_id}/output"
+        path = _path("experiments", experiment_id, "trials", trial_id, "output")
         return self._call("GET", path, params={"stream": stream, "offset": offset}).content
 
     # the log
 
     def events(self, experiment_id: str, after: str) -> list[LogEntry]:
         """The next page of the log after `after` (empty at its end)."""
-        page = self._json("GET", f"/experiments/{experiment_id}/events", params={"after": after, "limit": PAGE})
+        page = self._json("GET", _path("experiments", experiment_id, "events"), params={"after": after, "limit": PAGE})
         return [log_entry(item) for item in page["items"]]
 
     def head(self, experiment_id: str) -> str:
         """The newest entry of the log now (0-0 for an empty one)."""
-        page = self._json("GET", f"/experiments/{experiment_id}/events", params={"after": "0-0", "limit": 1})
+        page = self._json("GET", _path("experiments", experiment_id, "events"), params={"after": "0-0", "limit": 1})
         return str(page["head"])
 
     def follow(self, experiment_id: str, after: str) -> Iterator[LogEntry]:
         """Entries appended after `after`, as the manager sends them (Server-Sent Events), until the
         connection ends."""
-        path = f"/experiments/{experiment_id}/events/stream"
+        path = _path("experiments", experiment_id, "events", "stream")
         timeout = httpx.Timeout(None, connect=_TIMEOUT.connect)
         with _reaching(self.url), self._http.stream("GET", path, params={"after": after}, timeout=timeout) as answer:
             if answer.status_code >= 400:
@@ -141,7 +142,15 @@ class ManagerClient:
     # requests
 
     def _json(self, method: str, path: str, **request: Any) -> Any:
-        return self._call(method, path, **request).json()
+        answer = self._call(method, path, **request)
+        try:
+            return answer.json()
+        except ValueError:  # a web page, another server
+            kind = answer.headers.get("content-type", "no content type")
+            raise ManagerError(
+                f"{self.url} answered {method} {answer.request.url.path} with no JSON ({kind}): is it a trialstream"
+                " manager's URL, without a path?"
+            ) from None
 
     def _call(self, method: str, path: str, **request: Any) -> httpx.Response:
         with _reaching(self.url):
@@ -166,6 +175,16 @@ class ManagerClient:
             or f"the manager at {self.url} answered {asked} with {status} {answer.reason_phrase}"
         )
         raise (ManagerConfigError if status == 422 else ManagerError)(message)
+
+
+def _path(*segments: str) -> str:
+    """A path of the API, each segment (an experiment's or a trial's id) whole: a `?`, `#` or `%` in an id stays
+    in it rather than reaching another route. A `/` (the server routes the path decoded), and `.` and `..` (a URL
+    resolves them), make no id."""
+    for segment in segments:
+        if segment in ("", ".", "..") or "/" in segment:
+            raise ManagerError(f"{segment!r} is no experiment or trial id")
+    return "".join(f"/{quote(segment, safe='')}" for segment in segments)
 
 
 @contextmanager

@@ -208,6 +208,11 @@ def test_cancel_and_interrupt_through_the_manager(tmp_path: Path, processes: Pro
         )
     try:
         wait_until(lambda: '"TrialStarted"' in followed.read_text(), 30, what="the history, followed")
+        for wrong in ("../stop?x=", "nope?x=", "nope%2F..%2Fstop"):  # an id never reaches another route
+            refused = trialstream("--manager", manager, "trials", "cancel", wrong, "-e", experiment_id)
+            assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+            assert f"{wrong!r} is no experiment or trial id" in refused.stderr or "not found" in refused.stderr
+        assert web.get(f"{manager}/api/v1/experiments/{experiment_id}").json()["status"] == "RUNNING"
         canceled = trialstream("--manager", manager, "trials", "cancel", trial_id, "-e", experiment_id)
         assert canceled.returncode == 0, canceled.stderr
         assert canceled.stdout.startswith(f"cancel requested for trial {trial_id}")
@@ -265,6 +270,7 @@ def test_errors_through_the_manager_are_one_line(tmp_path: Path, processes: Proc
     assert "experiment 'nope' not found" in fails("trials", "list", "-e", "nope", token="the-token")
     nowhere = f"http://127.0.0.1:{free_port()}"
     assert f"cannot reach the manager at {nowhere}" in fails("experiments", "list", manager=nowhere)
+    assert "with no JSON (text/html" in fails("experiments", "list", manager=f"{url}/nope", token="the-token")
 
     config.write_text(config.read_text().replace("trialConcurrency", "trialConcurency"))
     local = trialstream("run", str(config), timeout=30)
