@@ -88,8 +88,9 @@ def load_experiment_config(path: str | Path) -> ExperimentSpec:
 
 
 def experiment_spec(config: dict[str, Any], source: str) -> ExperimentSpec:
-    """A spec from a config sent over the API: `source` names it in errors; paths must be absolute."""
-    return _validated(config, Path(source), Path("/"))
+    """A spec from a config sent over the API: `source` names it in errors; paths must be absolute. No file of
+    the manager's host is read for it (searchSpaceFile): its sender has only the API."""
+    return _validated(config, Path(source), Path("/"), sent=True)
 
 
 def stored_experiment_spec(config: dict[str, Any], working_directory: str) -> ExperimentSpec:
@@ -101,7 +102,7 @@ def stored_experiment_spec(config: dict[str, Any], working_directory: str) -> Ex
     return _validated(config, Path(working_directory) / "ExperimentCreated.config", Path("/"))
 
 
-def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec:
+def _validated(data: dict[str, Any], source: Path, base: Path, sent: bool = False) -> ExperimentSpec:
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as error:
@@ -116,6 +117,11 @@ def _validated(data: dict[str, Any], source: Path, base: Path) -> ExperimentSpec
         if tuner.kind == "advisor":
             raise ConfigError(f"{source}: assessor: {tuner.label} is an advisor, which early-stops trials itself")
         _algorithm(config, source, "assessor")
+    if sent and config.search_space_file is not None:
+        raise ConfigError(
+            f"{source}: searchSpaceFile: a config sent to the manager carries its search space as searchSpace (the"
+            " CLI inlines the file); the manager reads no file of its host for it"
+        )
     search_space = _search_space(config, base, tuner.own_space)
     try:
         tuner.check_search_space(search_space)

@@ -257,6 +257,22 @@ def test_an_ssh_password_is_not_in_the_refusal(open_manager: Open, tmp_path: Pat
     assert password not in open_manager.processes.logs()
 
 
+def test_a_config_sent_over_the_api_reads_no_file_of_the_managers_host(open_manager: Open, tmp_path: Path) -> None:
+    """searchSpaceFile would have the manager read any file it may (its answer quoted what it found there): a
+    config sent to it carries its space inline, as the CLI sends it."""
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"do-not-leak-7f3e": 1}')
+    before = open_manager.experiment_ids()
+    config = experiment_config(write_trial(tmp_path / "code"), trials=1)
+    del config["searchSpace"]
+    for key in ("searchSpaceFile", "search_space_file"):
+        answer = web.post(f"{open_manager.url}/api/v1/experiments", json={"config": {**config, key: str(secret)}})
+        assert answer.status_code == 422, answer.text
+        assert "do-not-leak" not in answer.text
+        assert "searchSpaceFile: a config sent to the manager carries its search space as searchSpace" in answer.text
+    assert open_manager.experiment_ids() == before
+
+
 def test_the_config_cluster_metadata_cannot_be_put(open_manager: Open, tmp_path: Path) -> None:
     """PUT cluster-metadata of `platform_config` or `trial_config` (issue 24, A7), valid or not, is refused
     with the key and what to do instead: an SSH password sent there is in no answer, event or stream, and
