@@ -1,7 +1,8 @@
 """The one place that turns things into terminal output.
 
 Text that comes from trials or users (messages, parameters, metric values, stderr tails, event
-summaries, errors quoting them) is data: it is always a `rich.text.Text`, never parsed as markup.
+summaries, errors quoting them) is data: it is always a `rich.text.Text`, never parsed as markup, and its
+control characters are shown escaped (`\x1b`), never sent to the terminal to act on.
 """
 
 from __future__ import annotations
@@ -24,14 +25,18 @@ if TYPE_CHECKING:  # a listing loads neither the runner nor the experiments' sum
 
 err = Console(stderr=True, highlight=False)
 
+# C0 and C1 control characters but newline and tab: escape sequences (colours, a window title, a cleared screen),
+# a carriage return that overwrites a line
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(code) not in "\n\t"}
+
 
 def print_error(message: str) -> None:
-    err.print(Text.assemble(("trialstream: error: ", "bold red"), message), soft_wrap=True)
+    err.print(Text.assemble(("trialstream: error: ", "bold red"), _data(message)), soft_wrap=True)
 
 
 def note(message: str) -> None:
     """A line for the user on stderr, outside the results on stdout."""
-    err.print(Text(message), soft_wrap=True)
+    err.print(_data(message), soft_wrap=True)
 
 
 def progress_table(progress: Progress) -> Table:
@@ -85,7 +90,7 @@ def print_trial(trial: TrialJobDetail, metrics: list[MetricRecord]) -> None:
     console = Console()
     console.print_json(trial.to_json())  # highlighted JSON, never markup
     for metric in metrics:
-        console.print(Text(f"{metric.type:<10} seq {metric.sequence:<4} {json.dumps(metric.value)}"))
+        console.print(_data(f"{metric.type:<10} seq {metric.sequence:<4} {json.dumps(metric.value)}"))
 
 
 def print_entries(lines: list[EntryLine], title: str | None, show_trial: bool) -> None:
@@ -140,7 +145,11 @@ def _print_rows(table: Table) -> None:
 
 
 def _cells(*values: str) -> Iterable[Text]:
-    return (Text(value) for value in values)
+    return (_data(value) for value in values)
+
+
+def _data(value: str) -> Text:
+    return Text(value.translate(_CONTROLS))
 
 
 def _time(epoch_ms: int | None) -> str:

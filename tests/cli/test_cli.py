@@ -246,13 +246,14 @@ def test_unreachable_redis_names_the_url(tmp_path: Path) -> None:
 
 MARKUP_TRIAL = """
 import sys
-sys.stderr.write("reading [/data/x] and [bold]x[/bold]\\n")
+sys.stderr.write("reading [/data/x] and [bold]x[/bold] \\x1b]0;TITLE\\x07\\x1b[2J\\n")
 sys.exit(1)
 """
 
 
 def test_trial_text_that_looks_like_markup_is_shown_literally(tmp_path: Path, processes: Processes) -> None:
-    """A16: `[/data/x]` in a trial's message made `trials list` raise MarkupError; `[bold]` vanished."""
+    """A16: `[/data/x]` in a trial's message made `trials list` raise MarkupError; `[bold]` vanished. Escape
+    sequences (a window title, a cleared screen) reached the terminal as they were."""
     config = write_local_config(tmp_path, MARKUP_TRIAL, maxTrialNumber=1, trialConcurrency=1)
     processes.projector()
     processes.worker()
@@ -263,6 +264,8 @@ def test_trial_text_that_looks_like_markup_is_shown_literally(tmp_path: Path, pr
     listed = trialstream("trials", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     assert "[/data/x] and [bold]x[/bold]" in listed.stdout
+    for output in (ran.stdout, listed.stdout):
+        assert "\\x1b]0;TITLE\\x07\\x1b[2J" in output and "\x1b" not in output and "\x07" not in output
     trial_id = json.loads(trialstream("trials", "list", "--json", env=env).stdout)[0]["id"]
     shown = trialstream("trials", "show", trial_id, env=env)
     assert shown.returncode == 0, shown.stderr
