@@ -7,6 +7,7 @@ A module of its own because a URL is checked (`core.settings`) and printed with 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -30,14 +31,20 @@ SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme 
 PLAIN_SCHEMES = ("redis", "rediss", "unix")
 
 
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
-    """Hide a password in a Redis URL (any scheme, Sentinel's included) before it is printed or logged."""
+    """Hide a password in a Redis URL (any scheme, Sentinel's included) before it is printed or logged: in its
+    user part, and in its query (`?password=`, as redis-py takes it, a unix socket's URL above all)."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
         return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user + ':' if user else ':'}***@{host}"
+    if "@" in rest:
+        credentials, _, rest = rest.rpartition("@")
+        user = credentials.split(":", 1)[0]
+        rest = f"{user + ':' if user else ':'}***@{rest}"
+    return f"{scheme}://" + _QUERY_PASSWORD.sub(r"\1***", rest)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,20 @@ def test_sentinel_urls_parse_and_hide_their_password() -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+        ("redis://user:p@ss@h:1/0", "redis://user:***@h:1/0"),
+        ("redis://127.0.0.1:1/0?password=QueryPW", "redis://127.0.0.1:1/0?password=***"),  # redis-py takes it
+        ("unix:///run/redis.sock?db=2&Password=pw#x", "unix:///run/redis.sock?db=2&Password=***#x"),
+        ("redis://h:1/0", "redis://h:1/0"),
+    ],
+)
+def test_a_password_in_a_url_is_hidden_wherever_it_is_written(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
     ("url", "problem"),
     [
         ("redis+sentinel://:secret@h:26379", "name the master"),
