@@ -32,6 +32,7 @@ class ExperimentProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={},  # nothing of the manager's: its secrets would be readable in this process's /proc
             start_new_session=True,
         )
         self._waiter = threading.Thread(target=self._wait, name=f"process-{experiment_id}", daemon=True)

@@ -144,6 +144,14 @@ def _grant_python(entry: pwd.struct_passwd) -> None:
         raise RuntimeError(f"{TEST_USER} cannot run {sys.executable}: {found.stderr.strip()}")
 
 
+def local_test_user() -> pwd.struct_passwd:
+    """The test user (created once per machine) able to run the tests' python: for a test that needs processes
+    of a user other than root, which reads every process's /proc whatever it is."""
+    entry, _ = _ensure_user()
+    _grant_python(entry)
+    return entry
+
+
 def detect_mode() -> Mode:
     """netns where `ip netns add` works (root with CAP_SYS_ADMIN), loopback addresses otherwise."""
     forced = os.environ.get(MODE_ENV)

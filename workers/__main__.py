@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.lean_imports import import_redis
+from core.variables import hide_environment
 
-import_redis()  # first: what follows imports redis-py
+hide_environment()  # first: the environment holds the Redis URL and its password
+
+from core.lean_imports import import_redis  # noqa: E402
+
+import_redis()  # then: what follows imports redis-py
 
 from pydantic import ValidationError  # noqa: E402
 

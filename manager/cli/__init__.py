@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from core.lean_imports import import_redis
-from core.variables import MANAGER_TOKEN_ENV, PREFIX, REDIS_URL_ENV
+from core.variables import MANAGER_TOKEN_ENV, PREFIX, REDIS_URL_ENV, hide_environment
 from manager.cli import interrupts, services
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ which hands over to the worker runtime, loads next to nothing)."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    hide_environment()
     arguments = sys.argv[1:] if argv is None else argv
     command, redis_url, rest = _command(arguments)
     if command == "worker":  # before anything else loads: the worker runtime has an entry point of its own

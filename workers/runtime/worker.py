@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import socket
-import sys
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -34,7 +32,6 @@ HEARTBEAT_INTERVAL_S = 15
 HEARTBEAT_SPACING_S = 1.0  # RQ's own heartbeats between jobs: at most one a second
 HEARTBEAT_BATCH = 500  # running jobs kept alive per round trip
 HEALTHY_WITHIN = timedelta(seconds=3 * HEARTBEAT_INTERVAL_S)  # a health check's patience
-_PR_SET_DUMPABLE = 4
 
 
 class _NoDeathPenalty(BaseDeathPenalty):
@@ -173,13 +170,6 @@ def _housekeeping(runtime: WorkerRuntime, stop: threading.Event) -> None:
             log.warning("housekeeping: %s; retrying", error)
 
 
-def _not_dumpable() -> None:
-    """Make this process's /proc entries (its environment: the Redis URL and password) unreadable to
-    the trials it starts, which run as the same user (Linux only)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-
-
 def alive_here(settings: Settings) -> bool:
     """Whether a worker of this host has sent its heartbeat to Redis lately: a container's health check
     (Redis reachable, the worker's process alive)."""
@@ -213,7 +203,6 @@ def serve(
         )
     assert settings.redis_url is not None
     configure_logging(log_format)
-    _not_dumpable()
     rq_connection = connect(
         settings.redis_url, options=settings.redis_options(), decode=False, retry_s=settings.redis_retry_s
     )
