@@ -417,6 +417,17 @@ def redis_with_password(tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
     server.stop()
 
 
+def process_named(name: str) -> int | None:
+    """The pid of a live process whose argv[0] is `name`."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().split(b"\0")[0] == name.encode():
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
 def test_the_redis_password_and_the_token_appear_in_no_answer_event_or_log(
     redis_with_password: tuple[RedisServer, str], tmp_path: Path
 ) -> None:
@@ -430,10 +441,12 @@ def test_the_redis_password_and_the_token_appear_in_no_answer_event_or_log(
         manager = processes.manager("--log-format", "json", env={TOKEN_ENV: TOKEN})
         http = httpx.Client(base_url=f"{manager}/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
         code = write_trial(tmp_path / "code")
-        (code / "gates" / "all").touch()
         created = http.post("/experiments", json={"config": experiment_config(code, trials=2)})
         assert created.status_code == 201, created.text
         experiment_id = created.json()["id"]
+        stand_in = wait_until(lambda: process_named(f"trialstream-experiment-{experiment_id}"), 30, what="its process")
+        assert Path(f"/proc/{stand_in}/environ").read_bytes() == b""  # nothing of the manager's to read there
+        (code / "gates" / "all").touch()
         wait_until(lambda: http.get(f"/experiments/{experiment_id}").json()["status"] == "DONE", 60, what="DONE")
         trial_id = http.get(f"/experiments/{experiment_id}/trials").json()["items"][0]["id"]
 
