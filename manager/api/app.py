@@ -179,12 +179,39 @@ def guarded(api: FastAPI, options: ApiOptions) -> ASGIApp:
         app = TokenGuard(app, options.token)
     if options.cors_origins:
         app = CORSMiddleware(app, allow_origins=list(options.cors_origins), allow_methods=["*"], allow_headers=["*"])
-    return HostOriginGuard(
-        app,
-        loopback_only=options.token is None,
-        allowed_hosts=options.allowed_hosts,
-        allowed_origins=options.cors_origins,
+    return NotFramed(
+        HostOriginGuard(
+            app,
+            loopback_only=options.token is None,
+            allowed_hosts=options.allowed_hosts,
+            allowed_origins=options.cors_origins,
+        )
     )
+
+
+class NotFramed:
+    """Every answer says no page may frame it: a site's page framing the web UI (its buttons kill trials and
+    stop experiments) would have its clicks sent with the UI's own origin, or its cookie. An answer with a CSP of
+    its own (the timeline's) keeps it, and it says the same."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+
+        async def marked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-frame-options", b"DENY"))
+                if not any(name.lower() == b"content-security-policy" for name, _ in headers):
+                    headers.append((b"content-security-policy", b"frame-ancestors 'none'"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self._app(scope, receive, marked)
 
 
 def served_under(app: ASGIApp, url_prefix: str) -> ASGIApp:

@@ -273,6 +273,22 @@ def test_a_config_sent_over_the_api_reads_no_file_of_the_managers_host(open_mana
     assert open_manager.experiment_ids() == before
 
 
+def test_no_page_may_frame_any_answer(open_manager: Open) -> None:
+    """A site's page framing the web UI would have its clicks sent as the UI's own: every answer, a refusal
+    too, says DENY; the timeline keeps its own policy, which says the same."""
+    url = open_manager.url
+    for path, headers in (
+        ("/oview", {}),
+        ("/api/v1/experiments", {}),
+        ("/api/v1/experiments", {"Host": "evil.example"}),  # refused
+        ("/timeline/", {}),
+    ):
+        answer = web.get(f"{url}{path}", headers=headers)
+        assert answer.headers["x-frame-options"] == "DENY", path
+        assert answer.headers.get_list("content-security-policy") != [], path
+        assert all("frame-ancestors 'none'" in policy for policy in answer.headers.get_list("content-security-policy"))
+
+
 def test_the_config_cluster_metadata_cannot_be_put(open_manager: Open, tmp_path: Path) -> None:
     """PUT cluster-metadata of `platform_config` or `trial_config` (issue 24, A7), valid or not, is refused
     with the key and what to do instead: an SSH password sent there is in no answer, event or stream, and
