@@ -8,6 +8,7 @@ import pickle
 import secrets
 import socket
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -133,6 +134,25 @@ def test_a_file_that_is_no_private_key_is_one_auth_error(
     assert str(error).endswith(
         f"cannot use key file {key_file}: not a private key (OpenSSH or PEM) that paramiko reads"
     )
+
+
+def test_an_encrypted_key_logs_in_with_its_passphrase_and_says_so_without_it(
+    ssh_hosts: list[SshHost], ssh_user: SshUser, known_hosts: Path, tmp_path: Path, connections: list
+) -> None:
+    """The test user's own key, encrypted with a passphrase (sshPassphrase): paramiko 5 takes it as bytes (a str
+    raised TypeError, a 500 over the API), and says an encrypted key without one with a TypeError too."""
+    key_file = tmp_path / "id_encrypted"
+    key_file.write_bytes(ssh_user.private_key.read_bytes())
+    key_file.chmod(0o600)
+    subprocess.run(["ssh-keygen", "-q", "-p", "-N", "pass-phrase-9", "-f", str(key_file)], check=True, timeout=30)
+    target = target_of(ssh_hosts[0], ssh_user, known_hosts, key_file=str(key_file), passphrase="pass-phrase-9")
+    assert open_connection(connections, target).run("id -un").stdout == f"{ssh_user.name}\n".encode()
+
+    missing = failure(target_of(ssh_hosts[0], ssh_user, known_hosts, key_file=str(key_file)))
+    assert missing.kind == "auth" and str(missing).endswith("is encrypted and no passphrase was given")
+    wrong = failure(target_of(ssh_hosts[0], ssh_user, known_hosts, key_file=str(key_file), passphrase="wrong"))
+    assert wrong.kind == "auth" and str(wrong).endswith("or its sshPassphrase is wrong")
+    assert "pass-phrase-9" not in str(wrong) + str(missing)
 
 
 # --- host keys --------------------------------------------------------------------------------------------------

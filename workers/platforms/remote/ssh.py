@@ -194,19 +194,23 @@ def _load_key(target: SshTarget) -> paramiko.PKey:
     """Loads the key up front, so an unreadable or encrypted key says so instead of 'authentication failed'."""
     assert target.key_file is not None
     path = os.path.expanduser(target.key_file)
+    passphrase = None if target.passphrase is None else target.passphrase.encode()  # `cryptography` takes bytes
     try:
-        return paramiko.PKey.from_path(path, password=target.passphrase)
+        return paramiko.PKey.from_path(path, password=passphrase)
     except paramiko.PasswordRequiredException as error:
         raise classify(error, target) from error
+    except TypeError as error:  # `cryptography`'s word, through paramiko 5, for an encrypted key and no passphrase
+        if passphrase is not None:
+            raise
+        raise classify(paramiko.PasswordRequiredException(str(error)), target) from error
     except OSError as error:
         raise SshError(f"{target.label}: cannot read key file {path}: {error.strerror or error}", "auth") from error
     except paramiko.SSHException as error:  # a wrong passphrase, or not a private key
         raise SshError(f"{target.label}: cannot use key file {path}: {error}", "auth") from error
     except ValueError as error:  # the `cryptography` package's word for a file that is no key it can read
-        raise SshError(
-            f"{target.label}: cannot use key file {path}: not a private key (OpenSSH or PEM) that paramiko reads",
-            "auth",
-        ) from error
+        what = "not a private key (OpenSSH or PEM) that paramiko reads"
+        wrong = " or its sshPassphrase is wrong" if passphrase is not None else ""
+        raise SshError(f"{target.label}: cannot use key file {path}: {what}{wrong}", "auth") from error
 
 
 def _client(target: SshTarget) -> paramiko.SSHClient:
