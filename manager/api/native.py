@@ -286,8 +286,13 @@ def update_trial(experiment_id: Experiment, trial_id: str, form: JobApplicationF
 
 
 @router.post("/experiments/{experiment_id}/trials/{trial_id}/cancel", response_model=TrialJobDetail)
-def cancel_trial(experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest) -> TrialJobDetail:
-    host.cancel_trial(experiment_id, trial_id, early_stopped=request.early_stopped)
+def cancel_trial(
+    experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest | None = None
+) -> TrialJobDetail:
+    """USER_CANCELED, or EARLY_STOPPED with `{"earlyStopped": true}`. The body is optional (NNI's cancelTrialJob
+    defaults isEarlyStopped to false): a plain POST reaches the trial, an unknown one a 404, not a 422 for the body."""
+    early_stopped = request is not None and request.early_stopped
+    host.cancel_trial(experiment_id, trial_id, early_stopped=early_stopped)
     return host.service(experiment_id).get_trial_job(trial_id)
 
 

@@ -346,13 +346,15 @@ def test_cancel_early_stop_metrics_and_the_trial_form(api: Api) -> None:
     assert api.http.put(f"{base}/nope", json=form).status_code == 404
     assert api.http.put(f"{base}/{first['id']}", json={"sequenceId": "x"}).status_code == 422
 
-    canceled = api.http.post(f"{base}/{first['id']}/cancel", json={})
+    canceled = api.http.post(f"{base}/{first['id']}/cancel")  # no body: earlyStopped false
     assert canceled.status_code == 200, canceled.text
     assert reached(first["id"], "USER_CANCELED")["id"] == first["id"]
     stopped = api.http.post(f"{base}/{second['id']}/cancel", json={"earlyStopped": True})
     assert stopped.status_code == 200, stopped.text
     assert reached(second["id"], "EARLY_STOPPED")["id"] == second["id"]
     assert api.http.post(f"{base}/nope/cancel", json={}).status_code == 404
+    unknown = api.http.post(f"{base}/nope/cancel")  # the missing trial, not the missing (optional) body
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"], unknown.text
 
     api.release_all()
     api.wait_status(experiment_id, "DONE")
