@@ -36,6 +36,7 @@ from schemas.api import (
     CustomizedTrial,
     CustomizedTrialAnswer,
     EventPage,
+    ExperimentChangeRequest,
     ExperimentCreatedAnswer,
     ExperimentRequest,
     ExperimentState,
@@ -155,8 +156,10 @@ def get_experiment(experiment_id: Experiment, host: Host) -> ExperimentState:
 
 
 @router.patch("/experiments/{experiment_id}", response_model=ExperimentState)
-def update_experiment(experiment_id: Experiment, changes: ExperimentChanges, host: Host) -> ExperimentState:
-    """Change trialConcurrency, maxTrialNumber, maxExperimentDuration (seconds) or the search space."""
+def update_experiment(experiment_id: Experiment, changes: ExperimentChangeRequest, host: Host) -> ExperimentState:
+    """Change trialConcurrency, maxTrialNumber, maxExperimentDuration (seconds) or the search space; an unknown
+    key is refused (422), and a body with nothing to change changes nothing (an empty PATCH is a no-op)."""
+    changes.check_keys()
     check_changes(host, experiment_id, changes)
     host.update(experiment_id, changes)
     return _state(host, experiment_id)

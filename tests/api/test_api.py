@@ -259,6 +259,27 @@ def test_changes_to_a_running_experiment_are_obeyed(api: Api) -> None:
     assert [trial["status"] for trial in api.trials(experiment_id)] == ["SUCCEEDED"] * 7
 
 
+def test_a_change_with_an_unknown_key_or_nothing_to_change_leaves_a_done_experiment_as_it_was(api: Api) -> None:
+    """A misspelt key was dropped, leaving an empty change that took a DONE experiment up again (its log
+    written, its endTime moved). An unknown key is refused by name; an empty change set is no change."""
+    experiment_id = api.create(experiment_config(api.code, trials=1))
+    api.release_all()
+    done = api.wait_status(experiment_id, "DONE")
+    log = api.events(experiment_id)
+
+    for body, unknown in (({"bogus": 1}, "bogus"), ({"maxTrialNumbr": 5, "trialConcurrency": 2}, "maxTrialNumbr")):
+        refused = api.http.patch(f"/experiments/{experiment_id}", json=body)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error.startswith(f"{unknown}: "), error
+        assert error.endswith("trialConcurrency, maxTrialNumber, maxExperimentDuration, searchSpace"), error
+    for nothing in ({}, {"maxTrialNumber": None}):
+        unchanged = api.http.patch(f"/experiments/{experiment_id}", json=nothing)
+        assert unchanged.status_code == 200, unchanged.text
+        assert unchanged.json() == done
+    assert api.events(experiment_id) == log
+
+
 def test_a_customized_trial_runs_with_exactly_its_parameters_within_the_budget(api: Api) -> None:
     experiment_id = api.create(experiment_config(api.code, trials=2, concurrency=1))
     (tuner_trial,) = api.wait_running(experiment_id, 1)
