@@ -27,7 +27,7 @@ from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.projector import Projector
 from manager.replay import describe
-from manager.search_space import SearchSpaceError, validate_search_space
+from manager.search_space import SearchSpaceError, check_depth, validate_search_space
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -166,11 +166,15 @@ def update_experiment(experiment_id: Experiment, changes: ExperimentChangeReques
 
 
 def check_changes(host: ManagerHost, experiment_id: str, changes: ExperimentChanges) -> None:
-    """A new search space is checked as a config's is, by the experiment's tuner (a ConfigError naming
-    the offending key): the tuner would fail on it, and NNI's web UI cannot show it."""
+    """A new search space is checked as a config's is, its depth first, then by the experiment's tuner (a
+    ConfigError naming the offending key): the tuner would fail on it, and NNI's web UI cannot show it."""
     space = changes.search_space
     if space is None:
         return
+    try:
+        check_depth(space)  # whatever the tuner: the event that holds it must read back
+    except SearchSpaceError as error:
+        raise ConfigError(str(error)) from None
     tuner, custom = None, False
     try:
         section = ExperimentConfig.model_validate(host.service(experiment_id).experiment_view().config).tuner_section

@@ -20,7 +20,9 @@ import pytest
 from simulators.waiting import wait_until
 from tests.api.test_api_smoke import experiment_config
 from tests.conftest import Processes
+from tests.manager.test_config import CUSTOM_TUNER
 from tests.support import web
+from tests.support.configs import TOO_DEEP, deep_space
 
 GATED_TRIAL = """\
 import json, os, sys, time
@@ -522,6 +524,39 @@ def test_a_search_space_change_is_checked_as_a_configs_is(api: Api) -> None:
     changed = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": good})
     assert changed.status_code == 200, changed.text
     assert changed.json()["config"]["searchSpace"] == good
+    api.release_all()
+
+
+@pytest.mark.parametrize("tuner", [{"name": "Random"}, {"codeDirectory": "tuners", "className": "mine.Mine"}])
+def test_a_search_space_nested_too_deep_is_refused_not_lost(api: Api, tuner: dict[str, Any]) -> None:
+    """Past ~200 levels its event could not be read back: a new experiment's config was lost, a change answered
+    200 and was lost; at 600 a change answered 500. Past 64 it is refused (422; NNI's API: 400) with where,
+    whatever the tuner (a custom one reads its space alone), and nothing is written."""
+    (api.code / "tuners").mkdir()
+    (api.code / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+    tuner = {**tuner, "codeDirectory": str(api.code / "tuners")} if "className" in tuner else tuner
+    config = experiment_config(api.code, trials=1, concurrency=1, tuner=tuner)
+    for levels in (65, 600):
+        refused = api.http.post("/experiments", json={"config": {**config, "searchSpace": deep_space(levels)}})
+        assert refused.status_code == 422 and TOO_DEEP in refused.json()["error"], refused.text[-300:]
+    experiment_id = api.create(config)
+    api.wait_running(experiment_id, 1)
+
+    root = str(api.http.base_url).rstrip("/").removesuffix("/api/v1")
+    for levels in (65, 200, 600):
+        refused = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": deep_space(levels)})
+        assert refused.status_code == 422 and refused.json()["error"].startswith(TOO_DEEP), refused.text[-300:]
+        nni = api.http.put(
+            f"{root}/nni/{experiment_id}/api/v1/nni/experiment",
+            params={"update_type": "SEARCH_SPACE"},
+            json={"params": {"searchSpace": deep_space(levels)}},
+        )
+        assert nni.status_code == 400 and nni.json()["error"].startswith(TOO_DEEP), nni.text[-300:]
+    assert api.experiment(experiment_id)["config"]["searchSpace"] == config["searchSpace"]
+    assert not any(item["event"]["type"] == "ExperimentUpdated" for item in api.events(experiment_id))
+
+    deepest = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": deep_space(64)})
+    assert deepest.status_code == 200 and deepest.json()["config"]["searchSpace"] == deep_space(64), deepest.text
     api.release_all()
 
 
