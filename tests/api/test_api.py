@@ -560,6 +560,31 @@ def test_a_search_space_nested_too_deep_is_refused_not_lost(api: Api, tuner: dic
     api.release_all()
 
 
+def test_no_depth_of_a_search_space_is_a_server_error(api: Api) -> None:
+    """Just short of the depth JSON's parser refuses (a 400), the recursive check of a request's text for lone
+    surrogates ran out of Python's stack: a 500. Every depth is a 4xx: too deep a space, or too deep to parse."""
+    experiment_id = api.create(experiment_config(api.code, trials=1, concurrency=1))
+    api.wait_running(experiment_id, 1)
+    root = str(api.http.base_url).rstrip("/").removesuffix("/api/v1")
+    config = json.dumps({"config": {**experiment_config(api.code), "searchSpace": "SPACE"}})
+    for levels in range(900, 1001):  # bodies as text: the client's json.dumps would recurse as deep
+        space = '{"a": {"_type": "choice", "_value": ' + "[" * levels + "1" + "]" * levels + "}}"
+        for method, url, body in (
+            ("POST", "/experiments", config.replace('"SPACE"', space)),
+            ("PATCH", f"/experiments/{experiment_id}", f'{{"searchSpace": {space}}}'),
+            ("PUT", f"{root}/nni/{experiment_id}/api/v1/nni/experiment", f'{{"params": {{"searchSpace": {space}}}}}'),
+        ):
+            answer = api.http.request(
+                method,
+                url,
+                content=body,
+                params={"update_type": "SEARCH_SPACE"} if method == "PUT" else None,
+                headers={"content-type": "application/json"},
+            )
+            assert 400 <= answer.status_code < 500, (levels, method, answer.status_code, answer.text[-300:])
+    api.release_all()
+
+
 def test_event_stream_followers_leave_the_thread_pool_to_ordinary_requests(api: Api) -> None:
     """Followers wait on the log in blocking reads, on threads of their own: more of them than the
     handlers' pool has threads (40) still leave ordinary requests answered."""
