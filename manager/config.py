@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from core.registry import UnknownPlatform, platform_class
 from manager.algorithms import Algorithm, AlgorithmError, resolve
-from manager.search_space import SearchSpaceError
+from manager.search_space import MAX_DEPTH, SearchSpaceError, check_depth
 from schemas.config import (
     AlgorithmConfig,
     ConfigError,
@@ -99,10 +99,14 @@ def stored_experiment_spec(config: dict[str, Any], working_directory: str) -> Ex
     That config has its search space inlined and an absolute code directory, so a resumed
     experiment needs neither the YAML file nor the directory it was run from.
     """
-    return _validated(config, Path(working_directory) / "ExperimentCreated.config", Path("/"))
+    return _validated(config, Path(working_directory) / "ExperimentCreated.config", Path("/"), stored=True)
 
 
-def _validated(data: dict[str, Any], source: Path, base: Path, sent: bool = False) -> ExperimentSpec:
+def _validated(
+    data: dict[str, Any], source: Path, base: Path, sent: bool = False, stored: bool = False
+) -> ExperimentSpec:
+    """The spec of a config: new (`sent` over the API, or read from a file), or `stored` in an experiment's log,
+    which is taken as it was accepted (a limit added since, MAX_DEPTH, does not keep it from resuming)."""
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as error:
@@ -124,6 +128,8 @@ def _validated(data: dict[str, Any], source: Path, base: Path, sent: bool = Fals
         )
     search_space = _search_space(config, base, tuner.own_space)
     try:
+        if not stored:
+            check_depth(search_space)  # first: the tuner's checks walk it recursively, and its event must read back
         tuner.check_search_space(search_space)
     except SearchSpaceError as error:
         raise ConfigError(f"{source}: {error}") from None
@@ -162,6 +168,10 @@ def _read_mapping(path: Path, prefix: str, missing: str, invalid: str, not_mappi
         raise ConfigError(f"{prefix}: cannot read {path}: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{prefix}: {invalid}: {error}") from None
+    except RecursionError:  # PyYAML's parser recurses, a level or two of Python's stack per level of nesting
+        raise ConfigError(
+            f"{prefix}: nested too deep to read (a search space may have at most {MAX_DEPTH} levels)"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix}: {not_mapping}")
     return data

@@ -204,8 +204,13 @@ class ManagerHost:
     def update(self, experiment_id: str, changes: ExperimentChanges) -> None:
         """Change a running experiment. A DONE one is taken up again under the changes, as NNI's manager
         goes on when a finished experiment's limits are raised (and finishes again if they allow no more
-        trials); a STOPPED or ERROR one is refused: resuming it is the user's call."""
+        trials); a STOPPED or ERROR one is refused: resuming it is the user's call.
+
+        An empty change set changes nothing and writes nothing, as an empty PATCH (RFC 7396, Kubernetes, so
+        Katib) is a no-op: taking a DONE experiment up again for it would only move its endTime."""
         resolve_experiment(self.client, experiment_id)
+        if changes.empty:
+            return
         with self._update_lock:
             status = self.service(experiment_id).experiment_view().status
             if status == "DONE":

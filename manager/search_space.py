@@ -135,6 +135,40 @@ Param: TypeAlias = Choice | RandInt | Numeric
 Space: TypeAlias = tuple[tuple[str, Param], ...]
 
 
+MAX_DEPTH = 64
+"""Levels of JSON nesting a search space may have, itself the first: far above any real one (NNI's nested
+choices are a few levels deep), and far below what the log's reader takes (pydantic parses an event's JSON to
+200 levels, the event's own included) or what the recursive checks after `check_depth` can walk."""
+
+_Trail: TypeAlias = "tuple[str, _Trail] | None"  # a value's path, its last step first: built only to be shown
+
+
+def check_depth(space: Any, path: str = "searchSpace") -> None:
+    """Refuse a space nested more than MAX_DEPTH levels deep, naming where. Iterative, so that no depth breaks
+    it: it runs before anything recursive walks the space, whatever the tuner, custom ones included."""
+    pending: list[tuple[Any, int, _Trail]] = [(space, 1, None)]
+    while pending:
+        value, depth, trail = pending.pop()
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            raise SearchSpaceError(
+                f"{_joined(path, trail)}: nested more than {MAX_DEPTH} levels deep; a search space may have at most"
+                f" {MAX_DEPTH} (nested choices need a few)"
+            )
+        steps = value.items() if isinstance(value, dict) else enumerate(value)
+        step = ".{}" if isinstance(value, dict) else "[{}]"
+        pending.extend((item, depth + 1, (step.format(key), trail)) for key, item in steps)
+
+
+def _joined(path: str, trail: _Trail) -> str:
+    steps = []
+    while trail is not None:
+        last, trail = trail
+        steps.append(last)
+    return path + "".join(reversed(steps))
+
+
 NAS_TYPES = ("layer_choice", "input_choice")  # NNI's classic NAS space: RegularizedEvolution and PPO take it
 
 

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from schemas.config import ConfigError
+from schemas.events import ExperimentChanges
 from schemas.trial import CamelModel, MetricRecord, TrialJobDetail, encodable
 
 
@@ -17,6 +19,21 @@ class ExperimentRequest(CamelModel):
 
     config: Annotated[dict[str, Any], AfterValidator(encodable)]
     code_id: str | None = Field(default=None, alias="codeId", pattern=r"^[0-9a-f]{64}$")
+
+
+class ExperimentChangeRequest(ExperimentChanges):
+    """The body of `PATCH /experiments/{id}`. Other keys are kept, not dropped as the event model drops them
+    (it must read what old events hold), for `check_keys` to refuse: a misspelt key dropped silently left an
+    empty change, answered 200 as if it were made."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})  # as answered
+
+    def check_keys(self) -> None:
+        """A ConfigError (422) naming the unknown keys and the keys that can be changed."""
+        if self.model_extra:
+            unknown = ", ".join(self.model_extra)
+            changeable = ", ".join(str(field.alias) for field in ExperimentChanges.model_fields.values())
+            raise ConfigError(f"{unknown}: unknown key; the keys that can be changed are {changeable}")
 
 
 class ExperimentCreatedAnswer(CamelModel):

@@ -76,6 +76,11 @@ class ExperimentChanges(CamelModel):
     max_experiment_duration: float | None = Field(default=None, gt=0, description="seconds")
     search_space: Annotated[dict[str, Any] | None, AfterValidator(encodable)] = None
 
+    @property
+    def empty(self) -> bool:
+        """Nothing is changed: every key absent (or null)."""
+        return not self.model_dump(exclude_none=True)
+
 
 class ExperimentUpdated(BaseEvent):
     """A change to a running experiment: its runner applies it, `resume` replays it, and the

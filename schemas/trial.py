@@ -14,19 +14,21 @@ from pydantic.alias_generators import to_camel
 def encodable(value: Any) -> Any:
     """JSON may carry lone surrogates (`"\\ud800"`), which no UTF-8 store can hold: refused here, as the
     client's mistake (a 4xx), rather than failing as Redis encodes them (a 500, or half a write) or as a JSON dump
-    replaces them (text changed behind the client's back)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"text {value[:40]!r} holds a lone surrogate: not valid UTF-8") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            encodable(key)
-            encodable(item)
-    elif isinstance(value, list):
-        for item in value:
-            encodable(item)
+    replaces them (text changed behind the client's back). Iterative: a value nested as deep as JSON's parser
+    takes (a search space of 950 levels) must not run out of Python's stack here (a 500)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"text {item[:40]!r} holds a lone surrogate: not valid UTF-8") from None
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return value
 
 

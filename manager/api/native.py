@@ -27,7 +27,7 @@ from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.projector import Projector
 from manager.replay import describe
-from manager.search_space import SearchSpaceError, validate_search_space
+from manager.search_space import SearchSpaceError, check_depth, validate_search_space
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -36,6 +36,7 @@ from schemas.api import (
     CustomizedTrial,
     CustomizedTrialAnswer,
     EventPage,
+    ExperimentChangeRequest,
     ExperimentCreatedAnswer,
     ExperimentRequest,
     ExperimentState,
@@ -155,19 +156,25 @@ def get_experiment(experiment_id: Experiment, host: Host) -> ExperimentState:
 
 
 @router.patch("/experiments/{experiment_id}", response_model=ExperimentState)
-def update_experiment(experiment_id: Experiment, changes: ExperimentChanges, host: Host) -> ExperimentState:
-    """Change trialConcurrency, maxTrialNumber, maxExperimentDuration (seconds) or the search space."""
+def update_experiment(experiment_id: Experiment, changes: ExperimentChangeRequest, host: Host) -> ExperimentState:
+    """Change trialConcurrency, maxTrialNumber, maxExperimentDuration (seconds) or the search space; an unknown
+    key is refused (422), and a body with nothing to change changes nothing (an empty PATCH is a no-op)."""
+    changes.check_keys()
     check_changes(host, experiment_id, changes)
     host.update(experiment_id, changes)
     return _state(host, experiment_id)
 
 
 def check_changes(host: ManagerHost, experiment_id: str, changes: ExperimentChanges) -> None:
-    """A new search space is checked as a config's is, by the experiment's tuner (a ConfigError naming
-    the offending key): the tuner would fail on it, and NNI's web UI cannot show it."""
+    """A new search space is checked as a config's is, its depth first, then by the experiment's tuner (a
+    ConfigError naming the offending key): the tuner would fail on it, and NNI's web UI cannot show it."""
     space = changes.search_space
     if space is None:
         return
+    try:
+        check_depth(space)  # whatever the tuner: the event that holds it must read back
+    except SearchSpaceError as error:
+        raise ConfigError(str(error)) from None
     tuner, custom = None, False
     try:
         section = ExperimentConfig.model_validate(host.service(experiment_id).experiment_view().config).tuner_section
@@ -286,8 +293,13 @@ def update_trial(experiment_id: Experiment, trial_id: str, form: JobApplicationF
 
 
 @router.post("/experiments/{experiment_id}/trials/{trial_id}/cancel", response_model=TrialJobDetail)
-def cancel_trial(experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest) -> TrialJobDetail:
-    host.cancel_trial(experiment_id, trial_id, early_stopped=request.early_stopped)
+def cancel_trial(
+    experiment_id: Experiment, trial_id: str, host: Host, request: CancelRequest | None = None
+) -> TrialJobDetail:
+    """USER_CANCELED, or EARLY_STOPPED with `{"earlyStopped": true}`. The body is optional (NNI's cancelTrialJob
+    defaults isEarlyStopped to false): a plain POST reaches the trial, an unknown one a 404, not a 422 for the body."""
+    early_stopped = request is not None and request.early_stopped
+    host.cancel_trial(experiment_id, trial_id, early_stopped=early_stopped)
     return host.service(experiment_id).get_trial_job(trial_id)
 
 

@@ -20,7 +20,9 @@ import pytest
 from simulators.waiting import wait_until
 from tests.api.test_api_smoke import experiment_config
 from tests.conftest import Processes
+from tests.manager.test_config import CUSTOM_TUNER
 from tests.support import web
+from tests.support.configs import TOO_DEEP, deep_space
 
 GATED_TRIAL = """\
 import json, os, sys, time
@@ -259,6 +261,27 @@ def test_changes_to_a_running_experiment_are_obeyed(api: Api) -> None:
     assert [trial["status"] for trial in api.trials(experiment_id)] == ["SUCCEEDED"] * 7
 
 
+def test_a_change_with_an_unknown_key_or_nothing_to_change_leaves_a_done_experiment_as_it_was(api: Api) -> None:
+    """A misspelt key was dropped, leaving an empty change that took a DONE experiment up again (its log
+    written, its endTime moved). An unknown key is refused by name; an empty change set is no change."""
+    experiment_id = api.create(experiment_config(api.code, trials=1))
+    api.release_all()
+    done = api.wait_status(experiment_id, "DONE")
+    log = api.events(experiment_id)
+
+    for body, unknown in (({"bogus": 1}, "bogus"), ({"maxTrialNumbr": 5, "trialConcurrency": 2}, "maxTrialNumbr")):
+        refused = api.http.patch(f"/experiments/{experiment_id}", json=body)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error.startswith(f"{unknown}: "), error
+        assert error.endswith("trialConcurrency, maxTrialNumber, maxExperimentDuration, searchSpace"), error
+    for nothing in ({}, {"maxTrialNumber": None}):
+        unchanged = api.http.patch(f"/experiments/{experiment_id}", json=nothing)
+        assert unchanged.status_code == 200, unchanged.text
+        assert unchanged.json() == done
+    assert api.events(experiment_id) == log
+
+
 def test_a_customized_trial_runs_with_exactly_its_parameters_within_the_budget(api: Api) -> None:
     experiment_id = api.create(experiment_config(api.code, trials=2, concurrency=1))
     (tuner_trial,) = api.wait_running(experiment_id, 1)
@@ -346,13 +369,15 @@ def test_cancel_early_stop_metrics_and_the_trial_form(api: Api) -> None:
     assert api.http.put(f"{base}/nope", json=form).status_code == 404
     assert api.http.put(f"{base}/{first['id']}", json={"sequenceId": "x"}).status_code == 422
 
-    canceled = api.http.post(f"{base}/{first['id']}/cancel", json={})
+    canceled = api.http.post(f"{base}/{first['id']}/cancel")  # no body: earlyStopped false
     assert canceled.status_code == 200, canceled.text
     assert reached(first["id"], "USER_CANCELED")["id"] == first["id"]
     stopped = api.http.post(f"{base}/{second['id']}/cancel", json={"earlyStopped": True})
     assert stopped.status_code == 200, stopped.text
     assert reached(second["id"], "EARLY_STOPPED")["id"] == second["id"]
     assert api.http.post(f"{base}/nope/cancel", json={}).status_code == 404
+    unknown = api.http.post(f"{base}/nope/cancel")  # the missing trial, not the missing (optional) body
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"], unknown.text
 
     api.release_all()
     api.wait_status(experiment_id, "DONE")
@@ -499,6 +524,64 @@ def test_a_search_space_change_is_checked_as_a_configs_is(api: Api) -> None:
     changed = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": good})
     assert changed.status_code == 200, changed.text
     assert changed.json()["config"]["searchSpace"] == good
+    api.release_all()
+
+
+@pytest.mark.parametrize("tuner", [{"name": "Random"}, {"codeDirectory": "tuners", "className": "mine.Mine"}])
+def test_a_search_space_nested_too_deep_is_refused_not_lost(api: Api, tuner: dict[str, Any]) -> None:
+    """Past ~200 levels its event could not be read back: a new experiment's config was lost, a change answered
+    200 and was lost; at 600 a change answered 500. Past 64 it is refused (422; NNI's API: 400) with where,
+    whatever the tuner (a custom one reads its space alone), and nothing is written."""
+    (api.code / "tuners").mkdir()
+    (api.code / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+    tuner = {**tuner, "codeDirectory": str(api.code / "tuners")} if "className" in tuner else tuner
+    config = experiment_config(api.code, trials=1, concurrency=1, tuner=tuner)
+    for levels in (65, 600):
+        refused = api.http.post("/experiments", json={"config": {**config, "searchSpace": deep_space(levels)}})
+        assert refused.status_code == 422 and TOO_DEEP in refused.json()["error"], refused.text[-300:]
+    experiment_id = api.create(config)
+    api.wait_running(experiment_id, 1)
+
+    root = str(api.http.base_url).rstrip("/").removesuffix("/api/v1")
+    for levels in (65, 200, 600):
+        refused = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": deep_space(levels)})
+        assert refused.status_code == 422 and refused.json()["error"].startswith(TOO_DEEP), refused.text[-300:]
+        nni = api.http.put(
+            f"{root}/nni/{experiment_id}/api/v1/nni/experiment",
+            params={"update_type": "SEARCH_SPACE"},
+            json={"params": {"searchSpace": deep_space(levels)}},
+        )
+        assert nni.status_code == 400 and nni.json()["error"].startswith(TOO_DEEP), nni.text[-300:]
+    assert api.experiment(experiment_id)["config"]["searchSpace"] == config["searchSpace"]
+    assert not any(item["event"]["type"] == "ExperimentUpdated" for item in api.events(experiment_id))
+
+    deepest = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": deep_space(64)})
+    assert deepest.status_code == 200 and deepest.json()["config"]["searchSpace"] == deep_space(64), deepest.text
+    api.release_all()
+
+
+def test_no_depth_of_a_search_space_is_a_server_error(api: Api) -> None:
+    """Just short of the depth JSON's parser refuses (a 400), the recursive check of a request's text for lone
+    surrogates ran out of Python's stack: a 500. Every depth is a 4xx: too deep a space, or too deep to parse."""
+    experiment_id = api.create(experiment_config(api.code, trials=1, concurrency=1))
+    api.wait_running(experiment_id, 1)
+    root = str(api.http.base_url).rstrip("/").removesuffix("/api/v1")
+    config = json.dumps({"config": {**experiment_config(api.code), "searchSpace": "SPACE"}})
+    for levels in range(900, 1001):  # bodies as text: the client's json.dumps would recurse as deep
+        space = '{"a": {"_type": "choice", "_value": ' + "[" * levels + "1" + "]" * levels + "}}"
+        for method, url, body in (
+            ("POST", "/experiments", config.replace('"SPACE"', space)),
+            ("PATCH", f"/experiments/{experiment_id}", f'{{"searchSpace": {space}}}'),
+            ("PUT", f"{root}/nni/{experiment_id}/api/v1/nni/experiment", f'{{"params": {{"searchSpace": {space}}}}}'),
+        ):
+            answer = api.http.request(
+                method,
+                url,
+                content=body,
+                params={"update_type": "SEARCH_SPACE"} if method == "PUT" else None,
+                headers={"content-type": "application/json"},
+            )
+            assert 400 <= answer.status_code < 500, (levels, method, answer.status_code, answer.text[-300:])
     api.release_all()
 
 

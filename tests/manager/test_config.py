@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from core.registry import available_platforms
-from manager.config import ExperimentSpec, load_experiment_config
+from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
 from schemas.config import ConfigError, ExperimentConfig, parse_duration
-from tests.support.configs import config_error, write_config_file
+from tests.support.configs import TOO_DEEP, config_error, deep_space, write_config_file
 from workers.platforms.local.config import LocalConfig
 
 SEARCH_SPACE: dict[str, Any] = {
@@ -746,6 +746,38 @@ def test_a_custom_tuner_whose_module_needs_a_missing_package_says_what_to_instal
 
     assert "needy.Tuner needs the 'no_such_package_here' package, which is not installed: " in message
     assert message.endswith("pip install no_such_package_here")
+
+
+@pytest.mark.parametrize("tuner", [{"name": "TPE"}, {"codeDirectory": "tuners", "className": "mine.Mine"}])
+def test_a_search_space_nested_too_deep_is_refused_naming_where_whatever_the_tuner(
+    tmp_path: Path, tuner: dict[str, Any]
+) -> None:
+    """Its event could not be read back (pydantic's JSON parser stops at 200 levels), and the tuner's checks
+    recurse: past 64 levels, far above a real space's few, it is refused before either, as a file too."""
+    (tmp_path / "tuners").mkdir()
+    (tmp_path / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+    assert load(tmp_path, minimal(searchSpace=deep_space(64), tuner=tuner)).search_space == deep_space(64)
+
+    for levels in (65, 200):
+        message = rejection(tmp_path, minimal(searchSpace=deep_space(levels), tuner=tuner))
+        (line,) = problem_lines(message, tmp_path / "config.yml")
+        assert line.startswith(TOO_DEEP), line
+
+    (tmp_path / "space.json").write_text(json.dumps(deep_space(65)))
+    message = rejection(tmp_path, minimal(searchSpace=None, searchSpaceFile="space.json", tuner=tuner))
+    assert message.startswith(f"{tmp_path / 'config.yml'}: {TOO_DEEP}"), message
+    (tmp_path / "space.json").write_text("[" * 5000 + "]" * 5000)  # too deep for PyYAML's recursive parser
+    message = rejection(tmp_path, minimal(searchSpace=None, searchSpaceFile="space.json", tuner=tuner))
+    assert message.startswith("searchSpaceFile: nested too deep to read"), message
+
+
+def test_a_stored_config_is_not_held_to_the_depth_limit_added_since(tmp_path: Path) -> None:
+    """An experiment created before the limit, its log readable, still resumes."""
+    config = load(tmp_path, minimal(searchSpace=deep_space(64))).as_event_config
+
+    spec = stored_experiment_spec({**config, "searchSpace": deep_space(100)}, str(tmp_path))
+
+    assert spec.search_space == deep_space(100)
 
 
 def test_a_builtin_tuner_still_needs_a_search_space(tmp_path: Path) -> None:

@@ -23,6 +23,18 @@ def write_config_file(directory: Path, config: dict[str, Any], name: str = "conf
     return path
 
 
+def deep_space(levels: int) -> dict[str, Any]:
+    """A search space of `levels` levels of JSON nesting, itself the first: a choice of one option, a list of a
+    list of ... of 1, the innermost list `levels` deep (`searchSpace.a._value` is level 3)."""
+    option: Any = 1
+    for _ in range(levels - 2):
+        option = [option]
+    return {"a": {"_type": "choice", "_value": option}}
+
+
+TOO_DEEP = f"searchSpace.a._value{'[0]' * 62}: nested more than 64 levels deep"  # `deep_space(65)`'s level 65
+
+
 def write_config(
     directory: Path, training_service: Any, search_space: dict[str, Any], name: str | None = None, **top: Any
 ) -> Path:
