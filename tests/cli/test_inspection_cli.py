@@ -339,3 +339,12 @@ def test_a_bad_log_file_is_refused_naming_the_line_and_nothing_is_written(
 def test_a_log_file_that_cannot_be_read_is_named(client: redis.Redis, env: dict[str, str], tmp_path: Path) -> None:
     fails(trialstream("import", str(tmp_path / "absent.jsonl"), env=env), f"cannot read {tmp_path / 'absent.jsonl'}")
     assert client.dbsize() == 0
+
+
+def test_an_experiments_dir_that_cannot_hold_the_import_is_named(tmp_path: Path) -> None:
+    """With no Redis, the import makes a data directory under TRIALSTREAM_EXPERIMENTS_DIR: a file there is the
+    user's to fix, said in one line (it was a NotADirectoryError's traceback)."""
+    a_file = tmp_path / "a-file"
+    a_file.touch()
+    imported = trialstream("import", str(V1_LOG), env={"TRIALSTREAM_EXPERIMENTS_DIR": str(a_file)})
+    fails(imported, f"TRIALSTREAM_EXPERIMENTS_DIR: cannot create {a_file}/v1sample (Not a directory); set it to a")
