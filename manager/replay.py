@@ -70,7 +70,11 @@ def parse_position(text: str, *, end: bool = False) -> str:
             f"{text!r} is not an event id (like 1795319625061-0), epoch milliseconds, or an ISO-8601 time"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.astimezone()  # a naive time is local time
+        try:
+            moment = moment.astimezone()  # a naive time is local time
+        except (ValueError, OverflowError):  # year 1 or 9999, moved by the local offset out of datetime's range
+            where = "before 1970" if moment.year < 1970 else "too late: give a time before 9999-12-31"
+            raise InvalidPosition(f"{text!r} is {where}") from None
     ms = (moment - _EPOCH) // timedelta(milliseconds=1)
     if ms < 0:
         raise InvalidPosition(f"{text!r} is before 1970")

@@ -348,3 +348,13 @@ def test_an_experiments_dir_that_cannot_hold_the_import_is_named(tmp_path: Path)
     a_file.touch()
     imported = trialstream("import", str(V1_LOG), env={"TRIALSTREAM_EXPERIMENTS_DIR": str(a_file)})
     fails(imported, f"TRIALSTREAM_EXPERIMENTS_DIR: cannot create {a_file}/v1sample (Not a directory); set it to a")
+
+
+def test_a_time_out_of_range_is_said_plainly(make_service: ServiceFactory, env: dict[str, str]) -> None:
+    """A naive time is local: one that Python cannot move by the local offset (year 1, or 9999 east of UTC) was
+    a `year 0 is out of range` traceback."""
+    exp = make_service().experiment_id
+    east = {**env, "TZ": "Asia/Tokyo"}
+    fails(trialstream("events", exp, "--since", "0001-01-01", env=east), "'0001-01-01' is before 1970")
+    fails(trialstream("replay", exp, "--until", "0001-01-01", env=east), "'0001-01-01' is before 1970")
+    fails(trialstream("events", exp, "--until", "9999-12-31T23:59", env=east), "too late: give a time before 9999")
