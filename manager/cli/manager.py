@@ -8,7 +8,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.connections import connect
 from core.logging_setup import configure_logging
@@ -21,6 +21,7 @@ from manager.runner import RunnerError
 if TYPE_CHECKING:
     from manager.host import OnExit
 
+MAX_PORT = 65535
 SWITCH_INTERVAL_S = 0.001
 """How long a thread holds the GIL while another waits for it (Python's default: 5 ms). The manager's work
 is latency-bound: a runner reacting to a trial's end takes the GIL back after each Redis reply, and under
@@ -74,6 +75,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     from manager.nnictl import NnictlBridge
 
     configure_logging(args.log_format)
+    if not 0 <= args.port <= MAX_PORT:  # a socket takes it modulo 2**16: 99999 would be announced, 34463 served
+        raise RunnerError(f"--port {args.port}: give a port from 1 to {MAX_PORT} (0: any free one)")
     token = _token(args.token_file, settings)
     if token is None and not _is_loopback(args.host):
         raise RunnerError(
@@ -131,7 +134,12 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
 
 def _token(token_file: Path | None, settings: Settings) -> str | None:
     if token_file is not None:
-        token = token_file.read_text().strip()
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise RunnerError(f"--token-file {token_file}: cannot read it ({error.strerror})") from None
+        except UnicodeDecodeError:
+            raise RunnerError(f"--token-file {token_file}: not UTF-8 text, so no token") from None
         if not token:
             raise RunnerError(f"--token-file {token_file} is empty")
         return token
@@ -144,7 +152,15 @@ def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in _addresses(host, None))
+
+
+def _addresses(host: str, port: int | None) -> list[tuple[Any, ...]]:
+    """The addresses `host` names for listening on; a name that resolves to none is the user's to fix."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise RunnerError(f"--host {host}: no such address ({error.strerror}); give an address of this host") from None
 
 
 log = logging.getLogger(__name__)
