@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import socket
@@ -98,14 +99,14 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         if name_problem is not None:
             raise RunnerError(f"--allowed-host {name}: expected {name_problem}")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
+    listener = _listening(args.host, args.port)
+    port = listener.getsockname()[1]  # --port 0's free one
     host = ManagerHost(connect(url, options=settings.redis_options()), settings)
     options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host))
     api = build_api(host, options)
     server = uvicorn.Server(
         uvicorn.Config(
             served_under(guarded(api, options), prefix),
-            host=args.host,
-            port=args.port,
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=5,
@@ -116,10 +117,10 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     bridge = NnictlBridge(host, nnictl_api(host, options)) if args.nnictl_registry else None
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     host.start()
-    log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
-    log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, args.port, f"/{prefix}" if prefix else "")
+    log.info("manager on http://%s:%d/%s serving %s", args.host, port, prefix, redact_url(url))
+    log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, port, f"/{prefix}" if prefix else "")
     try:
-        server.run()  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
+        server.run([listener])  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
     except KeyboardInterrupt:
         pass
     finally:
@@ -153,6 +154,27 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return all(ipaddress.ip_address(info[4][0]).is_loopback for info in _addresses(host, None))
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """The manager's socket, bound before it starts experiments or says where it serves (uvicorn, left to bind,
+    logs a port in use after that announcement). One socket, on `host`'s first address, as uvicorn binds one for
+    its workers; an IPv6 one takes IPv6 alone, as asyncio's binding did."""
+    family, kind, proto, _, address = _addresses(host, port)[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        if error.errno == errno.EADDRINUSE:
+            raise RunnerError(
+                f"--port {port}: {host}:{port} is in use; stop what listens there, or choose another port"
+            ) from None
+        raise RunnerError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
+    return listener
 
 
 def _addresses(host: str, port: int | None) -> list[tuple[Any, ...]]:
