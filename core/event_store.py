@@ -74,7 +74,7 @@ class UnreadableEvent:
 LogEntry = StoredEvent | UnreadableEvent
 
 
-STREAM_ID = re.compile(r"\d+-\d+")
+STREAM_ID = re.compile(r"[0-9]+-[0-9]+")  # ASCII only: \d takes full-width digits, which int() reads and Redis refuses
 _U64 = 2**64
 EXPERIMENT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 

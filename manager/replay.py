@@ -28,6 +28,7 @@ from core.event_store import (
     EventStore,
     LogEntry,
     StoredEvent,
+    is_stream_id,
     stored_payload,
     stream_position,
 )
@@ -37,7 +38,6 @@ from manager.projector import Projector, scratch_namespace
 from schemas.events import Event
 
 _BATCH = 1000
-_EPOCH_MS = re.compile(r"\d+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Fields every event has: shown in their own columns, so left out of the summary.
 _COMMON_FIELDS = {"experiment_id", "time", "source", "trial_id", "type", "v", "attempt"}
@@ -61,7 +61,12 @@ def parse_position(text: str, *, end: bool = False) -> str:
     whole millisecond (XRANGE reads a bare `ms` there as `ms-<max>`).
     """
     text = text.strip()
-    if STREAM_ID.fullmatch(text) or _EPOCH_MS.fullmatch(text):
+    as_id = text if "-" in text else f"{text}-0"  # epoch ms: an id's first part
+    if STREAM_ID.fullmatch(as_id):
+        if not is_stream_id(as_id):  # Redis refuses it; through a manager it would match every entry
+            raise InvalidPosition(
+                f"{text!r} is not an event id or epoch milliseconds: each part of an id (ms-seq) is below 2**64"
+            )
         return text
     try:
         moment = datetime.fromisoformat(text)
@@ -70,7 +75,11 @@ def parse_position(text: str, *, end: bool = False) -> str:
             f"{text!r} is not an event id (like 1795319625061-0), epoch milliseconds, or an ISO-8601 time"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.astimezone()  # a naive time is local time
+        try:
+            moment = moment.astimezone()  # a naive time is local time
+        except (ValueError, OverflowError):  # year 1 or 9999, moved by the local offset out of datetime's range
+            where = "before 1970" if moment.year < 1970 else "too late: give a time before 9999-12-31"
+            raise InvalidPosition(f"{text!r} is {where}") from None
     ms = (moment - _EPOCH) // timedelta(milliseconds=1)
     if ms < 0:
         raise InvalidPosition(f"{text!r} is before 1970")

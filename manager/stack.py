@@ -29,9 +29,10 @@ import redis
 from core.connections import RedisUnavailable, connect
 from core.platform import Platform
 from core.registry import platform_class
-from core.settings import Settings, trial_environment
-from core.variables import REDIS_URL_ENV
+from core.settings import SettingError, Settings, trial_environment
+from core.variables import EXPERIMENTS_DIR_ENV, REDIS_URL_ENV
 from manager.experiments import ExperimentNotFound
+from schemas.config import ConfigError
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _START_DEADLINE_S = 15.0
@@ -208,6 +209,20 @@ class EmbeddedStack:
 def experiments_root(settings: Settings, configured: str | None = None) -> Path:
     """Where embedded experiments live: experimentWorkingDirectory if a config gives one, else the setting."""
     return Path(configured or settings.experiments_dir).expanduser().resolve()
+
+
+def new_experiment_dir(settings: Settings, experiment_id: str, configured: str | None = None) -> Path:
+    """A new embedded experiment's directory, made under `experiments_root`. A root where none can be made (a
+    file, a path under /proc) is the user's to fix: the error names where they gave it, not an OSError's trace."""
+    directory = experiments_root(settings, configured) / experiment_id
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        problem = f"cannot create {directory} ({error.strerror}); set it to a directory you can write to"
+        if configured:
+            raise ConfigError(f"experimentWorkingDirectory: {problem}") from None
+        raise SettingError(f"{EXPERIMENTS_DIR_ENV}: {problem}") from None
+    return directory
 
 
 def experiment_dir(root: Path, experiment_id: str | None) -> Path:

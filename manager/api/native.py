@@ -353,7 +353,7 @@ def set_cluster_metadata(
 def list_events(
     experiment_id: Experiment,
     host: Host,
-    after: Annotated[str, Query(pattern=r"^\d+-\d+$")] = "0-0",
+    after: Annotated[str, Query(pattern=r"^[0-9]+-[0-9]+$")] = "0-0",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> EventPage:
     """The log, a page at a time, in order: each entry's id and its event as stored."""

@@ -26,7 +26,7 @@ from manager.replay import (
     replay_check,
     replayed,
 )
-from manager.stack import DATA_DIR, EmbeddedRedis, experiments_root
+from manager.stack import DATA_DIR, EmbeddedRedis, new_experiment_dir
 from manager.transfer import ExperimentExists, InvalidLogFile, LogFile, export_log, import_log, read_log_file, renamed
 from manager.views import ViewStore
 
@@ -205,11 +205,11 @@ def _import_into(client: redis.Redis, log: LogFile) -> None:
 
 def _import_embedded(log: LogFile, settings: Settings) -> None:
     """No Redis given: a new data directory under the experiments root, read later as an ended run's."""
-    root = experiments_root(settings)
-    data_dir = root / log.experiment_id / DATA_DIR
+    directory = new_experiment_dir(settings, log.experiment_id)
+    data_dir = directory / DATA_DIR
     if data_dir.exists():
         raise ExperimentExists(
-            f"experiment {log.experiment_id!r} already exists under {root}; "
+            f"experiment {log.experiment_id!r} already exists under {directory.parent}; "
             "import it under another id with --experiment-id NEW_ID"
         )
     server = EmbeddedRedis(data_dir)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.connections import connect
 from core.logging_setup import configure_logging
@@ -21,6 +22,7 @@ from manager.runner import RunnerError
 if TYPE_CHECKING:
     from manager.host import OnExit
 
+MAX_PORT = 65535
 SWITCH_INTERVAL_S = 0.001
 """How long a thread holds the GIL while another waits for it (Python's default: 5 ms). The manager's work
 is latency-bound: a runner reacting to a trial's end takes the GIL back after each Redis reply, and under
@@ -74,6 +76,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     from manager.nnictl import NnictlBridge
 
     configure_logging(args.log_format)
+    if not 0 <= args.port <= MAX_PORT:  # a socket takes it modulo 2**16: 99999 would be announced, 34463 served
+        raise RunnerError(f"--port {args.port}: give a port from 1 to {MAX_PORT} (0: any free one)")
     token = _token(args.token_file, settings)
     if token is None and not _is_loopback(args.host):
         raise RunnerError(
@@ -95,14 +99,14 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         if name_problem is not None:
             raise RunnerError(f"--allowed-host {name}: expected {name_problem}")
     on_exit: OnExit = args.on_exit or ("stop" if args.nnictl_registry else "detach")
+    listener = _listening(args.host, args.port)
+    port = listener.getsockname()[1]  # --port 0's free one
     host = ManagerHost(connect(url, options=settings.redis_options()), settings)
     options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host))
     api = build_api(host, options)
     server = uvicorn.Server(
         uvicorn.Config(
             served_under(guarded(api, options), prefix),
-            host=args.host,
-            port=args.port,
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=5,
@@ -113,10 +117,10 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     bridge = NnictlBridge(host, nnictl_api(host, options)) if args.nnictl_registry else None
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     host.start()
-    log.info("manager on http://%s:%d/%s serving %s", args.host, args.port, prefix, redact_url(url))
-    log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, args.port, f"/{prefix}" if prefix else "")
+    log.info("manager on http://%s:%d/%s serving %s", args.host, port, prefix, redact_url(url))
+    log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, port, f"/{prefix}" if prefix else "")
     try:
-        server.run()  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
+        server.run([listener])  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
     except KeyboardInterrupt:
         pass
     finally:
@@ -131,7 +135,12 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
 
 def _token(token_file: Path | None, settings: Settings) -> str | None:
     if token_file is not None:
-        token = token_file.read_text().strip()
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise RunnerError(f"--token-file {token_file}: cannot read it ({error.strerror})") from None
+        except UnicodeDecodeError:
+            raise RunnerError(f"--token-file {token_file}: not UTF-8 text, so no token") from None
         if not token:
             raise RunnerError(f"--token-file {token_file} is empty")
         return token
@@ -144,7 +153,36 @@ def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in _addresses(host, None))
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """The manager's socket, bound before it starts experiments or says where it serves (uvicorn, left to bind,
+    logs a port in use after that announcement). One socket, on `host`'s first address, as uvicorn binds one for
+    its workers; an IPv6 one takes IPv6 alone, as asyncio's binding did."""
+    family, kind, proto, _, address = _addresses(host, port)[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        if error.errno == errno.EADDRINUSE:
+            raise RunnerError(
+                f"--port {port}: {host}:{port} is in use; stop what listens there, or choose another port"
+            ) from None
+        raise RunnerError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
+    return listener
+
+
+def _addresses(host: str, port: int | None) -> list[tuple[Any, ...]]:
+    """The addresses `host` names for listening on; a name that resolves to none is the user's to fix."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise RunnerError(f"--host {host}: no such address ({error.strerror}); give an address of this host") from None
 
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from manager.config import ExperimentSpec, load_experiment_config, stored_experi
 from manager.experiments import new_id, resolve_experiment
 from manager.preflight import unserved
 from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerError
-from manager.stack import EmbeddedStack, experiment_dir, experiments_root, live_url
+from manager.stack import EmbeddedStack, experiment_dir, experiments_root, live_url, new_experiment_dir
 from manager.training_service import TrainingService
 
 _SERVED_POLL_S = 0.1
@@ -66,8 +66,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         )
     else:
         experiment_id = new_id(8)
-        root = experiments_root(settings, spec.config.experiment_working_directory)
-        with EmbeddedStack(root / experiment_id, settings) as stack:
+        directory = new_experiment_dir(settings, experiment_id, spec.config.experiment_working_directory)
+        with EmbeddedStack(directory, settings) as stack:
             stack.services.serve(platforms, concurrency)
             result = _drive(
                 lambda show: ExperimentRunner.create(

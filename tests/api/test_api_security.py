@@ -56,6 +56,40 @@ def test_an_empty_token_file_is_refused(processes: Processes, tmp_path: Path) ->
     assert code != 0 and f"--token-file {empty} is empty" in message, message
 
 
+def test_a_token_file_host_or_port_that_cannot_be_used_is_refused_at_start(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """Each named with its option, in one line: an unreadable token file and a host name that resolves to nothing
+    were tracebacks (FileNotFoundError, socket.gaierror); --port 99999 was announced, and 99999 - 65536 served."""
+    absent = tmp_path / "absent"
+    for arguments, reason in (
+        (("--token-file", str(absent)), f"--token-file {absent}: cannot read it (No such file or directory)"),
+        (("--token-file", str(tmp_path)), f"--token-file {tmp_path}: cannot read it (Is a directory)"),
+        (("--host", "no.such.host.invalid"), "--host no.such.host.invalid: no such address ("),
+        (("--port", "99999"), "--port 99999: give a port from 1 to 65535"),
+    ):
+        code, message = refused_start(processes, *arguments)
+        assert code != 0 and reason in message, message
+    assert "Traceback" not in processes.logs()
+
+
+def test_a_port_in_use_or_an_unknown_host_is_said_before_the_manager_says_it_serves(processes: Processes) -> None:
+    """The manager binds before it announces itself or starts experiments: left to uvicorn, a port in use was
+    announced as served, then only logged as uvicorn's bind error (exit 3), and with a token, an unknown
+    --host the same way."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, message = refused_start(processes, "--port", str(port))
+    assert code == 1 and message == f"trialstream: error: --port {port}: 127.0.0.1:{port} is in use; stop what " + (
+        "listens there, or choose another port"
+    ), message
+    code, message = refused_start(processes, "--host", "no.such.host.invalid", env={TOKEN_ENV: TOKEN})
+    assert code == 1 and "--host no.such.host.invalid: no such address (" in message, message
+    assert "manager on" not in processes.logs() and "Traceback" not in processes.logs()
+
+
 def test_a_url_prefix_the_web_ui_would_misread_and_unsafe_host_or_origin_options_are_refused_at_start(
     processes: Processes,
 ) -> None:

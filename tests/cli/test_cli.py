@@ -220,6 +220,11 @@ def test_no_worker_serving_the_queue_is_said_clearly(tmp_path: Path, processes: 
         ({"trialConcurency": 2}, "trialConcurency: unknown key"),
         ({"trainingService": {"platform": "nowhere"}}, "unknown platform 'nowhere'; available platforms: "),
         ({"tuner": {"name": "TPEE"}}, "tuner.name"),
+        (  # was a NotADirectoryError's traceback, from the embedded stack making its data directory
+            {"experimentWorkingDirectory": "/etc/passwd"},
+            "experimentWorkingDirectory: cannot create /etc/passwd/",
+        ),
+        ({"experimentWorkingDirectory": "/proc/nope"}, "set it to a directory you can write to"),
     ],
 )
 def test_invalid_config_names_the_key(tmp_path: Path, overrides: dict, expected: str) -> None:

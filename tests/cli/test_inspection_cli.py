@@ -23,7 +23,7 @@ from core.connections import connect
 from core.event_store import EventStore, StoredEvent
 from manager.replay import SCRATCH_PREFIX, diff_views, event_types, replayed, snapshot_views
 from manager.views import ViewStore
-from tests.conftest import REPO, Processes, ServiceFactory, stream_entries, wait_until
+from tests.conftest import REPO, Processes, ServiceFactory, free_port, stream_entries, wait_until
 from tests.manager.test_replay import Mixed, run_mixed_experiment
 
 V1_LOG = REPO / "tests" / "data" / "log-v1.jsonl"
@@ -339,3 +339,39 @@ def test_a_bad_log_file_is_refused_naming_the_line_and_nothing_is_written(
 def test_a_log_file_that_cannot_be_read_is_named(client: redis.Redis, env: dict[str, str], tmp_path: Path) -> None:
     fails(trialstream("import", str(tmp_path / "absent.jsonl"), env=env), f"cannot read {tmp_path / 'absent.jsonl'}")
     assert client.dbsize() == 0
+
+
+def test_an_experiments_dir_that_cannot_hold_the_import_is_named(tmp_path: Path) -> None:
+    """With no Redis, the import makes a data directory under TRIALSTREAM_EXPERIMENTS_DIR: a file there is the
+    user's to fix, said in one line (it was a NotADirectoryError's traceback)."""
+    a_file = tmp_path / "a-file"
+    a_file.touch()
+    imported = trialstream("import", str(V1_LOG), env={"TRIALSTREAM_EXPERIMENTS_DIR": str(a_file)})
+    fails(imported, f"TRIALSTREAM_EXPERIMENTS_DIR: cannot create {a_file}/v1sample (Not a directory); set it to a")
+
+
+def test_a_time_out_of_range_is_said_plainly(make_service: ServiceFactory, env: dict[str, str]) -> None:
+    """A naive time is local: one that Python cannot move by the local offset (year 1, or 9999 east of UTC) was
+    a `year 0 is out of range` traceback."""
+    exp = make_service().experiment_id
+    east = {**env, "TZ": "Asia/Tokyo"}
+    fails(trialstream("events", exp, "--since", "0001-01-01", env=east), "'0001-01-01' is before 1970")
+    fails(trialstream("replay", exp, "--until", "0001-01-01", env=east), "'0001-01-01' is before 1970")
+    fails(trialstream("events", exp, "--until", "9999-12-31T23:59", env=east), "too late: give a time before 9999")
+
+
+def test_a_position_redis_would_refuse_is_not_an_event_id(make_service: ServiceFactory, env: dict[str, str]) -> None:
+    """Each part of an event id is below 2**64, in ASCII digits (\\d takes full-width ones): anything else was
+    Redis's `Invalid stream ID` error, and through a manager an --until past 2**64 listed every entry. It is
+    refused before anything is read, whichever way the log is read (the manager here answers nothing)."""
+    exp = make_service().experiment_id
+    via_manager = {"TRIALSTREAM_MANAGER_URL": f"http://127.0.0.1:{free_port()}"}
+    for command, option, position in (
+        ("events", "--until", "99999999999999999999999"),
+        ("events", "--since", "18446744073709551616"),
+        ("events", "--since", "1795893112577-18446744073709551616"),
+        ("events", "--since", "\uff10\uff11\uff12"),
+        ("replay", "--until", "1-18446744073709551616"),
+    ):
+        for way in (env, via_manager):
+            fails(trialstream(command, exp, option, position, env=way), f"{position!r} is not an event id")
