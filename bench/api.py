@@ -211,7 +211,7 @@ def run(root: Path, runs: int) -> Section:
         write_log(socket_path, polled, POLLED)
         port = free_port()
         assert stack.services is not None
-        stack.services.start("manager", "--port", str(port), log_name="manager")
+        stack.services.start("manager", "--port", str(port), "--no-token", log_name="manager")
         manager_pid = stack.services.processes[-1].pid
         url = f"http://127.0.0.1:{port}"
         heads = {experiment: EventStore(stack.client, experiment).head() for experiment in (big, polled)}

@@ -223,7 +223,7 @@ def _run_step(root: Path, trials: int) -> Step:
         services = ServiceProcesses(Settings(redis_url=stack.url, platforms=PLATFORM.platforms), stack.root / "logs")
         try:
             port = free_port()
-            services.start("manager", "--port", str(port), log_name="manager")
+            services.start("manager", "--port", str(port), "--no-token", log_name="manager")
             workers = step.workers = worker_processes(trials)
             for index in range(workers):
                 slots = str(-(-trials // workers))

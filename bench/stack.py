@@ -83,7 +83,7 @@ def _bare(root: Path, workers: int) -> Iterator[str]:
     with patch.dict(os.environ, {"PATH": path}), BenchStack(root, workers=workers, projector=False) as stack:
         assert stack.services is not None
         port = free_port()
-        stack.services.start("manager", "--port", str(port), log_name="manager")
+        stack.services.start("manager", "--port", str(port), "--no-token", log_name="manager")
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _ready(url), 60, "the manager")
         yield url

@@ -127,7 +127,7 @@ def _manager(stack: BenchStack, name: str) -> tuple[str, str]:
     """A `trialstream manager` of the stack: its address and the experiment's API."""
     assert stack.services is not None
     port = free_port()
-    stack.services.start("manager", "--port", str(port), log_name=name)
+    stack.services.start("manager", "--port", str(port), "--no-token", log_name=name)
     url = f"http://127.0.0.1:{port}"
     return url, f"{url}/api/v1/experiments/{EXPERIMENT}"
 

@@ -18,6 +18,7 @@ import httpx
 from core.event_store import LogEntry, StoredEvent, UnreadableEvent
 from core.platform import OutputStream
 from core.variables import MANAGER_TOKEN_ENV as TOKEN_ENV
+from manager.local_token import found_token
 from schemas.api import ExperimentState
 from schemas.config import ConfigError
 from schemas.events import EVENT_ADAPTER
@@ -40,8 +41,11 @@ class ManagerClient:
         if not url.startswith(("http://", "https://")):
             raise ManagerError(f"manager URL {url!r}: give it as http://HOST:PORT (or https://)")
         self.url = url.rstrip("/")
+        self._token_from: str | None = None if token is None else TOKEN_ENV  # where it came from, for a refusal
+        found = found_token(self.url) if token is None else None  # a manager here that made its own, for this user
+        if found is not None:
+            token, self._token_from = found[0], str(found[1])
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
-        self._token_given = token is not None
         self._http = httpx.Client(base_url=f"{self.url}/api/v1", headers=headers, timeout=_TIMEOUT)
 
     # experiments
@@ -164,9 +168,10 @@ class ManagerClient:
         if status < 400:
             return
         if status == 401:
-            if self._token_given:
+            if self._token_from is not None:
                 raise ManagerError(
-                    f"the manager at {self.url} refused the token in {TOKEN_ENV}: set it to the manager's"
+                    f"the manager at {self.url} refused the token in {self._token_from}: set {TOKEN_ENV} to the"
+                    " manager's"
                 )
             raise ManagerError(f"the manager at {self.url} requires a token: set {TOKEN_ENV}")
         asked = f"{answer.request.method} {answer.request.url.path}"

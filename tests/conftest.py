@@ -22,7 +22,7 @@ from rq import Queue, Worker
 from core import keys
 from core.connections import connect
 from core.queueing import queue_name
-from core.variables import REDIS_URL_ENV
+from core.variables import MANAGER_TOKEN_ENV, REDIS_URL_ENV
 from manager.experiments import create_experiment
 from manager.training_service import TrainingService
 from schemas.events import PLATFORM_CONFIG, TRIAL_CONFIG, TrialMetricReported
@@ -119,9 +119,11 @@ class Processes:
 
     def manager(self, *args: str, env: dict[str, str] | None = None) -> str:
         """A `trialstream manager` on a free loopback port (it hosts its own projector), returned as its
-        base URL (without any --url-prefix) once its health check answers."""
+        base URL (without any --url-prefix) once its health check answers. Given no token, it takes requests
+        without one (--no-token), as the tests of a manager's routes ask them."""
         port = free_port()
-        process = self.start("manager", "--port", str(port), *args, env=env)
+        token = {**os.environ, **(env or {})}.get(MANAGER_TOKEN_ENV) or "--token-file" in args
+        process = self.start("manager", "--port", str(port), *args, *([] if token else ["--no-token"]), env=env)
         url = f"http://127.0.0.1:{port}"
         prefix = args[args.index("--url-prefix") + 1].strip("/") + "/" if "--url-prefix" in args else ""
 

@@ -17,6 +17,7 @@ from core.redis_urls import redact_url
 from core.settings import Settings
 from core.variables import MANAGER_TOKEN_ENV as TOKEN_ENV
 from manager.cli.access import required_url
+from manager.local_token import make_token
 from manager.runner import RunnerError
 
 if TYPE_CHECKING:
@@ -33,15 +34,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     manager = commands.add_parser(
         "manager",
         help="serve the API and NNI's web UI, project, and run experiments submitted to it",
-        description="Bound to loopback it needs no token; any other address needs one "
-        f"(${TOKEN_ENV} or --token-file), sent as `Authorization: Bearer <token>`. With no token it answers "
-        "only requests whose Host is a loopback name (localhost, 127.0.0.1, [::1]) or an --allowed-host; "
-        "with or without one, a request whose Origin is another site's is refused.",
+        description=f"Every request carries its token (${TOKEN_ENV} or --token-file) as `Authorization: Bearer "
+        "<token>`, or a browser's cookie from /login?token=...; given none, on loopback it makes one for this run "
+        "and writes it where only its user reads it (the CLI of that user finds it). With --no-token (loopback "
+        "only) it answers any user of this machine, and only requests whose Host is a loopback name (localhost, "
+        "127.0.0.1, [::1]) or an --allowed-host; with or without a token, a request whose Origin is another "
+        "site's is refused.",
     )
     manager.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     manager.add_argument("--port", type=int, default=8080, help="port (default: 8080, as nnictl's)")
     manager.add_argument("--url-prefix", default="", help="serve everything under /PREFIX, as NNI's --url-prefix")
     manager.add_argument("--token-file", type=Path, help=f"a file holding the bearer token (else ${TOKEN_ENV})")
+    manager.add_argument(
+        "--no-token",
+        action="store_true",
+        help="on loopback, take requests without a token: any user of this machine could then run commands as you",
+    )
     manager.add_argument("--cors-origin", action="append", default=[], help="allow this origin (CORS is off without)")
     manager.add_argument(
         "--allowed-host",
@@ -79,6 +87,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     if not 0 <= args.port <= MAX_PORT:  # a socket takes it modulo 2**16: 99999 would be announced, 34463 served
         raise RunnerError(f"--port {args.port}: give a port from 1 to {MAX_PORT} (0: any free one)")
     token = _token(args.token_file, settings)
+    if token is not None and args.no_token:
+        raise RunnerError(f"--no-token, and a token given (${TOKEN_ENV} or --token-file): choose one")
     if token is None and not _is_loopback(args.host):
         raise RunnerError(
             f"--host {args.host} is not a loopback address: the API would be open to the network. "
@@ -102,6 +112,9 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     listener = _listening(args.host, args.port)
     port = listener.getsockname()[1]  # --port 0's free one
     host = ManagerHost(connect(url, options=settings.redis_options()), settings)
+    made = None if token is not None or args.no_token else make_token(port)
+    if made is not None:
+        token = made[0]
     options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host))
     api = build_api(host, options)
     server = uvicorn.Server(
@@ -119,6 +132,15 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     host.start()
     log.info("manager on http://%s:%d/%s serving %s", args.host, port, prefix, redact_url(url))
     log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, port, f"/{prefix}" if prefix else "")
+    if made is not None:
+        log.info(
+            "its token, made for this run, is in %s: this user's CLI reads it there; a browser opens "
+            "http://%s:%d/%slogin?token=<that token> once",
+            made[1],
+            args.host,
+            port,
+            f"{prefix}/" if prefix else "",
+        )
     try:
         server.run([listener])  # returns on SIGTERM or Ctrl-C, which it then raises again: a clean stop, not an error
     except KeyboardInterrupt:
@@ -129,6 +151,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         finally:  # nnictl's entries say STOPPED whatever shutdown met
             if bridge is not None:
                 bridge.close()
+            if made is not None:
+                made[1].unlink(missing_ok=True)
         log.info("manager stopped (%s its experiments)", "stopped" if on_exit == "stop" else "detached from")
     return 0
 

@@ -6,8 +6,11 @@ password, the Redis password, the token) kept out of every answer, event and log
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from core.variables import PREFIX
 from manager.api.app import MAX_BODY_BYTES, TOKEN_COOKIE
 from simulators.waiting import wait_until
 from tests.api.test_api import experiment_config, write_trial
-from tests.conftest import Processes, RedisServer, free_port, processes_on_own_redis
+from tests.conftest import REPO, Processes, RedisServer, free_port, processes_on_own_redis
 from tests.support import web
 
 TOKEN_ENV = f"{PREFIX}MANAGER_TOKEN"
@@ -47,6 +50,42 @@ def test_a_network_bind_without_a_token_is_refused_at_start(processes: Processes
     assert code != 0
     assert "0.0.0.0 is not a loopback address" in message and TOKEN_ENV in message, message
     assert "Traceback" not in processes.logs()
+
+
+def answers(url: str) -> bool:
+    try:
+        return web.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_manager_given_no_token_makes_one_for_its_user_and_that_users_cli_finds_it(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """Loopback is open to every user of the machine (who could send an experiment whose trials run as the manager's
+    user): given no token, and not --no-token, a manager makes one, in a file only its user reads. That user's CLI
+    finds it; a request without it is refused; the log names the file, never the token; it goes with the manager."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    env = {**NO_TOKEN, "XDG_RUNTIME_DIR": str(runtime)}
+    port = free_port()
+    process = processes.start("manager", "--port", str(port), env=env)
+    url = f"http://127.0.0.1:{port}"
+    made = runtime / "trialstream" / f"manager-{port}.token"
+    wait_until(lambda: answers(f"{url}/api/v1/health"), 30, what="the manager to answer")
+    assert made.stat().st_mode & 0o777 == 0o600 and made.parent.stat().st_mode & 0o777 == 0o700
+    token = made.read_text().strip()
+    assert web.get(f"{url}/api/v1/experiments").status_code == 401
+    assert web.get(f"{url}/api/v1/experiments", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    cli = [sys.executable, "-m", "manager.cli", "--manager", url, "experiments", "list", "--json"]
+    listed = subprocess.run(cli, env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    assert str(made) in processes.logs() and token not in processes.logs()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    assert not made.exists()
+    code, message = refused_start(processes, "--no-token", env={TOKEN_ENV: "a-token"})
+    assert code != 0 and "--no-token, and a token given" in message, message
 
 
 def test_an_empty_token_file_is_refused(processes: Processes, tmp_path: Path) -> None:
