@@ -40,6 +40,7 @@ _PR_SET_PDEATHSIG = 1
 SPARE_WORKERS = 1  # see worker_slots
 PROCESSES_PER_TRIAL_UP_TO = 16  # local trials: see worker_slots
 DATA_DIR = "redis"
+CREATED = "created"  # an empty file made with the experiment's directory: its time is the experiment's start
 
 
 class StackError(RuntimeError):
@@ -217,6 +218,7 @@ def new_experiment_dir(settings: Settings, experiment_id: str, configured: str |
     directory = experiments_root(settings, configured) / experiment_id
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / CREATED).touch()
     except OSError as error:
         problem = f"cannot create {directory} ({error.strerror}); set it to a directory you can write to"
         if configured:
@@ -241,9 +243,14 @@ def experiment_dir(root: Path, experiment_id: str | None) -> Path:
 
 
 def embedded_experiments(root: Path) -> list[Path]:
-    """Every embedded experiment's directory under `root`, oldest first."""
-    data_dirs = sorted(root.glob(f"*/{DATA_DIR}"), key=lambda path: path.stat().st_mtime)
-    return [data.parent for data in data_dirs]
+    """Every embedded experiment's directory under `root`, oldest first: by its `created` file, which nothing
+    touches again (its data directory changes whenever a command opens it), else by its data."""
+    return sorted((data.parent for data in root.glob(f"*/{DATA_DIR}")), key=_created)
+
+
+def _created(directory: Path) -> float:
+    marker = directory / CREATED
+    return (marker if marker.exists() else directory / DATA_DIR).stat().st_mtime
 
 
 def live_url(directory: Path) -> str | None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Protocol
 
 import redis
 from rich.live import Live
 
+from core import keys
 from core.connections import connect, same_server
 from core.redis_urls import redact_url
 from core.settings import Settings
@@ -55,27 +58,42 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     spec = load_experiment_config(args.config)
-    platforms, concurrency = spec.platform_names, spec.config.trial_concurrency
     if settings.manager_url is not None:
         manager = manager_client(settings)
         result = _drive(lambda show: managed.create(spec, manager, show))
     elif settings.redis_url is not None:
-        client, rq_connection = _shared(settings, platforms)
+        client, rq_connection = _shared(settings, spec.platform_names)
         result = _drive(
             lambda show: ExperimentRunner.create(spec, client, rq_connection, on_progress=show, settings=settings)
         )
     else:
-        experiment_id = new_id(8)
-        directory = new_experiment_dir(settings, experiment_id, spec.config.experiment_working_directory)
-        with EmbeddedStack(directory, settings) as stack:
-            stack.services.serve(platforms, concurrency)
-            result = _drive(
-                lambda show: ExperimentRunner.create(
-                    spec, stack.client, stack.rq_connection, experiment_id, on_progress=show, settings=settings
-                )
-            )
+        result = _run_embedded(spec, settings)
     _print_result(result, args.json)
     return 0
+
+
+def _run_embedded(spec: ExperimentSpec, settings: Settings) -> ExperimentResult:
+    """The experiment on a stack of its own, in a new directory; one refused before it was created (a host
+    unreachable) leaves no directory behind, which would be listed, and taken for the newest experiment."""
+    experiment_id = new_id(8)
+    directory = new_experiment_dir(settings, experiment_id, spec.config.experiment_working_directory)
+    recorded = True
+    try:
+        with EmbeddedStack(directory, settings) as stack:
+            stack.services.serve(spec.platform_names, spec.config.trial_concurrency)
+            try:
+                return _drive(
+                    lambda show: ExperimentRunner.create(
+                        spec, stack.client, stack.rq_connection, experiment_id, on_progress=show, settings=settings
+                    )
+                )
+            except BaseException:
+                with suppress(redis.RedisError):  # not known: its data is kept
+                    recorded = bool(stack.client.exists(keys.events(experiment_id)))
+                raise
+    finally:
+        if not recorded:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _resume(args: argparse.Namespace, settings: Settings) -> int:

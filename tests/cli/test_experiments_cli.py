@@ -12,7 +12,7 @@ from core import keys
 from core.event_store import EventStore
 from manager.views import ViewStore
 from tests.cli.test_cli import SDK_TRIAL, trialstream
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, free_port, wait_until
 from tests.support.configs import write_local_config
 from workers.platforms.shared.gpu import gpu_holders
 
@@ -119,6 +119,19 @@ def test_list_and_delete_embedded_experiments(tmp_path: Path) -> None:
     [summary] = json.loads(listed.stdout)
     assert summary["id"] == experiment_id and summary["status"] == "DONE"
     assert summary["directory"] == str(tmp_path / "root" / experiment_id)
+
+    unreachable = {"platform": "remote", "machineList": [{"host": "127.0.0.1", "port": free_port(), "user": "u"}]}
+    unreachable["machineList"][0]["password"] = "p"  # type: ignore[index]
+    refused = config.with_name("refused.yml")
+    refused.write_text(config.read_text().replace('{"platform": "local"}', json.dumps(unreachable)))
+    failed = trialstream("run", str(refused), env=env)
+    assert failed.returncode != 0 and "127.0.0.1" in failed.stderr, failed.stderr
+    assert [path.name for path in (tmp_path / "root").iterdir()] == [experiment_id]  # it left no directory
+    newer = json.loads(trialstream("run", str(config), "--json", env=env).stdout)["experimentId"]
+    assert trialstream("trials", "list", "-e", experiment_id, env=env).returncode == 0  # the older one, opened
+    newest = json.loads(trialstream("trials", "list", "--json", env=env).stdout)
+    assert {trial["experimentId"] for trial in newest} == {newer}  # reading the older did not make it the newest
+    assert trialstream("experiments", "delete", newer, "--yes", env=env).returncode == 0
 
     deleted = trialstream("experiments", "delete", experiment_id, "--yes", env=env)
     assert deleted.returncode == 0, deleted.stderr
