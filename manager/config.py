@@ -228,8 +228,12 @@ def _platforms(config: ExperimentConfig, source: Path) -> tuple[PlatformConfig, 
 
 def _platform(config: ExperimentConfig, section: dict[str, Any], source: Path, prefix: str) -> PlatformConfig:
     name = next((value for key, value in section.items() if str(key).lower() == "platform"), None)
-    if not isinstance(name, str):
+    if name is None:
         raise ConfigError(f"{source}: {prefix}.platform: required key is missing (e.g. platform: local)")
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"{source}: {prefix}.platform: expected a platform's name (e.g. platform: local), got {name!r}"
+        )
     try:
         model = platform_class(name).config_model
         platform = model.model_validate(section)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -57,7 +57,21 @@ def _int_list(value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
     if isinstance(value, str):
-        return [int(part) for part in value.split(",") if part.strip()]
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        if not all(part.isascii() and part.isdigit() for part in parts):
+            raise ValueError(f"{value!r} is not a list of GPU indices: write them as '0,1' or [0, 1]")
+        return [int(part) for part in parts]
+    return value
+
+
+def _platform_sections(value: Any) -> Any:
+    """trainingService: one platform's section, or NNI's hybrid list of them; said so, rather than as the union's
+    two failed branches."""
+    sections = value if isinstance(value, list) else [value]
+    if not all(isinstance(section, dict) for section in sections):
+        raise ValueError(
+            f"expected a platform's section (a mapping such as {{platform: local}}) or a list of them, got {value!r}"
+        )
     return value
 
 
@@ -122,16 +136,16 @@ class ExperimentConfig(NniConfigModel):
     search_space_file: str | None = None
     trial_command: str = Field(min_length=1)
     trial_code_directory: str = "."
-    trial_concurrency: int = Field(ge=1)
+    trial_concurrency: StrictInt = Field(ge=1)  # strict: YAML's `true` is no number of trials
     trial_gpu_number: int | None = Field(default=None, ge=0)
     max_experiment_duration: Duration | None = None
-    max_trial_number: int | None = Field(default=None, ge=1)
+    max_trial_number: StrictInt | None = Field(default=None, ge=1)
     max_trial_duration: Duration | None = None
     max_trial_retries: int = Field(default=0, ge=0)  # trialstream: new attempts of a trial whose worker was lost
     tuner: AlgorithmConfig | None = None
     assessor: AlgorithmConfig | None = None
     advisor: AlgorithmConfig | None = None  # NNI's older key for Hyperband and BOHB; same as `tuner`
-    training_service: dict[str, Any] | list[dict[str, Any]]
+    training_service: Annotated[dict[str, Any] | list[dict[str, Any]], BeforeValidator(_platform_sections)]
     experiment_working_directory: str | None = None
     nni_manager_ip: str | None = None
     debug: bool = False

@@ -325,6 +325,38 @@ def test_trial_concurrency_below_one_is_named(tmp_path: Path, concurrency: int) 
     ]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        ({"trialConcurrency": True}, "trialConcurrency: Input should be a valid integer"),
+        ({"maxTrialNumber": True}, "maxTrialNumber: Input should be a valid integer"),
+        (
+            {"trainingService": "local"},
+            "trainingService: expected a platform's section (a mapping such as {platform: local}) or a list of them,"
+            " got 'local'",
+        ),
+        (
+            {"trainingService": ["local"]},
+            "trainingService: expected a platform's section (a mapping such as {platform: local}) or a list of them,"
+            " got ['local']",
+        ),
+        (
+            {"trainingService": {"platform": 3}},
+            "trainingService.platform: expected a platform's name (e.g. platform: local), got 3",
+        ),
+        (
+            {"trainingService": {"platform": "local", "gpuIndices": "a,b"}},
+            "trainingService.gpuIndices: 'a,b' is not a list of GPU indices: write them as '0,1' or [0, 1]",
+        ),
+    ],
+    ids=["bool-concurrency", "bool-max-trials", "platform-as-text", "list-of-text", "platform-number", "gpu-indices"],
+)
+def test_a_value_of_the_wrong_kind_is_named_with_its_fix(tmp_path: Path, overrides: dict[str, Any], line: str) -> None:
+    """Each was accepted (YAML's `true` as 1 trial), or said in pydantic's words for its union's branches, or as
+    int()'s ValueError."""
+    assert problem_lines(rejection(tmp_path, minimal(**overrides)), tmp_path / "config.yml") == [line]
+
+
 def test_missing_training_service_is_named(tmp_path: Path) -> None:
     message = rejection(tmp_path, minimal(trainingService=None))
 
