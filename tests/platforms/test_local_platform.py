@@ -459,13 +459,11 @@ def test_a_trial_the_machine_cannot_fork_yet_waits_and_starts_when_a_trial_ends(
         worker = processes.worker()
         zygote = wait_until(lambda: children_of(worker.pid), 15, what="the keeper zygote")
         spare = wait_until(lambda: children_of(zygote[0]), 15, what="a spare keeper")
-        (group / "pids.max").write_text("1")  # the process put in it, and no fork
-        if refused == "the keeper's fork of its trial":
-            (group / "cgroup.procs").write_text(str(spare[0]))
-        else:
-            (group / "cgroup.procs").write_text(str(zygote[0]))
-            os.kill(spare[0], signal.SIGKILL)  # the launch forks a keeper of its own
-            wait_until(lambda: not pid_alive(spare[0]), 10, what="the spare keeper gone")
+        # The zygote alone in it, and room for a keeper (whose fork of its trial's process is then refused), or none.
+        (group / "pids.max").write_text("2" if refused == "the keeper's fork of its trial" else "1")
+        (group / "cgroup.procs").write_text(str(zygote[0]))
+        os.kill(spare[0], signal.SIGKILL)  # the launch forks a keeper of its own
+        wait_until(lambda: not pid_alive(spare[0]), 10, what="the spare keeper gone")
         waiting = service.submit_trial_job(form(0)).id
 
         def deferred() -> list[str]:

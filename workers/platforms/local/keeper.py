@@ -1,13 +1,14 @@
 """A local trial's keeper, its parent, and the zygote that forks keepers. docs/platforms.md, Local.
 
 The keeper: a child subreaper that forwards SIGTERM, kills what the trial leaves behind, and SIGKILLs everything
-when its lifeline (a socket whose other end the worker alone holds) reaches its end; it reads what to run from
-that lifeline first (a 4-byte length, then marshal's `TrialLaunch`; an end before it, a spare keeper the worker
-no longer needs, just exits). It answers on the lifeline with tagged messages, a byte and a signed 4-byte int:
-`P` and the trial's pid once it is forked, or `E` and the errno of a fork that failed (a limit on processes or
-memory: the worker launches the trial again later), then `S` and the trial's exit status (negative for a signal,
-as `subprocess` has it) when the trial and every process it left are gone. A keeper that ends before its fork
-(it cannot open the trial's stderr or enter its directory) sends only its `S`.
+when its lifeline (a socket whose other end the worker alone holds) reaches its end. It forks its trial's process
+as it starts, while it waits as a spare, so that no fork is between a trial's command and its exec; then it reads
+what to run from that lifeline (a 4-byte length, then marshal's `TrialLaunch`; an end before it, a spare the
+worker no longer needs, just exits) and hands it on to that process, which enters the trial's directory and execs
+its command. It answers on the lifeline with tagged messages, a byte and a signed 4-byte int: `P` and the trial's
+pid as it starts, or `E` and the errno of a fork that failed (a limit on processes or memory: the worker launches
+the trial again later); then `S` and the trial's exit status (negative for a signal, as `subprocess` has it) when
+the trial and every process it left are gone. A keeper that ends before its fork sends only its `S`.
 
 Keepers are forked by a zygote, one per worker process: `python -I -S` with an empty environment, holding
 nothing of the worker's, that forks a keeper per request. Starting a keeper's own interpreter cost ~11 ms of
@@ -42,24 +43,18 @@ if _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"), (36, 1, 0
     raise SystemExit("the keeper cannot become its trial's subreaper")
 lifeline = 0
 
-def read_exactly(count):
+def read_exactly(fd, count):
     data = b""
     while len(data) < count:
-        chunk = os.read(lifeline, count - len(data))
+        chunk = os.read(fd, count - len(data))
         if not chunk:
-            raise SystemExit(0)
+            raise EOFError
         data += chunk
     return data
 
-length = int.from_bytes(read_exactly(4), "big")
-command, cwd, environment, stderr_path, kill_wait_s = marshal.loads(read_exactly(length))
-stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-os.dup2(stderr, 2)
-os.close(stderr)
-try:
-    os.chdir(cwd)
-except OSError as error:
-    raise SystemExit(f"trialCodeDirectory {cwd}: {error.strerror}")
+def read_launch(fd):
+    return marshal.loads(read_exactly(fd, int.from_bytes(read_exactly(fd, 4), "big")))
+
 devnull = os.open(os.devnull, os.O_RDWR)
 wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
@@ -68,20 +63,50 @@ for number in (signal.SIGTERM, signal.SIGCHLD):
     signal.signal(number, lambda *_: None)
 for number in (signal.SIGINT, signal.SIGHUP):
     signal.signal(number, signal.SIG_IGN)
+# The trial's process is forked while the keeper waits as a spare, so that no fork is between a trial's command and
+# its exec: it waits for its command on a pipe, and the keeper's P goes out before the command comes.
+launch_r, launch_w = os.pipe()
 try:
     trial = os.fork()
-except OSError as error:  # EAGAIN, ENOMEM: the machine's limit, not the trial's fault
+except OSError as error:  # EAGAIN, ENOMEM: the machine's limit, not a trial's fault
     os.write(lifeline, b"E" + error.errno.to_bytes(4, "big", signed=True))
-    raise SystemExit(f"trialstream: cannot start the trial now: {error.strerror}")
+    raise SystemExit(1)
 if trial == 0:
-    signal.set_wakeup_fd(-1)
-    # Python ignores SIGPIPE and SIGXFSZ; a trial gets every signal's default, as a shell would give it.
-    for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(number, signal.SIG_DFL)
-    os.dup2(devnull, 0)
-    os.closerange(3, 1 << 16)
-    os.execve("/bin/sh", ["/bin/sh", "-c", command], environment)
+    try:
+        os.dup2(devnull, 0)  # first: its keeper's death must end the lifeline, whatever this process holds
+        signal.set_wakeup_fd(-1)
+        command, cwd, environment, stderr_path = read_launch(launch_r)
+        stderr = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)  # made and emptied by the keeper
+        os.dup2(stderr, 2)
+        try:
+            os.chdir(cwd)
+        except OSError as error:
+            os.write(2, f"trialCodeDirectory {cwd}: {error.strerror}\n".encode(errors="replace"))
+            os._exit(1)
+        # Python ignores SIGPIPE and SIGXFSZ; a trial gets every signal's default, as a shell would give it.
+        for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(number, signal.SIG_DFL)
+        os.closerange(3, 1 << 16)
+        os.execve("/bin/sh", ["/bin/sh", "-c", command], environment)
+    except EOFError:  # a spare its worker no longer needs
+        os._exit(0)
+    except BaseException as error:
+        os.write(2, f"trialstream: cannot start the trial: {error!r}\n".encode(errors="replace"))
+    os._exit(127)
+os.close(launch_r)
 os.write(lifeline, b"P" + trial.to_bytes(4, "big", signed=True))
+try:
+    command, cwd, environment, stderr_path, kill_wait_s = read_launch(lifeline)
+except EOFError:  # a spare its worker no longer needs: its trial's process ends with the pipe
+    raise SystemExit(0)
+stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+os.dup2(stderr, 2)
+os.close(stderr)
+forwarded = marshal.dumps((command, cwd, environment, stderr_path))
+forwarded = len(forwarded).to_bytes(4, "big") + forwarded
+while forwarded:
+    forwarded = forwarded[os.write(launch_w, forwarded) :]
+os.close(launch_w)
 os.dup2(devnull, 1)
 status = None
 
@@ -245,8 +270,9 @@ class Keeper:
         self.died_without_a_word = False  # killed: what it kept may be left, in its process group
 
     def run(self, launch: TrialLaunch) -> bool:
-        """Send the keeper its trial and wait until it has forked it; False if the keeper was gone before it got
-        it. Raises OSError (EAGAIN, ENOMEM) when the fork failed: the trial never ran, the keeper ends."""
+        """Send the keeper its trial, and read its first answer (a spare sent it as it started): False if the keeper
+        was gone before it got the trial. Raises OSError (EAGAIN, ENOMEM) when its fork of the trial's process
+        failed: the trial never ran, the keeper ends."""
         packed = marshal.dumps(tuple(launch))
         try:
             self.lifeline.sendall(len(packed).to_bytes(4, "big") + packed)
