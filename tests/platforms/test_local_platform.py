@@ -333,13 +333,16 @@ def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead
     assert len(zygote) == 1
     spare = wait_until(lambda: children_of(zygote[0]), 15, what="a spare keeper, before any trial")
     assert len(spare) == 1
-    for pid in (*zygote, *spare):
+    ahead = wait_until(lambda: children_of(spare[0]), 15, what="the spare's process for its trial, forked ahead")
+    for pid in (*zygote, *spare, *ahead):
         assert Path(f"/proc/{pid}/environ").read_bytes() == b""
 
     succeeds(0)  # with the spare forked before it
     assert children_of(worker.pid) == zygote
     spare = wait_until(lambda: children_of(zygote[0]), 15, what="the next spare keeper")
+    ahead = wait_until(lambda: children_of(spare[0]), 15, what="its process for its trial")
     os.kill(spare[0], 9)
+    wait_until(lambda: not any(map(pid_alive, ahead)), 10, what="a killed spare's process for its trial gone")
     succeeds(1)
     assert children_of(worker.pid) == zygote
 
@@ -348,9 +351,10 @@ def test_keepers_are_forked_by_a_zygote_holding_nothing_of_the_worker_and_a_dead
     succeeds(3)  # forked by a new zygote
     zygote = wait_until(lambda: children_of(worker.pid), 15, what="the new keeper zygote")
     spare = wait_until(lambda: children_of(zygote[0]), 15, what="the new zygote's spare keeper")
+    ahead = wait_until(lambda: children_of(spare[0]), 15, what="its process for its trial")
     worker.kill()
     worker.wait()
-    left = [*zygote, *spare]
+    left = [*zygote, *spare, *ahead]
     wait_until(lambda: not any(map(pid_alive, left)), 10, what="the zygote and its spare gone with their worker")
 
 

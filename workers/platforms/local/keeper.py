@@ -74,6 +74,7 @@ except OSError as error:  # EAGAIN, ENOMEM: the machine's limit, not a trial's f
 if trial == 0:
     try:
         os.dup2(devnull, 0)  # first: its keeper's death must end the lifeline, whatever this process holds
+        os.close(launch_w)  # and the pipe: a spare's end leaves this process an end of file, not a wait for good
         signal.set_wakeup_fd(-1)
         command, cwd, environment, stderr_path = read_launch(launch_r)
         stderr = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)  # made and emptied by the keeper
