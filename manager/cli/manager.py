@@ -112,9 +112,9 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     listener = _listening(args.host, args.port)
     port = listener.getsockname()[1]  # --port 0's free one
     host = ManagerHost(connect(url, options=settings.redis_options()), settings)
-    made = None if token is not None or args.no_token else make_token(port)
-    if made is not None:
-        token = made[0]
+    token_file = None  # where the token this run made is kept
+    if token is None and not args.no_token:
+        token, token_file = make_token(port)
     options = ApiOptions(token=token, cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host))
     api = build_api(host, options)
     server = uvicorn.Server(
@@ -132,11 +132,11 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
     host.start()
     log.info("manager on http://%s:%d/%s serving %s", args.host, port, prefix, redact_url(url))
     log.info("experiment timelines on http://%s:%d%s/timeline/", args.host, port, f"/{prefix}" if prefix else "")
-    if made is not None:
+    if token_file is not None:
         log.info(
             "its token, made for this run, is in %s: this user's CLI reads it there; a browser opens "
             "http://%s:%d/%slogin?token=<that token> once",
-            made[1],
+            token_file,
             args.host,
             port,
             f"{prefix}/" if prefix else "",
@@ -151,8 +151,8 @@ def _manager(args: argparse.Namespace, settings: Settings) -> int:
         finally:  # nnictl's entries say STOPPED whatever shutdown met
             if bridge is not None:
                 bridge.close()
-            if made is not None:
-                made[1].unlink(missing_ok=True)
+            if token_file is not None:
+                token_file.unlink(missing_ok=True)
         log.info("manager stopped (%s its experiments)", "stopped" if on_exit == "stop" else "detached from")
     return 0
 
