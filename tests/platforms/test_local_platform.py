@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from simulators.processes import process_gone
 from tests.conftest import REPO, Processes, form, wait_for_status, wait_until
 from workers.platforms.local import adapter as local
 from workers.platforms.local import wakeups
+from workers.platforms.local.keeper import Keeper, TrialLaunch, Zygote
 from workers.platforms.shared.trial_contract import StdoutMetricPump
 
 
@@ -466,8 +468,10 @@ def test_a_trial_the_machine_cannot_fork_yet_waits_and_starts_when_a_trial_ends(
         # The zygote alone in it, and room for a keeper (whose fork of its trial's process is then refused), or none.
         (group / "pids.max").write_text("2" if refused == "the keeper's fork of its trial" else "1")
         (group / "cgroup.procs").write_text(str(zygote[0]))
+        ahead = wait_until(lambda: children_of(spare[0]), 15, what="the spare's process for its trial")
         os.kill(spare[0], signal.SIGKILL)  # the launch forks a keeper of its own
-        wait_until(lambda: not pid_alive(spare[0]), 10, what="the spare keeper gone")
+        gone = [*spare, *ahead]  # the latter holds the spare's lifeline until its first statement
+        wait_until(lambda: not any(map(pid_alive, gone)), 10, what="the spare keeper and its process gone")
         waiting = service.submit_trial_job(form(0)).id
 
         def deferred() -> list[str]:
@@ -490,6 +494,28 @@ def test_a_trial_the_machine_cannot_fork_yet_waits_and_starts_when_a_trial_ends(
         assert trial.status is TrialJobStatus.SUCCEEDED and trial.attempt == 1, trial.message
         worker.kill()
         worker.wait()
+
+
+def test_a_keeper_whose_fork_was_refused_says_so_though_it_ended_before_its_trial_came(tmp_path: Path) -> None:
+    """A keeper refused its fork writes E and ends, often before the worker sends it the trial: the send then
+    fails, and the E still in the lifeline says why (it was taken for a keeper killed while it waited, and the
+    trial FAILED as an internal error)."""
+    with pids_cgroup(f"trialstream-test-{os.getpid()}-ended") as group:
+        zygote = Zygote()
+        try:
+            Keeper(zygote).discard()  # starts the zygote
+            [zygote_pid] = children_of(os.getpid())
+            (group / "pids.max").write_text("2")  # the zygote, and a keeper whose fork is refused
+            (group / "cgroup.procs").write_text(str(zygote_pid))
+            refused = Keeper(zygote)
+            wait_until(lambda: not pid_alive(refused.pid), 10, what="the refused keeper ended")
+            launch = TrialLaunch("true", str(tmp_path), {}, str(tmp_path / "stderr"), 1.0)
+            with pytest.raises(OSError) as raised:
+                refused.run(launch)
+            assert raised.value.errno == errno.EAGAIN
+            refused.discard()
+        finally:
+            zygote.close()
 
 
 def test_a_process_of_the_trial_that_sigkill_cannot_end_is_left_and_named_and_the_trial_ends(

@@ -277,16 +277,17 @@ class Keeper:
         packed = marshal.dumps(tuple(launch))
         try:
             self.lifeline.sendall(len(packed).to_bytes(4, "big") + packed)
-        except OSError:  # EPIPE, ECONNRESET: it died while it waited
-            return False
+            sent = True
+        except OSError:  # EPIPE, ECONNRESET: it ended while it waited, maybe after saying why
+            sent = False
         match self._receive():
-            case (b"E", error):
+            case (b"E", error):  # whether or not it was still there to take the trial
                 raise OSError(error, os.strerror(error))
-            case (b"S", status):  # it ended before its fork, saying why on the trial's stderr
+            case (b"S", status) if sent:  # it ended before its fork
                 self.returncode = status
-            case None:  # killed, maybe by the trial it had just forked: `wait` tells it as such
+            case None if sent:  # killed, maybe by the trial: `wait` tells it as such
                 self._died()
-        return True
+        return sent
 
     def exit_signal(self) -> int:
         """A descriptor that becomes readable once the keeper is done (its status came, or it died); the caller
