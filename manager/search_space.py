@@ -140,33 +140,23 @@ MAX_DEPTH = 64
 choices are a few levels deep), and far below what the log's reader takes (pydantic parses an event's JSON to
 200 levels, the event's own included) or what the recursive checks after `check_depth` can walk."""
 
-_Trail: TypeAlias = "tuple[str, _Trail] | None"  # a value's path, its last step first: built only to be shown
-
 
 def check_depth(space: Any, path: str = "searchSpace") -> None:
     """Refuse a space nested more than MAX_DEPTH levels deep, naming where. Iterative, so that no depth breaks
     it: it runs before anything recursive walks the space, whatever the tuner, custom ones included."""
-    pending: list[tuple[Any, int, _Trail]] = [(space, 1, None)]
+    pending: list[tuple[Any, int, str]] = [(space, 1, path)]
     while pending:
-        value, depth, trail = pending.pop()
+        value, depth, where = pending.pop()
         if not isinstance(value, dict | list):
             continue
         if depth > MAX_DEPTH:
             raise SearchSpaceError(
-                f"{_joined(path, trail)}: nested more than {MAX_DEPTH} levels deep; a search space may have at most"
+                f"{where}: nested more than {MAX_DEPTH} levels deep; a search space may have at most"
                 f" {MAX_DEPTH} (nested choices need a few)"
             )
         steps = value.items() if isinstance(value, dict) else enumerate(value)
-        step = ".{}" if isinstance(value, dict) else "[{}]"
-        pending.extend((item, depth + 1, (step.format(key), trail)) for key, item in steps)
-
-
-def _joined(path: str, trail: _Trail) -> str:
-    steps = []
-    while trail is not None:
-        last, trail = trail
-        steps.append(last)
-    return path + "".join(reversed(steps))
+        step = "{}.{}" if isinstance(value, dict) else "{}[{}]"
+        pending.extend((item, depth + 1, step.format(where, key)) for key, item in steps)
 
 
 NAS_TYPES = ("layer_choice", "input_choice")  # NNI's classic NAS space: RegularizedEvolution and PPO take it

@@ -171,10 +171,6 @@ def check_changes(host: ManagerHost, experiment_id: str, changes: ExperimentChan
     space = changes.search_space
     if space is None:
         return
-    try:
-        check_depth(space)  # whatever the tuner: the event that holds it must read back
-    except SearchSpaceError as error:
-        raise ConfigError(str(error)) from None
     tuner, custom = None, False
     try:
         section = ExperimentConfig.model_validate(host.service(experiment_id).experiment_view().config).tuner_section
@@ -184,6 +180,7 @@ def check_changes(host: ManagerHost, experiment_id: str, changes: ExperimentChan
     except (ValidationError, AlgorithmError):
         pass  # a tuner that cannot be loaded here: the structure is checked all the same
     try:
+        check_depth(space)  # whatever the tuner: the event that holds it must read back
         if tuner is not None:
             tuner.check_search_space(space)
         elif not custom:
