@@ -252,19 +252,21 @@ def with_article(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def _import(target: str, pip: str, needs: str) -> type:
+def _import(target: str, pip: str, needs: str, key: str = "name") -> type:
+    """The class `target` names; a failure is filed under `key`, the section's key that chose it: a built-in's
+    `name`, a custom one's `className`."""
     module_name, _, class_name = target.rpartition(".")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         missing = (error.name or str(error)).split(".")[0]
         fix = pip or f"pip install {missing}"
-        raise AlgorithmError("name", f"{needs} the {missing!r} package, which is not installed: {fix}") from None
+        raise AlgorithmError(key, f"{needs} the {missing!r} package, which is not installed: {fix}") from None
     except Exception as error:
-        raise AlgorithmError("name", f"{needs} {module_name}, which fails to import here: {error!r}") from None
+        raise AlgorithmError(key, f"{needs} {module_name}, which fails to import here: {error!r}") from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
-        raise AlgorithmError("className", f"{module_name} has no class {class_name!r}")
+        raise AlgorithmError(key, f"{module_name} has no class {class_name!r}")
     return cls
 
 
@@ -302,7 +304,7 @@ def _custom_class(class_name: str, code_directory: str | None) -> type:
         loaded = sys.modules.get(package)
         if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(f"{directory}/"):
             del sys.modules[package]  # that name from another code directory (an experiment run before)
-    return _import(class_name, "", f"{class_name} needs")
+    return _import(class_name, "", f"{class_name} needs", "className")
 
 
 def _check_versions(builtin: Builtin) -> None:

@@ -780,6 +780,31 @@ def test_a_custom_tuner_whose_module_needs_a_missing_package_says_what_to_instal
     assert message.endswith("pip install no_such_package_here")
 
 
+@pytest.mark.parametrize("key", ["tuner", "assessor", "advisor"])
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import no_such_package_here\n", "needs the 'no_such_package_here' package, which is not installed"),
+        ("raise RuntimeError('broken')\n", "which fails to import here: RuntimeError('broken')"),
+    ],
+    ids=["missing package", "failing module"],
+)
+def test_a_custom_class_that_cannot_be_imported_is_filed_under_class_name(
+    tmp_path: Path, key: str, source: str, expected: str
+) -> None:
+    """It was filed under `name`, a key the section does not have: the user looked for the mistake there."""
+    module = tmp_path.name  # a name of its own: the code directories of earlier tests stay on sys.path
+    (tmp_path / "algorithms").mkdir()
+    (tmp_path / "algorithms" / f"{module}.py").write_text(source)
+    section = {"codeDirectory": "algorithms", "className": f"{module}.Custom"}
+
+    message = rejection(tmp_path, minimal(**{key: section}))
+
+    (line,) = problem_lines(message, tmp_path / "config.yml")
+    assert line.startswith(f"{key}.className: {module}.Custom needs "), line
+    assert expected in line, line
+
+
 @pytest.mark.parametrize("tuner", [{"name": "TPE"}, {"codeDirectory": "tuners", "className": "mine.Mine"}])
 def test_a_search_space_nested_too_deep_is_refused_naming_where_whatever_the_tuner(
     tmp_path: Path, tuner: dict[str, Any]
