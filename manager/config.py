@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from core.registry import UnknownPlatform, platform_class
 from manager.algorithms import Algorithm, AlgorithmError, resolve
-from manager.search_space import MAX_DEPTH, SearchSpaceError, check_depth
+from manager.search_space import MAX_DEPTH, NestedTooDeep, SearchSpaceError, check_depth
 from schemas.config import (
     AlgorithmConfig,
     ConfigError,
@@ -131,7 +131,7 @@ def _validated(
         if not stored:
             check_depth(search_space)  # first: the tuner's checks walk it recursively, and its event must read back
         tuner.check_search_space(search_space)
-    except SearchSpaceError as error:
+    except (NestedTooDeep, SearchSpaceError) as error:
         raise ConfigError(f"{source}: {error}") from None
     return ExperimentSpec(config, search_space, code_directory, platforms, source)
 

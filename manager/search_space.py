@@ -135,28 +135,32 @@ Param: TypeAlias = Choice | RandInt | Numeric
 Space: TypeAlias = tuple[tuple[str, Param], ...]
 
 
+class NestedTooDeep(ValueError):
+    """A value nested more than MAX_DEPTH levels deep; the message starts with where, e.g. `parameters.x[0]`."""
+
+
 MAX_DEPTH = 64
-"""Levels of JSON nesting a search space may have, itself the first: far above any real one (NNI's nested
-choices are a few levels deep), and far below what the log's reader takes (pydantic parses an event's JSON to
-200 levels, the event's own included) or what the recursive checks after `check_depth` can walk."""
+"""Levels of JSON nesting a value of the user's that an event holds (a search space, classArgs, a customized
+trial's parameters) may have, itself the first: far above any real one (NNI's nested choices are a few levels
+deep), and far below what the log's reader takes (pydantic parses an event's JSON to 200 levels, the event's own
+included) or what the recursive checks after `check_depth` can walk."""
 
 
-def check_depth(space: Any, path: str = "searchSpace") -> None:
-    """Refuse a space nested more than MAX_DEPTH levels deep, naming where. Iterative, so that no depth breaks
-    it: it runs before anything recursive walks the space, whatever the tuner, custom ones included."""
-    pending: list[tuple[Any, int, str]] = [(space, 1, path)]
+def check_depth(value: Any, path: str = "searchSpace", what: str = "a search space") -> None:
+    """Refuse a value (`what`, at `path`) nested more than MAX_DEPTH levels deep, naming where. Iterative, so
+    that no depth breaks it: it runs before anything recursive walks the value, custom tuners' checks included."""
+    pending: list[tuple[Any, int, str]] = [(value, 1, path)]
     while pending:
-        value, depth, where = pending.pop()
-        if not isinstance(value, dict | list):
+        item, depth, where = pending.pop()
+        if not isinstance(item, dict | list):
             continue
         if depth > MAX_DEPTH:
-            raise SearchSpaceError(
-                f"{where}: nested more than {MAX_DEPTH} levels deep; a search space may have at most"
-                f" {MAX_DEPTH} (nested choices need a few)"
+            raise NestedTooDeep(
+                f"{where}: nested more than {MAX_DEPTH} levels deep; {what} may have at most {MAX_DEPTH} levels"
             )
-        steps = value.items() if isinstance(value, dict) else enumerate(value)
-        step = "{}.{}" if isinstance(value, dict) else "{}[{}]"
-        pending.extend((item, depth + 1, step.format(where, key)) for key, item in steps)
+        steps = item.items() if isinstance(item, dict) else enumerate(item)
+        step = "{}.{}" if isinstance(item, dict) else "{}[{}]"
+        pending.extend((inner, depth + 1, step.format(where, key)) for key, inner in steps)
 
 
 NAS_TYPES = ("layer_choice", "input_choice")  # NNI's classic NAS space: RegularizedEvolution and PPO take it

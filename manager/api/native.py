@@ -27,7 +27,7 @@ from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.projector import Projector
 from manager.replay import describe
-from manager.search_space import SearchSpaceError, check_depth, validate_search_space
+from manager.search_space import NestedTooDeep, SearchSpaceError, check_depth, validate_search_space
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -185,7 +185,7 @@ def check_changes(host: ManagerHost, experiment_id: str, changes: ExperimentChan
             tuner.check_search_space(space)
         elif not custom:
             validate_search_space(space, allow_empty=True)
-    except SearchSpaceError as error:
+    except (NestedTooDeep, SearchSpaceError) as error:
         raise ConfigError(str(error)) from None
 
 
