@@ -106,7 +106,8 @@ def _validated(
     data: dict[str, Any], source: Path, base: Path, sent: bool = False, stored: bool = False
 ) -> ExperimentSpec:
     """The spec of a config: new (`sent` over the API, or read from a file), or `stored` in an experiment's log,
-    which is taken as it was accepted (a limit added since, MAX_DEPTH, does not keep it from resuming)."""
+    which is taken as it was accepted (limits added since, MAX_DEPTH on its search space and classArgs, do not
+    keep it from resuming)."""
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as error:
@@ -116,6 +117,8 @@ def _validated(
     if not code_directory.is_dir():
         raise ConfigError(f"{source}: trialCodeDirectory: {code_directory} is not a directory")
     platforms = _platforms(config, source)
+    if not stored:
+        _check_class_args_depth(config, source)  # before the algorithms' checks walk them
     tuner = _algorithm(config, source, "tuner")
     if config.assessor is not None:
         if tuner.kind == "advisor":
@@ -148,6 +151,17 @@ def _with_absolute_code_directories(config: ExperimentConfig, base: Path) -> Exp
     return config.model_copy(update=update) if update else config
 
 
+def _check_class_args_depth(config: ExperimentConfig, source: Path) -> None:
+    """Each algorithm's classArgs held to MAX_DEPTH, as the search space: the event that holds them must read back."""
+    for key in ("tuner", "assessor", "advisor"):
+        section: AlgorithmConfig | None = getattr(config, key)
+        if section is not None and section.class_args is not None:
+            try:
+                check_depth(section.class_args, f"{key}.classArgs", "classArgs")
+            except NestedTooDeep as error:
+                raise ConfigError(f"{source}: {error}") from None
+
+
 def _algorithm(config: ExperimentConfig, source: Path, role: Literal["tuner", "assessor"]) -> Algorithm:
     section = config.tuner_section if role == "tuner" else config.assessor
     assert section is not None
@@ -169,9 +183,7 @@ def _read_mapping(path: Path, prefix: str, missing: str, invalid: str, not_mappi
     except yaml.YAMLError as error:
         raise ConfigError(f"{prefix}: {invalid}: {error}") from None
     except RecursionError:  # PyYAML's parser recurses, a level or two of Python's stack per level of nesting
-        raise ConfigError(
-            f"{prefix}: nested too deep to read (a search space may have at most {MAX_DEPTH} levels)"
-        ) from None
+        raise ConfigError(f"{prefix}: nested too deep to read (at most {MAX_DEPTH} levels are taken)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix}: {not_mapping}")
     return data

@@ -22,7 +22,7 @@ from tests.api.test_api_smoke import experiment_config
 from tests.conftest import Processes
 from tests.manager.test_config import CUSTOM_TUNER
 from tests.support import web
-from tests.support.configs import TOO_DEEP, deep_space
+from tests.support.configs import TOO_DEEP, deep_mapping, deep_space, too_deep
 
 GATED_TRIAL = """\
 import json, os, sys, time
@@ -557,6 +557,29 @@ def test_a_search_space_nested_too_deep_is_refused_not_lost(api: Api, tuner: dic
 
     deepest = api.http.patch(f"/experiments/{experiment_id}", json={"searchSpace": deep_space(64)})
     assert deepest.status_code == 200 and deepest.json()["config"]["searchSpace"] == deep_space(64), deepest.text
+    api.release_all()
+
+
+def test_class_args_nested_too_deep_are_refused_not_lost(api: Api) -> None:
+    """Past ~200 levels the event holding the config could not be read back: a new experiment's config was lost.
+    Past 64 they are refused (422) with where; 64 levels are kept as they were sent."""
+    (api.code / "tuners").mkdir()
+    (api.code / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+
+    def config(levels: int) -> dict[str, Any]:
+        tuner = {
+            "codeDirectory": str(api.code / "tuners"),
+            "className": "mine.Mine",
+            "classArgs": deep_mapping(levels, "width"),
+        }
+        return experiment_config(api.code, trials=1, concurrency=1, tuner=tuner)
+
+    for levels in (65, 200, 600):
+        refused = api.http.post("/experiments", json={"config": config(levels)})
+        assert refused.status_code == 422, refused.text[-300:]
+        assert too_deep("tuner.classArgs.width") in refused.json()["error"], refused.text[-300:]
+    experiment_id = api.create(config(64))
+    assert api.experiment(experiment_id)["config"]["tuner"]["classArgs"] == deep_mapping(64, "width")
     api.release_all()
 
 

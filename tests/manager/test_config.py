@@ -13,7 +13,7 @@ import yaml
 from core.registry import available_platforms
 from manager.config import ExperimentSpec, load_experiment_config, stored_experiment_spec
 from schemas.config import ConfigError, ExperimentConfig, parse_duration
-from tests.support.configs import TOO_DEEP, config_error, deep_space, write_config_file
+from tests.support.configs import TOO_DEEP, config_error, deep_mapping, deep_space, too_deep, write_config_file
 from workers.platforms.local.config import LocalConfig
 
 SEARCH_SPACE: dict[str, Any] = {
@@ -835,6 +835,40 @@ def test_a_stored_config_is_not_held_to_the_depth_limit_added_since(tmp_path: Pa
     spec = stored_experiment_spec({**config, "searchSpace": deep_space(100)}, str(tmp_path))
 
     assert spec.search_space == deep_space(100)
+
+
+def custom_section(tmp_path: Path, class_args: dict[str, Any]) -> dict[str, Any]:
+    """A custom algorithm's section (CUSTOM_TUNER's, taking `width`) with these classArgs."""
+    (tmp_path / "tuners").mkdir(exist_ok=True)
+    (tmp_path / "tuners" / "mine.py").write_text(CUSTOM_TUNER)
+    return {"codeDirectory": "tuners", "className": "mine.Mine", "classArgs": class_args}
+
+
+@pytest.mark.parametrize("key", ["tuner", "assessor", "advisor"])
+def test_class_args_nested_too_deep_are_refused_naming_where(tmp_path: Path, key: str) -> None:
+    """Past ~200 levels the event holding the config could not be read back: the experiment was lost. Past 64,
+    as a search space's, classArgs are refused naming where."""
+    spec = load(tmp_path, minimal(**{key: custom_section(tmp_path, deep_mapping(64, "width"))}))
+    assert getattr(spec.config, key).class_args == deep_mapping(64, "width")
+
+    for levels in (65, 200):
+        message = rejection(tmp_path, minimal(**{key: custom_section(tmp_path, deep_mapping(levels, "width"))}))
+        (line,) = problem_lines(message, tmp_path / "config.yml")
+        assert line.startswith(too_deep(f"{key}.classArgs.width")), line
+
+    deep = yaml.safe_dump(minimal(**{key: custom_section(tmp_path, {"width": "DEEP"})}))
+    path = write_yaml(tmp_path / "config.yml", deep.replace("DEEP", "[" * 5000 + "]" * 5000))
+    assert config_error(path) == f"{path}: nested too deep to read (at most 64 levels are taken)"  # not a search space
+
+
+def test_a_stored_config_s_class_args_are_not_held_to_the_depth_limit_added_since(tmp_path: Path) -> None:
+    """An experiment created before the limit, its log readable, still resumes."""
+    config = load(tmp_path, minimal(tuner=custom_section(tmp_path, {}))).as_event_config
+    tuner = {**config["tuner"], "classArgs": deep_mapping(100, "width")}
+
+    spec = stored_experiment_spec({**config, "tuner": tuner}, str(tmp_path))
+
+    assert spec.config.tuner_section.class_args == deep_mapping(100, "width")
 
 
 def test_a_builtin_tuner_still_needs_a_search_space(tmp_path: Path) -> None:

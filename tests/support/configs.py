@@ -23,16 +23,31 @@ def write_config_file(directory: Path, config: dict[str, Any], name: str = "conf
     return path
 
 
+def nested(levels: int) -> Any:
+    """A list of a list of ... of 1: `levels` levels of JSON nesting, itself the first."""
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 def deep_space(levels: int) -> dict[str, Any]:
     """A search space of `levels` levels of JSON nesting, itself the first: a choice of one option, a list of a
     list of ... of 1, the innermost list `levels` deep (`searchSpace.a._value` is level 3)."""
-    option: Any = 1
-    for _ in range(levels - 2):
-        option = [option]
-    return {"a": {"_type": "choice", "_value": option}}
+    return {"a": {"_type": "choice", "_value": nested(levels - 2)}}
 
 
 TOO_DEEP = f"searchSpace.a._value{'[0]' * 62}: nested more than 64 levels deep"  # `deep_space(65)`'s level 65
+
+
+def deep_mapping(levels: int, key: str = "x") -> dict[str, Any]:
+    """`{key: [[...[1]...]]}`, `levels` levels of JSON nesting, itself the first (classArgs, a trial's parameters)."""
+    return {key: nested(levels - 1)}
+
+
+def too_deep(path: str) -> str:
+    """How the refusal of `deep_mapping(65)` at `path` (its key included) starts: naming its level 65."""
+    return f"{path}{'[0]' * 63}: nested more than 64 levels deep"
 
 
 def write_config(
