@@ -30,6 +30,7 @@ from manager.experiment_process import ExperimentProcess
 from manager.experiments import ExperimentNotFound, delete_experiment, finish_experiment, resolve_experiment
 from manager.projector import Projector
 from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
+from manager.search_space import check_depth
 from manager.training_service import TrainingService
 from schemas.config import platform_names
 from schemas.events import (
@@ -242,7 +243,9 @@ class ManagerHost:
         """Queue a trial with these parameters; its sequence id once the runner has submitted it (None
         while it waits for a free slot past CUSTOMIZED_WAIT_S). Refused when maxTrialNumber is spoken
         for: the runner would never run it. Requests are taken one at a time, each counted by the
-        runner before the next is checked, so two at once cannot both take the last place."""
+        runner before the next is checked, so two at once cannot both take the last place. Parameters nested past
+        MAX_DEPTH are refused (NestedTooDeep): the event that holds them must read back."""
+        check_depth(parameters, "parameters", "a trial's parameters")
         view = self._running(experiment_id)
         if not self.client.exists(keys.runner(experiment_id)):
             raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")

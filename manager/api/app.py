@@ -47,6 +47,7 @@ from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.nnictl import PINNED_EXPERIMENT
 from manager.runner import RunnerError
+from manager.search_space import NestedTooDeep
 from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.config import ConfigError
 
@@ -82,6 +83,7 @@ _ERRORS: dict[type[Exception], int] = {
     ArchiveError: 409,
     ArchiveStoreError: 503,  # the archive an archived experiment is read from does not answer
     CorruptArchive: 503,
+    NestedTooDeep: 422,  # a customized trial's parameters
     UnicodeEncodeError: 422,  # a lone surrogate in a request's text (a search space, a form) reaching Redis
 }
 

@@ -32,6 +32,7 @@ from manager.experiments import ExperimentNotFound, resolve_experiment
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.nnictl import PINNED_EXPERIMENT
 from manager.runner import RunnerError
+from manager.search_space import NestedTooDeep
 from manager.training_service import TrainingService, TrialNotFound
 from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
 from manager.views import CHUNK, ViewStore
@@ -311,6 +312,8 @@ def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str
     """A customized trial with these parameters; its sequence id (null while it waits for a free slot)."""
     try:
         sequence_id = host.add_customized_trial(experiment_id, parameters)
+    except NestedTooDeep as invalid:
+        return _error(str(invalid), 400)
     except (ExperimentNotRunning, RunnerError) as refused:
         return _error(str(refused), 409)
     return _json(nni_rest.SequenceId(sequenceId=sequence_id).wire())

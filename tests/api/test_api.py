@@ -583,6 +583,34 @@ def test_class_args_nested_too_deep_are_refused_not_lost(api: Api) -> None:
     api.release_all()
 
 
+def test_customized_trial_parameters_nested_too_deep_are_refused_not_lost(api: Api) -> None:
+    """Past ~200 levels the event holding them could not be read back: the experiment's log was broken. Past 64
+    they are refused (422; NNI's API: 400) with where, and nothing is written; 64 levels run as they were sent."""
+    experiment_id = api.create(experiment_config(api.code, trials=2, concurrency=1))
+    api.wait_running(experiment_id, 1)
+    nni = f"{str(api.http.base_url).rstrip('/').removesuffix('/api/v1')}/nni/{experiment_id}/api/v1/nni/trial-jobs"
+
+    for levels in (65, 200, 600):
+        refused = api.http.post(f"/experiments/{experiment_id}/trials", json={"parameters": deep_mapping(levels)})
+        assert refused.status_code == 422, refused.text[-300:]
+        assert refused.json()["error"].startswith(too_deep("parameters.x")), refused.text[-300:]
+        refused = api.http.post(nni, json=deep_mapping(levels))
+        assert refused.status_code == 400, refused.text[-300:]
+        assert refused.json()["error"].startswith(too_deep("parameters.x")), refused.text[-300:]
+    assert not any(
+        item.get("event", {}).get("type") == "CustomizedTrialRequested" for item in api.events(experiment_id)
+    )
+
+    added = api.http.post(f"/experiments/{experiment_id}/trials", json={"parameters": deep_mapping(64)})
+    assert added.status_code == 201, added.text
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    assert all("event" in item for item in api.events(experiment_id))  # every event reads back
+    trials = api.trials(experiment_id)
+    (customized,) = [trial for trial in trials if parameters_of(trial["form"])["parameter_source"] == "customized"]
+    assert json.loads((api.code / "params" / f"{customized['id']}.json").read_text()) == deep_mapping(64)
+
+
 def test_no_depth_of_a_search_space_is_a_server_error(api: Api) -> None:
     """Just short of the depth JSON's parser refuses (a 400), the recursive check of a request's text for lone
     surrogates ran out of Python's stack: a 500. Every depth is a 4xx: too deep a space, or too deep to parse."""
