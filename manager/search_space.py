@@ -4,6 +4,7 @@ has it, errors naming the key and the fix), and sampled. Pure computation: no I/
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
 import reprlib
@@ -139,6 +140,10 @@ class NestedTooDeep(ValueError):
     """A value nested more than MAX_DEPTH levels deep; the message starts with where, e.g. `parameters.x[0]`."""
 
 
+class NotJson(ValueError):
+    """Text that must be JSON and is not; the message starts with where."""
+
+
 MAX_DEPTH = 64
 """Levels of JSON nesting a value of the user's that an event holds (a search space, classArgs, a customized
 trial's parameters) may have, itself the first: far above any real one (NNI's nested choices are a few levels
@@ -161,6 +166,18 @@ def check_depth(value: Any, path: str = "searchSpace", what: str = "a search spa
         steps = item.items() if isinstance(item, dict) else enumerate(item)
         step = "{}.{}" if isinstance(item, dict) else "{}[{}]"
         pending.extend((inner, depth + 1, step.format(where, key)) for key, inner in steps)
+
+
+def check_json_text(text: str, path: str, what: str) -> None:
+    """Refuse text that a trial and the views parse as JSON (`what`, at `path`) unless it is JSON nested at most
+    MAX_DEPTH levels: it is stored as text, so the event reads back, but each reader would fail on it."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise NestedTooDeep(f"{path}: nested too deep to read; {what} may have at most {MAX_DEPTH} levels") from None
+    except ValueError as error:
+        raise NotJson(f"{path}: not JSON ({error}); {what} is JSON text") from None
+    check_depth(value, path, what)
 
 
 NAS_TYPES = ("layer_choice", "input_choice")  # NNI's classic NAS space: RegularizedEvolution and PPO take it

@@ -86,8 +86,12 @@ class HyperParameters(CamelModel):
 
     @property
     def parameters(self) -> Any:
-        """Usually a mapping of names to values; NetworkMorphism hands out a model as a JSON string."""
-        packed = json.loads(self.value)
+        """Usually a mapping of names to values; NetworkMorphism hands out a model as a JSON string. A value that
+        does not parse (a form updated before the API checked them) is shown as the text it is."""
+        try:
+            packed = json.loads(self.value)
+        except (ValueError, RecursionError):
+            return self.value
         return packed.get("parameters", {}) if isinstance(packed, dict) else {}
 
 

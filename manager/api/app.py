@@ -47,7 +47,7 @@ from manager.experiments import ExperimentNotFound, ExperimentRunning
 from manager.host import ExperimentNotRunning, ManagerHost
 from manager.nnictl import PINNED_EXPERIMENT
 from manager.runner import RunnerError
-from manager.search_space import NestedTooDeep
+from manager.search_space import NestedTooDeep, NotJson
 from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.config import ConfigError
 
@@ -83,7 +83,8 @@ _ERRORS: dict[type[Exception], int] = {
     ArchiveError: 409,
     ArchiveStoreError: 503,  # the archive an archived experiment is read from does not answer
     CorruptArchive: 503,
-    NestedTooDeep: 422,  # a customized trial's parameters
+    NestedTooDeep: 422,  # a customized trial's parameters, a trial's new form
+    NotJson: 422,  # a trial's new form
     UnicodeEncodeError: 422,  # a lone surrogate in a request's text (a search space, a form) reaching Redis
 }
 

@@ -27,7 +27,7 @@ from manager.experiments import resolve_experiment
 from manager.host import ManagerHost
 from manager.projector import Projector
 from manager.replay import describe
-from manager.search_space import NestedTooDeep, SearchSpaceError, check_depth, validate_search_space
+from manager.search_space import NestedTooDeep, SearchSpaceError, check_depth, check_json_text, validate_search_space
 from manager.views import TrialOrder
 from schemas.api import (
     CancelRequest,
@@ -285,7 +285,9 @@ def get_trial(experiment_id: Experiment, trial_id: str, host: Host) -> TrialJobD
 
 @router.put("/experiments/{experiment_id}/trials/{trial_id}", response_model=TrialJobDetail)
 def update_trial(experiment_id: Experiment, trial_id: str, form: JobApplicationForm, host: Host) -> TrialJobDetail:
-    """NNI's updateTrialJob: a new parameter set for a running trial (multi-phase)."""
+    """NNI's updateTrialJob: a new parameter set for a running trial (multi-phase). Its value is refused unless it
+    is JSON the trial (its parameter.cfg) and the views can parse."""
+    check_json_text(form.hyper_parameters.value, "hyperParameters.value", "a trial's parameter set")
     return host.service(experiment_id).update_trial_job(trial_id, form)
 
 

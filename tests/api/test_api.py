@@ -22,7 +22,7 @@ from tests.api.test_api_smoke import experiment_config
 from tests.conftest import Processes
 from tests.manager.test_config import CUSTOM_TUNER
 from tests.support import web
-from tests.support.configs import TOO_DEEP, deep_mapping, deep_space, too_deep
+from tests.support.configs import TOO_DEEP, deep_mapping, deep_space, nested, too_deep
 
 GATED_TRIAL = """\
 import json, os, sys, time
@@ -368,6 +368,16 @@ def test_cancel_early_stop_metrics_and_the_trial_form(api: Api) -> None:
     assert updated.status_code == 200 and updated.json()["id"] == first["id"], updated.text
     assert api.http.put(f"{base}/nope", json=form).status_code == 404
     assert api.http.put(f"{base}/{first['id']}", json={"sequenceId": "x"}).status_code == 422
+    # a value the trial (its parameter.cfg) and the views could not parse: refused, the form left as it was
+    for value, why in (
+        ("not json", "hyperParameters.value: not JSON"),
+        ("[" * 5000 + "]" * 5000, "hyperParameters.value: nested too deep to read"),
+        (json.dumps(nested(65)), f"hyperParameters.value{'[0]' * 64}: nested more than 64 levels deep"),
+    ):
+        bad = {"sequenceId": first["sequenceId"], "hyperParameters": {"value": value}}
+        refused = api.http.put(f"{base}/{first['id']}", json=bad)
+        assert refused.status_code == 422 and refused.json()["error"].startswith(why), refused.text
+    assert api.http.get(f"{base}/{first['id']}").json()["form"] == updated.json()["form"]
 
     canceled = api.http.post(f"{base}/{first['id']}/cancel")  # no body: earlyStopped false
     assert canceled.status_code == 200, canceled.text

@@ -294,6 +294,12 @@ def test_hyper_parameters_exposes_the_parameters() -> None:
     assert form(parameters={"lr": 0.1, "layers": 3}).hyper_parameters.parameters == {"lr": 0.1, "layers": 3}
 
 
+@pytest.mark.parametrize("value", ["not json", "[" * 5000 + "]" * 5000], ids=["not-json", "too-deep-to-parse"])
+def test_a_form_value_that_does_not_parse_is_shown_as_its_text(value: str) -> None:
+    """A form a PUT stored before the API checked them: `trials list` and `run --json` show it, not a traceback."""
+    assert HyperParameters(value=value).parameters == value
+
+
 # ---------------------------------------------------------------- events
 
 
