@@ -14,9 +14,12 @@ import inspect
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
+from importlib.machinery import ModuleSpec, PathFinder
+from importlib.util import find_spec, module_from_spec
 from pathlib import Path
 from typing import Any, Literal
 
@@ -252,11 +255,14 @@ def with_article(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def _import(target: str, pip: str, needs: str, key: str = "name") -> type:
+def _import(target: str, pip: str, needs: str, key: str = "name", top: ModuleSpec | None = None) -> type:
     """The class `target` names; a failure is filed under `key`, the section's key that chose it: a built-in's
-    `name`, a custom one's `className`."""
+    `name`, a custom one's `className`. `top`, a custom class's top-level module as found in its code directory,
+    is loaded from there first: its submodules are then found inside it."""
     module_name, _, class_name = target.rpartition(".")
     try:
+        if top is not None:
+            _load_top_level(top)
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         missing = (error.name or str(error)).split(".")[0]
@@ -283,8 +289,22 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
 
 
+# Runners and API requests resolve custom classes in threads of their own; sys.modules is shared.
+_CUSTOM_IMPORTS = threading.Lock()
+_CODE_DIRECTORIES: set[str] = set()  # every code directory appended to sys.path
+
+
 def _custom_class(class_name: str, code_directory: str | None) -> type:
-    """NNI v2's customized algorithm: `className` is `module.Class` inside `codeDirectory`."""
+    """NNI v2's customized algorithm: `className` is `module.Class` inside `codeDirectory`.
+
+    A manager hosts many experiments, and two code directories may each hold a `mine.py`: the module that
+    `className` names is loaded from this experiment's directory alone, never found along sys.path (where an
+    earlier experiment's directory comes first). The directory is still appended to sys.path, as NNI does: it
+    never shadows installed modules (one of the same name is refused), and the modules the custom one imports
+    from beside it (`import helpers`) are found. Those are found as any import is, though: by name, once per
+    process, in the first directory on sys.path that holds them; two code directories with a different
+    `helpers.py` both get the one loaded first. A package (`className: pkg.mod.Class`) has no such limit: what it
+    imports from itself (`from . import helpers`) comes from its own directory."""
     module_name, _, short = class_name.rpartition(".")
     if not module_name or not short:
         raise AlgorithmError("className", f"expected module.Class (a module in codeDirectory); got {class_name!r}")
@@ -293,18 +313,56 @@ def _custom_class(class_name: str, code_directory: str | None) -> type:
     directory = Path(code_directory).expanduser().resolve()
     if not directory.is_dir():
         raise AlgorithmError("codeDirectory", f"{directory} is not a directory")
-    if str(directory) not in sys.path:
-        sys.path.append(str(directory))  # as NNI: the code directory never shadows installed modules
-    importlib.invalidate_caches()
-    module_path = directory / Path(*module_name.split("."))
-    if not (module_path.with_suffix(".py").is_file() or (module_path / "__init__.py").is_file()):
-        raise AlgorithmError("className", f"no module {module_name!r} in {directory}")
-    parts = module_name.split(".")
-    for package in (".".join(parts[: length + 1]) for length in range(len(parts))):
-        loaded = sys.modules.get(package)
-        if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(f"{directory}/"):
-            del sys.modules[package]  # that name from another code directory (an experiment run before)
-    return _import(class_name, "", f"{class_name} needs", "className")
+    with _CUSTOM_IMPORTS:
+        if str(directory) not in sys.path:
+            sys.path.append(str(directory))
+        _CODE_DIRECTORIES.add(str(directory))
+        importlib.invalidate_caches()
+        top = module_name.split(".")[0]
+        spec = PathFinder.find_spec(top, [str(directory)])
+        module_path = directory / Path(*module_name.split("."))
+        if spec is None or not (module_path.with_suffix(".py").is_file() or (module_path / "__init__.py").is_file()):
+            raise AlgorithmError("className", f"no module {module_name!r} in {directory}")
+        if _installed(top):
+            raise AlgorithmError(
+                "className", f"{top!r} is an installed module, which a code directory does not replace: rename yours"
+            )
+        if spec.submodule_search_locations is not None:  # a namespace package's would follow sys.path to others
+            spec.submodule_search_locations = [str(directory / top)]
+        return _import(class_name, "", f"{class_name} needs", "className", spec)
+
+
+def _installed(top: str) -> bool:
+    """Whether the module `top` is found other than in a code directory: sys.path finds installed modules
+    before the code directories appended to it (or sys.modules holds one)."""
+    found = find_spec(top)
+    if found is None:
+        return False
+    folders = found.submodule_search_locations  # a package's
+    where = Path(next(iter(folders))) if folders else Path(found.origin or "")
+    return str(where.parent) not in _CODE_DIRECTORIES
+
+
+def _load_top_level(spec: ModuleSpec) -> None:
+    """The module or package `spec` found, into sys.modules in place of one of that name from elsewhere (another
+    experiment's code directory) and its submodules; one already loaded from this file is kept, not run again."""
+    loaded = sys.modules.get(spec.name)
+    if (
+        loaded is not None
+        and getattr(loaded, "__file__", None) == spec.origin
+        and getattr(loaded, "__path__", None) == spec.submodule_search_locations
+    ):
+        return
+    for name in [name for name in sys.modules if name == spec.name or name.startswith(f"{spec.name}.")]:
+        del sys.modules[name]
+    module = module_from_spec(spec)  # sets a namespace package's loader
+    assert spec.loader is not None
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[spec.name]  # as a failed import: not left half-run
+        raise
 
 
 def _check_versions(builtin: Builtin) -> None:

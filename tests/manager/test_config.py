@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -803,6 +804,75 @@ def test_a_custom_class_that_cannot_be_imported_is_filed_under_class_name(
     (line,) = problem_lines(message, tmp_path / "config.yml")
     assert line.startswith(f"{key}.className: {module}.Custom needs "), line
     assert expected in line, line
+
+
+def custom_class_in(directory: Path, files: dict[str, str], class_name: str) -> Any:
+    """The class that a config in `directory` naming the custom tuner `class_name` loads, its code directory
+    `directory/tuners` holding `files` (path there: source)."""
+    for name, source in files.items():
+        path = directory / "tuners" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    tuner = {"codeDirectory": "tuners", "className": class_name}
+    return load(directory, minimal(searchSpace=None, tuner=tuner)).algorithms()[0].cls
+
+
+def test_custom_modules_of_one_name_in_two_code_directories_load_each_from_its_own(tmp_path: Path) -> None:
+    """A manager hosts many experiments: the second one's `mine.T` was the first one's, the first code directory
+    on sys.path holding a mine.py, and the wrong tuner code ran."""
+    a, b = ({"mine.py": f"class T:\n    where = {where!r}\n"} for where in ("a", "b"))
+
+    first = custom_class_in(tmp_path / "a", a, "mine.T")
+
+    assert first.where == "a"
+    assert custom_class_in(tmp_path / "a", a, "mine.T") is first  # loaded once: resolved again, the same class
+    assert custom_class_in(tmp_path / "b", b, "mine.T").where == "b"
+    assert custom_class_in(tmp_path / "a", a, "mine.T").where == "a"
+
+
+@pytest.mark.parametrize("init", [True, False], ids=["package", "namespace package"])
+def test_custom_packages_of_one_name_in_two_code_directories_load_each_from_its_own(tmp_path: Path, init: bool) -> None:
+    """Submodules, the class's and those it imports, come from the package in its own code directory."""
+    mod = "from .where import WHERE\n\n\nclass T:\n    where = WHERE\n"
+    a, b = (
+        {"pkg/mod.py": mod, "pkg/where.py": f"WHERE = {where!r}\n", **({"pkg/__init__.py": ""} if init else {})}
+        for where in ("a", "b")
+    )
+
+    assert custom_class_in(tmp_path / "a", a, "pkg.mod.T").where == "a"
+    assert custom_class_in(tmp_path / "b", b, "pkg.mod.T").where == "b"
+    assert custom_class_in(tmp_path / "a", a, "pkg.mod.T").where == "a"
+
+
+def test_a_custom_module_imports_the_modules_beside_it(tmp_path: Path) -> None:
+    """`import helpers` in the custom module finds helpers.py in its code directory, as in NNI."""
+    helpers = f"{tmp_path.name}_helpers"  # a name of its own: the code directories of earlier tests stay on sys.path
+    files = {
+        f"{helpers}.py": "WHERE = 'beside'\n",
+        "mine.py": f"from {helpers} import WHERE\n\n\nclass T:\n    where = WHERE\n",
+    }
+
+    assert custom_class_in(tmp_path, files, "mine.T").where == "beside"
+
+
+@pytest.mark.parametrize("name", ["json", "colorsys"], ids=["loaded", "not loaded yet"])
+def test_a_custom_module_named_as_an_installed_one_is_refused_not_loaded_in_its_place(
+    tmp_path: Path, name: str
+) -> None:
+    """It would have replaced the installed module for the whole manager process."""
+    (tmp_path / "tuners").mkdir()
+    (tmp_path / "tuners" / f"{name}.py").write_text("class T:\n    pass\n")
+
+    message = rejection(
+        tmp_path, minimal(searchSpace=None, tuner={"codeDirectory": "tuners", "className": f"{name}.T"})
+    )
+
+    (line,) = problem_lines(message, tmp_path / "config.yml")
+    assert (
+        line
+        == f"tuner.className: {name!r} is an installed module, which a code directory does not replace: rename yours"
+    )
+    assert not str(getattr(sys.modules.get(name), "__file__", "")).startswith(str(tmp_path))
 
 
 @pytest.mark.parametrize("tuner", [{"name": "TPE"}, {"codeDirectory": "tuners", "className": "mine.Mine"}])
