@@ -21,7 +21,15 @@ from redis.typing import EncodableT, FieldT
 from core import keys
 from core.connections import connect
 from core.event_store import EventStore, StoredEvent
-from manager.replay import SCRATCH_PREFIX, diff_views, event_types, replayed, snapshot_views
+from manager.replay import (
+    SCRATCH_PREFIX,
+    InvalidPosition,
+    diff_views,
+    event_types,
+    parse_position,
+    replayed,
+    snapshot_views,
+)
 from manager.views import ViewStore
 from tests.conftest import REPO, Processes, ServiceFactory, free_port, stream_entries, wait_until
 from tests.manager.test_replay import Mixed, run_mixed_experiment
@@ -364,13 +372,18 @@ def test_a_position_redis_would_refuse_is_not_an_event_id(make_service: ServiceF
     """Each part of an event id is below 2**64, in ASCII digits (\\d takes full-width ones): anything else was
     Redis's `Invalid stream ID` error, and through a manager an --until past 2**64 listed every entry. It is
     refused before anything is read, whichever way the log is read (the manager here answers nothing)."""
+    for position in (
+        "99999999999999999999999",
+        "18446744073709551616",
+        "1795893112577-18446744073709551616",
+        "\uff10\uff11\uff12",
+    ):
+        with pytest.raises(InvalidPosition, match=f"^{re.escape(repr(position))} is not an event id"):
+            parse_position(position)
     exp = make_service().experiment_id
     via_manager = {"TRIALSTREAM_MANAGER_URL": f"http://127.0.0.1:{free_port()}"}
     for command, option, position in (
         ("events", "--until", "99999999999999999999999"),
-        ("events", "--since", "18446744073709551616"),
-        ("events", "--since", "1795893112577-18446744073709551616"),
-        ("events", "--since", "\uff10\uff11\uff12"),
         ("replay", "--until", "1-18446744073709551616"),
     ):
         for way in (env, via_manager):
