@@ -335,7 +335,10 @@ def _custom_class(class_name: str, code_directory: str | None) -> type:
 def _installed(top: str) -> bool:
     """Whether the module `top` is found other than in a code directory: sys.path finds installed modules
     before the code directories appended to it (or sys.modules holds one)."""
-    found = find_spec(top)
+    try:
+        found = find_spec(top)
+    except ValueError:  # in sys.modules without a spec (made at run time, as `__main__` may be): not a code module
+        return True
     if found is None:
         return False
     folders = found.submodule_search_locations  # a package's

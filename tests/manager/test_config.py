@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -855,11 +856,16 @@ def test_a_custom_module_imports_the_modules_beside_it(tmp_path: Path) -> None:
     assert custom_class_in(tmp_path, files, "mine.T").where == "beside"
 
 
-@pytest.mark.parametrize("name", ["json", "colorsys"], ids=["loaded", "not loaded yet"])
+@pytest.mark.parametrize(
+    "name", ["json", "colorsys", "made_at_run_time"], ids=["loaded", "not loaded yet", "loaded without a spec"]
+)
 def test_a_custom_module_named_as_an_installed_one_is_refused_not_loaded_in_its_place(
-    tmp_path: Path, name: str
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It would have replaced the installed module for the whole manager process."""
+    """It would have replaced the installed module for the whole manager process; so would one a program made
+    at run time (find_spec raises on its missing spec)."""
+    if name == "made_at_run_time":
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     (tmp_path / "tuners").mkdir()
     (tmp_path / "tuners" / f"{name}.py").write_text("class T:\n    pass\n")
 
