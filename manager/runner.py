@@ -306,12 +306,10 @@ class ExperimentRunner:
                 if tuner.error is not None:
                     return self._tuner_failed(tuner.error)
                 deadline = self.config.max_experiment_duration  # an ExperimentUpdated may change it
+                # Out of time, as NNI: no more trials; those running end as they would, then the experiment is DONE.
                 out_of_time = deadline is not None and time.monotonic() - started >= deadline
                 if not out_of_time:
                     self._refill()
-                if out_of_time and self._active:
-                    self._stop_all("experiment reached maxExperimentDuration")
-                    return self._finish("DONE")
                 if not self._active and (out_of_time or self._search_over()):
                     if tuner.error is not None:  # it failed on the last trial's end
                         return self._tuner_failed(tuner.error)
@@ -319,7 +317,7 @@ class ExperimentRunner:
                         return result
                 self.on_progress(self.progress)
                 wait = _WAIT_S if tuner.idle else _TUNER_POLL_S
-                if deadline is not None:
+                if deadline is not None and not out_of_time:
                     wait = max(0.0, min(wait, deadline - (time.monotonic() - started)))
                 self._follow(self.service.store.wait(self._cursor, block_ms=max(1, int(wait * 1000))))  # 0: forever
                 self._reap([self._trials[trial_id] for trial_id in self._active])

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.config import parse_duration
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
 NNI_VERSION = "3.0.0"
@@ -263,13 +264,27 @@ def export_entries(trial: TrialJobDetail) -> list[ExportDataEntry]:
     return [ExportDataEntry(parameter=packed["parameters"], value=json.loads(final.data), trialJobId=trial.id)]
 
 
-def experiment_status(view: ExperimentView, submitted: int) -> NniExperimentStatus:
+def experiment_status(view: ExperimentView, submitted: int, now_ms: int) -> NniExperimentStatus:
     """NNI's name for the experiment's status: a RUNNING experiment that has submitted its maxTrialNumber
-    trials only waits for them to end, which NNI calls NO_MORE_TRIAL."""
+    trials, or has run its maxExperimentDuration, only waits for its trials to end: NNI's NO_MORE_TRIAL."""
     if view.status != "RUNNING":
         return view.status
     budget = view.config.get("maxTrialNumber")
-    return "NO_MORE_TRIAL" if isinstance(budget, int) and submitted >= budget else "RUNNING"
+    if isinstance(budget, int) and submitted >= budget:
+        return "NO_MORE_TRIAL"
+    return "NO_MORE_TRIAL" if _out_of_time(view, now_ms) else "RUNNING"
+
+
+def _out_of_time(view: ExperimentView, now_ms: int) -> bool:
+    """Whether the experiment has run its maxExperimentDuration, counted as the runner counts it (since its start)."""
+    limit = view.config.get("maxExperimentDuration")
+    if view.start_time is None or limit is None:
+        return False
+    try:
+        seconds = float(parse_duration(limit))
+    except (TypeError, ValueError):  # unreadable: as the profile shows it, no limit
+        return False
+    return now_ms - view.start_time >= seconds * 1000
 
 
 def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_ms: int) -> ExperimentProfile:
@@ -302,7 +317,7 @@ def experiment_metadata(
         port=port,
         startTime=view.start_time or now_ms,
         endTime=view.end_time if view.end_time is not None and view.status != "RUNNING" else "N/A",
-        status=experiment_status(view, submitted),
+        status=experiment_status(view, submitted, now_ms),
         platform=str(platform_name),
         experimentName=str(view.config.get("experimentName") or view.id),
         pid=pid,

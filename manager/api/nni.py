@@ -145,7 +145,7 @@ def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_re
 def check_status(experiment_id: NniExperiment, host: Host) -> Response:
     service = host.service(experiment_id)
     view = _view(service)
-    status = nni_rest.experiment_status(view, _submitted(service))
+    status = nni_rest.experiment_status(view, _submitted(service), _now_ms())
     errors = [view.message] if view.status == "ERROR" and view.message else []
     return _json(nni_rest.CheckStatus(status=status, errors=errors).wire())
 

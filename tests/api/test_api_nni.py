@@ -148,8 +148,11 @@ def test_metrics_of_the_current_attempt_renumbered_without_late_ones() -> None:
 def test_experiment_status_profile_and_registry_entry() -> None:
     config = {"maxTrialNumber": 2, "maxExperimentDuration": "bogus", "trainingService": {"platform": "local"}}
     view = ExperimentView(id="exp", config=config, working_directory="/home/u/exps/exp", start_time=1000)
-    assert nni_rest.experiment_status(view, 1) == "RUNNING"
-    assert nni_rest.experiment_status(view, 2) == "NO_MORE_TRIAL"
+    assert nni_rest.experiment_status(view, 1, now_ms=2000) == "RUNNING"
+    assert nni_rest.experiment_status(view, 2, now_ms=2000) == "NO_MORE_TRIAL"
+    timed = view.model_copy(update={"config": {**config, "maxExperimentDuration": "2s"}})
+    assert nni_rest.experiment_status(timed, 1, now_ms=2999) == "RUNNING"
+    assert nni_rest.experiment_status(timed, 1, now_ms=3000) == "NO_MORE_TRIAL"  # out of time: its trials end
     profile = nni_rest.experiment_profile(view, 2, 7, now_ms=4500).wire()
     assert profile["execDuration"] == 3 and "endTime" not in profile
     assert "maxExperimentDuration" not in profile["params"]

@@ -6,12 +6,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from tests.conftest import REPO, Processes
+from core.connections import connect
+from core.event_store import EventStore
+from tests.conftest import REPO, Processes, wait_until
 from tests.support.configs import write_local_config
 
 QUICKSTART = REPO / "examples" / "quickstart" / "config.yml"
@@ -176,15 +179,45 @@ def test_trial_concurrency_holds(tmp_path: Path, processes: Processes) -> None:
     assert most == 2
 
 
-def test_max_experiment_duration_stops_running_trials(tmp_path: Path, processes: Processes) -> None:
-    config = write_local_config(tmp_path, "import time\ntime.sleep(60)\n", maxExperimentDuration="2s")
+def test_max_experiment_duration_lets_running_trials_end_and_starts_no_more(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """As NNI: out of time, the experiment submits nothing more, and the trials running then end as they would
+    (here once the test opens their gate, past the duration, freeing both slots), then it is DONE."""
+    gate, up = tmp_path / "gate", tmp_path / "up"
+    up.mkdir()
+    trial = f"""
+        import os, pathlib, time
+        pathlib.Path({str(up)!r}, str(os.getpid())).write_text(os.environ["NNI_EXP_ID"])
+        while not pathlib.Path({str(gate)!r}).exists():
+            time.sleep(0.05)
+    """
+    config = write_local_config(tmp_path, trial, maxExperimentDuration="2s", maxTrialNumber=10)
     processes.projector()
     processes.worker()
     processes.worker()
-    result = trialstream("run", str(config), "--json", env={"TRIALSTREAM_REDIS_URL": processes.redis_url})
-    assert result.returncode == 0, result.stderr
-    statuses = {trial["status"] for trial in json.loads(result.stdout)["trials"]}
-    assert statuses == {"SYS_CANCELED"}
+    env = {k: v for k, v in os.environ.items() if k != "TRIALSTREAM_REDIS_URL"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
+        cwd=REPO,
+        env={**env, "TRIALSTREAM_REDIS_URL": processes.redis_url},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        started = wait_until(
+            lambda: [path.read_text() for path in up.iterdir()] if len(list(up.iterdir())) == 2 else None,
+            60,
+            what="two trials running",
+        )
+        created_ms = int(next(iter(EventStore(connect(processes.redis_url), started[0]).read())).id.split("-")[0])
+        wait_until(lambda: time.time() * 1000 > created_ms + 3000, 30, what="the 2 s to pass, and a second more")
+        gate.touch()
+        stdout, _ = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 0
+    assert [trial["status"] for trial in json.loads(stdout)["trials"]] == ["SUCCEEDED", "SUCCEEDED"]  # no more
 
 
 def test_grid_search_runs_every_point_once(tmp_path: Path, processes: Processes) -> None:
