@@ -48,11 +48,17 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
                 config=event.config,
                 working_directory=event.working_directory,
                 start_time=event.time,
+                run_ms=0,
+                running_since=event.time,
             )
         case ExperimentFinished() if view is not None:
-            return view.model_copy(update={"status": event.status, "end_time": event.time, "message": event.message})
+            ran = _run_ms(view, event.time)
+            changes = {"status": event.status, "end_time": event.time, "message": event.message}
+            return view.model_copy(update={**changes, "run_ms": ran, "running_since": None})
         case ExperimentResumed() if view is not None:
-            return view.model_copy(update={"status": "RUNNING", "end_time": None, "message": None, "imported": False})
+            since = view.running_since if view.status == "RUNNING" else event.time  # a crashed runner's time counts
+            changes = {"status": "RUNNING", "end_time": None, "message": None, "imported": False}
+            return view.model_copy(update={**changes, "running_since": since if view.run_ms is not None else None})
         case ExperimentImported() if view is not None:
             return view.model_copy(update={"imported": True})
         case ExperimentUpdated() if view is not None:
@@ -62,6 +68,15 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
             base = view or ExperimentView(id=event.experiment_id)
             return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})
     return view
+
+
+def _run_ms(view: ExperimentView, now_ms: int) -> int | None:
+    """The view's time RUNNING up to `now_ms`, its current run included; None for a view from before it was kept."""
+    if view.run_ms is None:
+        return None
+    if view.status != "RUNNING" or view.running_since is None:
+        return view.run_ms
+    return view.run_ms + max(0, now_ms - view.running_since)
 
 
 def apply_to_trial(view: TrialJobDetail | None, event: Event) -> TrialJobDetail | None:

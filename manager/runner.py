@@ -255,7 +255,7 @@ class ExperimentRunner:
         config["trainingService"] = with_secrets(service_config, secrets)
         spec = stored_experiment_spec(config, experiment.working_directory)
         _refuse_if(platform_problems(spec, settings or Settings()))
-        elapsed_s = max(0.0, time.time() - (experiment.start_time or 0) / 1000)
+        elapsed_s = experiment.run_seconds(int(time.time() * 1000))  # what it ran before, as NNI counts it
         runner = cls(
             spec,
             client,

@@ -276,15 +276,15 @@ def experiment_status(view: ExperimentView, submitted: int, now_ms: int) -> NniE
 
 
 def _out_of_time(view: ExperimentView, now_ms: int) -> bool:
-    """Whether the experiment has run its maxExperimentDuration, counted as the runner counts it (since its start)."""
+    """Whether the experiment has run its maxExperimentDuration, counted as the runner counts it."""
     limit = view.config.get("maxExperimentDuration")
-    if view.start_time is None or limit is None:
+    if limit is None:
         return False
     try:
         seconds = float(parse_duration(limit))
     except (TypeError, ValueError):  # unreadable: as the profile shows it, no limit
         return False
-    return now_ms - view.start_time >= seconds * 1000
+    return view.run_seconds(now_ms) >= seconds
 
 
 def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_ms: int) -> ExperimentProfile:
@@ -297,7 +297,7 @@ def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_
     return ExperimentProfile(
         params=params,
         id=view.id,
-        execDuration=max(0, ((view.end_time or now_ms) - start) // 1000),
+        execDuration=int(view.run_seconds(now_ms)),
         logDir=view.working_directory,
         startTime=start,
         endTime=view.end_time if view.status != "RUNNING" else None,

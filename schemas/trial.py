@@ -200,3 +200,16 @@ class ExperimentView(CamelModel):
     message: str | None = None
     metadata: dict[str, str] = {}
     imported: bool = False  # its log came from another Redis, and no runner here has taken it up yet
+    # Its time RUNNING, as NNI's execDuration counts it: ms run before `running_since`, and when the current run
+    # began. None in a view projected before they were kept (until it is rebuilt): start to end, as then.
+    run_ms: int | None = None
+    running_since: int | None = None
+
+    def run_seconds(self, now_ms: int) -> float:
+        """How long it has run, as NNI counts it against maxExperimentDuration: not the time it rested DONE or
+        STOPPED before an update or a resume took it up again (a runner down while it was RUNNING counts)."""
+        running = self.status == "RUNNING"
+        if self.run_ms is None:
+            return max(0, ((None if running else self.end_time) or now_ms) - (self.start_time or now_ms)) / 1000
+        current = now_ms - self.running_since if running and self.running_since is not None else 0
+        return max(0, self.run_ms + current) / 1000

@@ -9,6 +9,7 @@ import csv
 import json
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,13 @@ class Manager:
     process: subprocess.Popen[bytes]
     client: redis.Redis
 
-    def create(self, name: str, trials: int, concurrency: int = 1, released: bool = False) -> tuple[str, Path]:
+    def create(
+        self, name: str, trials: int, concurrency: int = 1, released: bool = False, **overrides: Any
+    ) -> tuple[str, Path]:
         code = write_trial(self.root / name)
         if released:
             (code / "gates" / "all").touch()
-        config = experiment_config(code, trials, concurrency, experimentName=name)
+        config = experiment_config(code, trials, concurrency, experimentName=name, **overrides)
         created = web.post(f"{self.url}/api/v1/experiments", json={"config": config}, timeout=30)
         assert created.status_code == 201, created.text
         return str(created.json()["id"]), code
@@ -173,6 +176,22 @@ def test_stop_stops_that_experiment_alone_and_returns(manager: Manager) -> None:
     assert psutil.pid_exists(manager.entry(other)["pid"])
     (other_code / "gates" / "all").touch()
     wait_until(lambda: manager.status(other) == "DONE", 60, what="the other experiment to finish")
+
+
+def test_an_update_after_a_rest_longer_than_its_duration_runs_the_extra_trials(manager: Manager) -> None:
+    """NNI counts against maxExperimentDuration only the time an experiment runs (its execDuration): one that
+    rested DONE past its duration runs the trial an update adds; the rest counted, it was DONE again at once."""
+    experiment_id, _ = manager.create("rested", trials=1, released=True, maxExperimentDuration="6s")
+    experiment = Experiment.connect(manager.port(experiment_id))
+    wait_until(lambda: experiment.get_status() == "DONE", 60, what="the experiment to finish")
+    started_ms = experiment.get_experiment_profile()["startTime"]
+    wait_until(lambda: time.time() * 1000 > started_ms + 7_000, 30, what="a rest past its 6 s")
+
+    experiment.update_max_trial_number(2)
+    wait_until(lambda: len(experiment.list_trial_jobs()) == 2, 60, what="the extra trial")
+    wait_until(lambda: experiment.get_status() == "DONE", 60, what="the experiment to finish again")
+    assert {job.status for job in experiment.list_trial_jobs()} == {"SUCCEEDED"}
+    assert experiment.get_experiment_profile()["execDuration"] < 6  # its runs, not the rest between them
 
 
 def test_an_update_takes_a_done_experiment_up_again(manager: Manager) -> None:

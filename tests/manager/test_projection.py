@@ -367,6 +367,27 @@ def test_the_last_finish_holds() -> None:
     assert folded([created(), done, ExperimentResumed(experiment_id=EXP), stopped]).status == "STOPPED"
 
 
+def test_the_time_run_leaves_out_the_rests_between_runs_as_nni_s_exec_duration() -> None:
+    """An update or a resume takes a DONE or STOPPED experiment up again: the time it rested is not run time
+    (it would count against maxExperimentDuration at once); a runner that crashed while RUNNING is, as before."""
+    done = ExperimentFinished(experiment_id=EXP, status="DONE", time=5_010)  # ran 5 s from its creation at 10
+    view = folded([created(), done])
+    assert view.run_seconds(now_ms=999_000) == 5
+    view = folded([ExperimentResumed(experiment_id=EXP, time=100_000)], view)  # taken up after 95 s at rest
+    assert view.run_seconds(now_ms=102_000) == 7
+    crashed_and_resumed = folded([ExperimentResumed(experiment_id=EXP, time=110_000)], view)
+    assert crashed_and_resumed.run_seconds(now_ms=111_000) == 16  # the runner's downtime while RUNNING counts
+    stopped = folded([ExperimentFinished(experiment_id=EXP, status="STOPPED", time=112_000)], crashed_and_resumed)
+    assert stopped.run_seconds(now_ms=500_000) == 17
+
+
+def test_a_view_from_before_the_time_run_was_kept_counts_from_its_start() -> None:
+    old = ExperimentView(id=EXP, status="DONE", start_time=10, end_time=5_010)
+    assert old.run_seconds(now_ms=999_000) == 5
+    resumed = folded([ExperimentResumed(experiment_id=EXP, time=100_000)], old)
+    assert resumed.run_seconds(now_ms=101_010) == 101  # as it was counted: since the start
+
+
 def test_an_import_marks_the_experiment_until_a_runner_takes_it_up() -> None:
     view = folded([created(), ExperimentImported(experiment_id=EXP)])
     assert view.imported
