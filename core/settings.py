@@ -95,6 +95,11 @@ class Settings(EnvironmentSettings):
         default=None, description="the bearer token `trialstream manager` requires, and the CLI sends to it"
     )
     manager_url: str | None = Field(default=None, description="talk to this `trialstream manager` instead of Redis")
+    manager_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="`run`/`resume` with --manager: how long to keep asking a manager that does not answer",
+    )
     archive_location: str | None = Field(
         default=None, description="where ended experiments are archived: a directory or s3://bucket/prefix"
     )  # default: <experiments_dir>/archive
@@ -135,7 +140,8 @@ class Settings(EnvironmentSettings):
     def as_environment(self) -> dict[str, str]:
         """The variables that give a child process these settings (the processes of the embedded stack), the
         platforms' with them."""
-        values = self.model_dump(exclude_defaults=True, exclude={"manager_token", "manager_url"})  # not a service's
+        the_cli_s = {"manager_token", "manager_url", "manager_wait_s"}  # not a service's
+        values = self.model_dump(exclude_defaults=True, exclude=the_cli_s)
         if "platforms" in values:
             values["platforms"] = ",".join(f"{name}={target}" for name, target in self.platforms.items())
         own = {PREFIX + name.upper(): str(value) for name, value in values.items() if value is not None}

@@ -32,6 +32,10 @@ class ManagerError(Exception):
     """The manager could not be reached, or refused the request; the message says which, in one line."""
 
 
+class ManagerUnreachable(ManagerError):
+    """No answer came (refused, timed out, cut off): a read may be asked again, as following a run does."""
+
+
 class ManagerConfigError(ManagerError, ConfigError):
     """The manager refused what was sent as invalid (422): a bad config, as the CLI's own checks say it."""
 
@@ -198,7 +202,7 @@ def _reaching(url: str) -> Iterator[None]:
     try:
         yield
     except httpx.TransportError as error:
-        raise ManagerError(f"cannot reach the manager at {url}: {error or type(error).__name__}") from None
+        raise ManagerUnreachable(f"cannot reach the manager at {url}: {error or type(error).__name__}") from None
 
 
 def _message(body: bytes) -> str | None:

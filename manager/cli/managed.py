@@ -11,13 +11,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from core.code_archive import CodeDirectoryError, archive
 from manager.algorithms import optimize_mode_of
-from manager.api_client import ManagerClient, ManagerError
+from manager.api_client import ManagerClient, ManagerError, ManagerUnreachable
+from manager.cli import render
 from manager.config import ExperimentSpec
 from manager.runner import ExperimentResult, Progress, RunnerError
 from schemas.api import ExperimentState
@@ -25,28 +26,32 @@ from schemas.config import ConfigError, ExperimentConfig
 from schemas.trial import metric_score
 
 POLL_S = 0.5
+RETRY_S = (0.5, 1.0, 2.0, 5.0)  # the pauses between asks of a manager that does not answer, the last repeated
 ENDED = frozenset({"DONE", "STOPPED", "ERROR"})
 _REPLACED_KEYS = frozenset({"searchspace", "searchspacefile", "trialcodedirectory"})  # normalised spellings
 
 OnProgress = Callable[[Progress], None]
+T = TypeVar("T")
 
 
-def create(spec: ExperimentSpec, client: ManagerClient, on_progress: OnProgress) -> ManagedRun:
+def create(spec: ExperimentSpec, client: ManagerClient, on_progress: OnProgress, wait_s: float) -> ManagedRun:
     """Upload the code, create the experiment on the manager (it runs it), and follow it from here."""
     try:
         code = archive(spec.code_directory)
     except CodeDirectoryError as error:
         raise ConfigError(f"{spec.source}: trialCodeDirectory: {error}") from None
     experiment_id = client.create(request_config(spec), client.upload_code(code))
-    return ManagedRun(client, experiment_id, on_progress)
+    return ManagedRun(client, experiment_id, on_progress, wait_s)
 
 
-def resume(client: ManagerClient, experiment_id: str, imported: bool, on_progress: OnProgress) -> ManagedRun:
+def resume(
+    client: ManagerClient, experiment_id: str, imported: bool, on_progress: OnProgress, wait_s: float
+) -> ManagedRun:
     if imported:
         raise RunnerError("--imported: the manager's API does not resume imported experiments; use --redis URL")
     experiment_id = client.resolve(experiment_id)
     client.resume(experiment_id)
-    return ManagedRun(client, experiment_id, on_progress)
+    return ManagedRun(client, experiment_id, on_progress, wait_s)
 
 
 def request_config(spec: ExperimentSpec) -> dict[str, Any]:
@@ -64,25 +69,64 @@ def _normalised(key: str) -> str:
 
 class ManagedRun:
     """An experiment a manager runs, followed as ExperimentRunner.run drives one: the same progress and
-    result; an interrupt stops it (its trials SYS_CANCELED), waits for its end, and goes on up."""
+    result; an interrupt stops it (its trials SYS_CANCELED), waits for its end, and goes on up.
 
-    def __init__(self, client: ManagerClient, experiment_id: str, on_progress: OnProgress) -> None:
+    The experiment runs on whether or not this command hears from the manager: one that does not answer
+    (paused, restarting, a dropped connection) is asked again for up to `wait_s` seconds before the command
+    fails, with requests that are safe to repeat alone (reads, and the stop)."""
+
+    def __init__(self, client: ManagerClient, experiment_id: str, on_progress: OnProgress, wait_s: float) -> None:
         """No request here: the experiment runs on the manager already, and an interrupt is only turned into
         its stop inside `run`; a request made before would be a window where Ctrl-C leaves it running."""
         self.client = client
         self.experiment_id = experiment_id
         self.on_progress = on_progress
+        self.wait_s = wait_s
         self.progress: Progress | None = None
 
     def run(self) -> ExperimentResult:
         try:
             self._until_ended()
         except KeyboardInterrupt:
-            with suppress(ManagerError):  # it ended meanwhile (409); an unreachable manager fails just below
-                self.client.stop(self.experiment_id)
+            with suppress(ManagerError):  # it ended meanwhile (409); a manager that never answers fails just below
+                self._patiently(lambda: self.client.stop(self.experiment_id))  # a repeat: one more stop request
             self._until_ended()
             raise
-        return ExperimentResult(self.experiment_id, self.client.trials(self.experiment_id))
+        return ExperimentResult(self.experiment_id, self._patiently(lambda: self.client.trials(self.experiment_id)))
+
+    def _patiently(self, request: Callable[[], T]) -> T:
+        """`request` (one safe to repeat) asked again while the manager does not answer, saying so once and
+        when it answers again; after `wait_s` without an answer, an error that says how to follow it again."""
+        give_up: float | None = None
+        pauses = iter(RETRY_S)
+        while True:
+            try:
+                answer = request()
+            except ManagerUnreachable as error:
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = now + self.wait_s
+                    render.note(
+                        f"the manager at {self.client.url} does not answer ({error}); experiment"
+                        f" {self.experiment_id} goes on there: asking again for up to {self.wait_s:g} s"
+                    )
+                if now >= give_up:
+                    raise ManagerError(self._lost(error)) from None
+                time.sleep(min(next(pauses, RETRY_S[-1]), give_up - now))
+                continue
+            if give_up is not None:
+                render.note(f"the manager at {self.client.url} answers again")
+            return answer
+
+    def _lost(self, error: ManagerUnreachable) -> str:
+        """Why the command ends while the experiment may not have, and how to find it again."""
+        follow = f"trialstream --manager {self.client.url}"
+        return (
+            f"the manager at {self.client.url} has not answered for {self.wait_s:g} s ({error}); experiment"
+            f" {self.experiment_id} may still be running there: `{follow} events {self.experiment_id} --follow`"
+            f" follows it once the manager answers, `{follow} trials list -e {self.experiment_id}` shows its"
+            " trials (TRIALSTREAM_MANAGER_WAIT_S sets how long this command waits)"
+        )
 
     def _progress(self, state: ExperimentState) -> Progress:
         config = ExperimentConfig.model_validate(state.config)
@@ -96,7 +140,7 @@ class ManagedRun:
 
     def _until_ended(self) -> None:
         while True:
-            state = self.client.experiment(self.experiment_id)
+            state = self._patiently(lambda: self.client.experiment(self.experiment_id))
             self._show(state)
             if state.status in ENDED:
                 return
@@ -106,7 +150,7 @@ class ManagedRun:
         if self.progress is None:
             self.progress = self._progress(state)
         self.progress.counts = Counter(state.trial_counts)
-        best = self.client.trial_page(self.experiment_id, limit=1, sort="metric")
+        best = self._patiently(lambda: self.client.trial_page(self.experiment_id, limit=1, sort="metric"))
         score = metric_score(best[0].final_metric) if best else None
         if score is not None:
             self.progress.best, self.progress.best_trial = score, best[0].id

@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     spec = load_experiment_config(args.config)
     if settings.manager_url is not None:
         manager = manager_client(settings)
-        result = _drive(lambda show: managed.create(spec, manager, show))
+        result = _drive(lambda show: managed.create(spec, manager, show, settings.manager_wait_s))
     elif settings.redis_url is not None:
         client, rq_connection = _shared(settings, spec.platform_names)
         result = _drive(
@@ -100,7 +100,9 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
     """Continue an experiment whose runner stopped, from its log (see ExperimentRunner.resume)."""
     if settings.manager_url is not None:
         manager = manager_client(settings)
-        result = _drive(lambda show: managed.resume(manager, args.experiment_id, args.imported, show))
+        result = _drive(
+            lambda show: managed.resume(manager, args.experiment_id, args.imported, show, settings.manager_wait_s)
+        )
     elif settings.redis_url is not None:
         reader = connect(settings.redis_url, options=settings.redis_options())
         experiment_id = resolve_experiment(reader, args.experiment_id)

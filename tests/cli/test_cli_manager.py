@@ -248,7 +248,7 @@ def test_following_a_managed_experiment_asks_nothing_before_it_can_stop_it() -> 
     from manager.api_client import ManagerClient, ManagerError
     from manager.cli.managed import ManagedRun
 
-    followed = ManagedRun(ManagerClient(f"http://127.0.0.1:{free_port()}", None), "abc12345", lambda _: None)
+    followed = ManagedRun(ManagerClient(f"http://127.0.0.1:{free_port()}", None), "abc12345", lambda _: None, 0)
     with pytest.raises(ManagerError, match=r"127\.0\.0\.1"):  # nothing answers there: the first request is run's
         followed.run()
 
