@@ -189,7 +189,7 @@ class ServiceProcesses:
         would serve the queue, and the run would wait for ever. Each exit is reaped and logged in one warning.
         One that exits within SETTLED_S of its start is started again after RESTART_BACKOFF_S, doubled for each
         such quick exit in a row; at the QUICK_EXITS-th it is given up on (it cannot start: a broken
-        environment, no memory), and `check` raises a StackError that ends the run."""
+        environment, no memory), supervision ends, and `check` raises a StackError that ends the run."""
         self._supervisor = threading.Thread(target=self._supervise, name="embedded-services", daemon=True)
         self._supervisor.start()
 
@@ -207,6 +207,8 @@ class ServiceProcesses:
                     continue
                 for service in self._services:
                     self._tend(service)
+                    if self.failure is not None:
+                        break
 
     def _tend(self, service: _Service) -> None:
         """Reap `service` if it exited, and start it again once its back-off is over."""
@@ -223,7 +225,6 @@ class ServiceProcesses:
                     f"embedded {service.log_name} {how}, the {QUICK_EXITS}th time in a row within {SETTLED_S:g} s "
                     f"of its start: see {self.log_dir / service.log_name}.log"
                 )
-                log.error("%s; it is not started again", self.failure)
                 return
             delay = RESTART_BACKOFF_S * 2 ** (service.quick_exits - 1) if quick else 0.0
             log.warning(
@@ -240,7 +241,6 @@ class ServiceProcesses:
             service.process = self._spawn(service.arguments, service.log_name, service.module)
         except OSError as error:
             self.failure = f"embedded {service.log_name} could not be started again: {error}"
-            log.error("%s", self.failure)
             return
         service.started_at, service.restart_at = time.monotonic(), None
 
