@@ -3,14 +3,16 @@
 A private redis-server (AOF on, data under the experiment's directory, on a unix socket only its
 owner can open), the projector, and local workers: the same programs a compose stack runs. Each is
 in a session of its own, so a terminal's Ctrl-C reaches the runner alone, which then stops the
-experiment cleanly through them before they are stopped. This module also says where an embedded
-experiment's data lives and how an ended run's data is served again.
+experiment cleanly through them before they are stopped; until then the projector and workers are
+started again whenever they exit (`ServiceProcesses.supervise`). This module also says where an
+embedded experiment's data lives and how an ended run's data is served again.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -18,9 +20,11 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,12 @@ SPARE_WORKERS = 1  # see worker_slots
 PROCESSES_PER_TRIAL_UP_TO = 16  # local trials: see worker_slots
 DATA_DIR = "redis"
 CREATED = "created"  # an empty file made with the experiment's directory: its time is the experiment's start
+SUPERVISE_POLL_S = 0.2  # how soon a service that exited is noticed, reaped and started again
+RESTART_BACKOFF_S = 0.5  # the wait before starting again a service that exited quickly; doubled for each in a row
+SETTLED_S = 10.0  # a service that ran this long had started well: its exit is not counted as a quick one
+QUICK_EXITS = 5  # quick exits in a row after which a service is given up on, and the run ends
+
+log = logging.getLogger(__name__)
 
 
 class StackError(RuntimeError):
@@ -108,6 +118,19 @@ class EmbeddedRedis:
             self.process.wait()
 
 
+@dataclass
+class _Service:
+    """A process of `ServiceProcesses`, with what starts it again."""
+
+    arguments: tuple[str, ...]
+    log_name: str
+    module: str
+    process: subprocess.Popen[bytes]
+    started_at: float
+    quick_exits: int = 0  # in a row, each within SETTLED_S of its start
+    restart_at: float | None = None  # set once it has exited: when it is started again
+
+
 class ServiceProcesses:
     """`trialstream projector` and `trialstream worker` processes, logging to `log_dir`.
 
@@ -118,27 +141,40 @@ class ServiceProcesses:
     def __init__(self, settings: Settings, log_dir: Path) -> None:
         self.environment = {**trial_environment(os.environ), **settings.as_environment()}
         self.log_dir = log_dir
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.failure: str | None = None  # why supervision gave up: `check` raises it
+        self._services: list[_Service] = []
+        self._lock = threading.Lock()  # the supervisor's rounds against `stop`
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._supervisor: threading.Thread | None = None
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """Each service's process now (a later one once it was started again)."""
+        return [service.process for service in self._services]
 
     def start(self, *args: str, log_name: str, module: str = "manager.cli") -> None:
         """`python -m module args`; workers start as `python -m workers` (what `trialstream worker`
         execs), which spares them importing the control plane first: the first trial starts sooner."""
+        process = self._spawn(args, log_name, module)
+        self._services.append(_Service(args, log_name, module, process, time.monotonic()))
+
+    def _spawn(self, args: tuple[str, ...], log_name: str, module: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with (self.log_dir / f"{log_name}.log").open("ab") as log:
-            process = subprocess.Popen(
+        with (self.log_dir / f"{log_name}.log").open("ab") as log_file:
+            return subprocess.Popen(
                 [sys.executable, "-m", module, *args],
                 env=self.environment,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C goes to the runner, which stops the trials through them
                 preexec_fn=_die_with_parent(signal.SIGKILL),  # its trials' keepers end them too
             )
-        self.processes.append(process)
 
     def serve(self, platforms: list[str], concurrency: int) -> None:
         """The projector, and for each platform (several in a hybrid experiment: any may get every trial)
-        the worker processes `concurrency` trials need (`worker_slots`)."""
+        the worker processes `concurrency` trials need (`worker_slots`), kept running (`supervise`)."""
         self.start("projector", log_name="projector")
         for platform in platforms:
             prefix = f"worker-{platform}-" if len(platforms) > 1 else "worker-"
@@ -146,18 +182,93 @@ class ServiceProcesses:
                 self.start(
                     "--platform", platform, "--concurrency", str(slots), log_name=f"{prefix}{index}", module="workers"
                 )
+        self.supervise()
+
+    def supervise(self) -> None:
+        """Start again, until `stop`, every process that exits (the OOM killer took a worker): nothing else
+        would serve the queue, and the run would wait for ever. Each exit is reaped and logged in one warning.
+        One that exits within SETTLED_S of its start is started again after RESTART_BACKOFF_S, doubled for each
+        such quick exit in a row; at the QUICK_EXITS-th it is given up on (it cannot start: a broken
+        environment, no memory), supervision ends, and `check` raises a StackError that ends the run."""
+        self._supervisor = threading.Thread(target=self._supervise, name="embedded-services", daemon=True)
+        self._supervisor.start()
+
+    def check(self) -> None:
+        """Raise the StackError of a service given up on (`supervise`)."""
+        if self.failure is not None:
+            raise StackError(self.failure)
+
+    def _supervise(self) -> None:
+        """Rounds until `stop` has ended the processes: not sooner, since one started again here gets its
+        PR_SET_PDEATHSIG when this *thread* ends (prctl(2)), which must not cut short its SIGTERM in `stop`."""
+        while not self._stopped.wait(SUPERVISE_POLL_S):
+            with self._lock:
+                if self._stopping or self.failure is not None:
+                    continue
+                for service in self._services:
+                    self._tend(service)
+                    if self.failure is not None:
+                        break
+
+    def _tend(self, service: _Service) -> None:
+        """Reap `service` if it exited, and start it again once its back-off is over."""
+        now = time.monotonic()
+        if service.restart_at is None:
+            status = service.process.poll()
+            if status is None:
+                return
+            quick = now - service.started_at < SETTLED_S
+            service.quick_exits = service.quick_exits + 1 if quick else 0
+            how = _exit_status(status)
+            if service.quick_exits >= QUICK_EXITS:
+                self.failure = (
+                    f"embedded {service.log_name} {how}, the {QUICK_EXITS}th time in a row within {SETTLED_S:g} s "
+                    f"of its start: see {self.log_dir / service.log_name}.log"
+                )
+                return
+            delay = RESTART_BACKOFF_S * 2 ** (service.quick_exits - 1) if quick else 0.0
+            log.warning(
+                "embedded %s (pid %d) %s; starting it again%s",
+                service.log_name,
+                service.process.pid,
+                how,
+                f" in {delay:g} s" if delay else "",
+            )
+            service.restart_at = now + delay
+        if now < service.restart_at:
+            return
+        try:
+            service.process = self._spawn(service.arguments, service.log_name, service.module)
+        except OSError as error:
+            self.failure = f"embedded {service.log_name} could not be started again: {error}"
+            return
+        service.started_at, service.restart_at = time.monotonic(), None
 
     def stop(self, grace_s: float = 10.0) -> None:
-        for process in self.processes:
+        with self._lock:
+            self._stopping = True  # no process is started again from here on
+        processes = self.processes
+        for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for process in self.processes:
+        for process in processes:
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self._stopped.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+
+
+def _exit_status(status: int) -> str:
+    """A Popen returncode in words: `was killed by SIGKILL`, `exited with status 1`."""
+    if status < 0:
+        with suppress(ValueError):
+            return f"was killed by {signal.Signals(-status).name}"
+    return f"exited with status {status}"
 
 
 def worker_slots(adapter: type[Platform[Any]], concurrency: int) -> list[int]:

@@ -84,7 +84,12 @@ def _run_embedded(spec: ExperimentSpec, settings: Settings) -> ExperimentResult:
             try:
                 return _drive(
                     lambda show: ExperimentRunner.create(
-                        spec, stack.client, stack.rq_connection, experiment_id, on_progress=show, settings=settings
+                        spec,
+                        stack.client,
+                        stack.rq_connection,
+                        experiment_id,
+                        on_progress=_checked(stack, show),
+                        settings=settings,
                     )
                 )
             except BaseException:
@@ -94,6 +99,17 @@ def _run_embedded(spec: ExperimentSpec, settings: Settings) -> ExperimentResult:
     finally:
         if not recorded:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _checked(stack: EmbeddedStack, show: Callable[[Progress], None]) -> Callable[[Progress], None]:
+    """`show`, after raising the StackError of a service the stack gave up starting again: the runner, which
+    calls it every round, then stops the experiment as on any error, and the command says why."""
+
+    def check_and_show(progress: Progress) -> None:
+        stack.services.check()
+        show(progress)
+
+    return check_and_show
 
 
 def _resume(args: argparse.Namespace, settings: Settings) -> int:
@@ -126,7 +142,7 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
                     stack.client,
                     stack.rq_connection,
                     experiment_id,
-                    show,
+                    _checked(stack, show),
                     settings=settings,
                     allow_imported=args.imported,
                 )

@@ -1,0 +1,116 @@
+"""An embedded run keeps its services running: a worker process that dies (the OOM killer) is reaped and
+started again, so the run goes on to DONE rather than waiting for ever on a queue nothing serves; one that
+cannot start at all is given up on after a few quick exits, and the run ends with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.settings import Settings
+from manager import stack
+from manager.stack import QUICK_EXITS, ServiceProcesses, StackError
+from tests.cli.test_interrupt import environment, processes_of, running_trials
+from tests.conftest import REPO, wait_until
+from tests.support.configs import write_local_config
+
+SLEEPS = """
+import time
+time.sleep(3)
+"""
+
+
+def children(pid: int) -> list[tuple[int, str, str]]:
+    """(pid, state, command line) of every child process of `pid`; state Z: a zombie not yet reaped."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone
+            continue
+        state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
+        if int(parent) == pid:
+            found.append((int(entry.name), state, cmdline))
+    return found
+
+
+def workers_of(pid: int) -> list[int]:
+    return [child for child, state, cmdline in children(pid) if state != "Z" and " -m workers " in cmdline]
+
+
+def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_path: Path) -> None:
+    config = write_local_config(tmp_path, SLEEPS, trialConcurrency=2, maxTrialNumber=4)
+    env = {**environment(tmp_path), "TRIALSTREAM_TRIAL_LEASE_S": "1"}  # the killed trials are lost within seconds
+    with (tmp_path / "run.out").open("w") as out, (tmp_path / "run.err").open("w") as err:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: running_trials(tmp_path / "experiments"), 60, 0.1, what="two trials RUNNING")
+        killed = workers_of(run.pid)
+        assert len(killed) == 3, children(run.pid)  # one per concurrent trial, and the spare
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+        def replaced() -> bool:
+            current = children(run.pid)
+            zombies = [child for child in current if child[1] == "Z"]
+            return not zombies and len(set(workers_of(run.pid)) - set(killed)) == 3
+
+        wait_until(replaced, 30, 0.1, what="the killed workers reaped and started again")
+        assert run.wait(90) == 0, (tmp_path / "run.err").read_text()
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    stderr = (tmp_path / "run.err").read_text()
+    assert "Traceback" not in stderr, stderr
+    for index in range(3):
+        assert f"embedded worker-{index} (pid " in stderr and "was killed by SIGKILL; starting it again" in stderr
+    result = json.loads((tmp_path / "run.out").read_text())
+    statuses = sorted(trial["status"] for trial in result["trials"])
+    assert len(statuses) == 4 and set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses
+    assert statuses.count("FAILED") == 2, statuses  # the two the killed workers held: lost, as designed
+    experiment_id = result["experimentId"]
+    finished = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "events", experiment_id, "--type", "ExperimentFinished", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert [json.loads(line)["event"]["status"] for line in finished.stdout.splitlines()] == ["DONE"]
+    wait_until(lambda: not processes_of(tmp_path), 20, 0.2, what="no redis-server, worker or trial left")
+
+
+def test_a_service_that_exits_at_once_on_every_start_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stack, "RESTART_BACKOFF_S", 0.05)  # the rule, not its production pace
+    services = ServiceProcesses(Settings(), tmp_path / "logs")
+    services.start(log_name="broken", module="no_such_module")  # python -m no_such_module: exit status 1
+    services.supervise()
+    try:
+        with pytest.raises(StackError, match=rf"embedded broken exited with status 1, the {QUICK_EXITS}th time"):
+            wait_until(lambda: services.check(), 30, 0.05, what="never: check raises")
+        assert [process.poll() for process in services.processes] == [1]  # reaped, not started again
+    finally:
+        services.stop()
+    log = (tmp_path / "logs" / "broken.log").read_text()
+    assert log.count("No module named no_such_module") == QUICK_EXITS
