@@ -128,12 +128,13 @@ def _metadata(request: Request, host: ManagerHost, experiment_id: str) -> nni_re
     service = host.service(experiment_id)
     prefix = request.scope.get("root_path", "").strip("/")  # NNI's --url-prefix, as UrlPrefix passed it on
     server = request.scope.get("server")
+    pinned = request.scope.get(PINNED_EXPERIMENT) is not None  # nnictl's port: the API at its root, no prefix
     return nni_rest.experiment_metadata(
         _view(service),
         _submitted(service),
         port=server[1] if server is not None else 0,
         pid=host.process_id(experiment_id),
-        prefix_url=f"{prefix}/nni/{experiment_id}" if prefix else f"nni/{experiment_id}",
+        prefix_url=None if pinned else f"{prefix}/nni/{experiment_id}" if prefix else f"nni/{experiment_id}",
         now_ms=_now_ms(),
     )
 

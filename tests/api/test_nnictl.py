@@ -165,6 +165,9 @@ def test_an_experiments_own_port_answers_loopback_names_and_its_experiment_alone
 
     listed = web.get(f"{own}/experiments-info", headers=nnictl_host)
     assert [entry["id"] for entry in listed.json()] == [mine]
+    # its API is at this port's root: no prefix, as its registry entry says (a client would apply one)
+    assert listed.json()[0]["prefixUrl"] is None
+    assert web.get(f"{own}/experiment-metadata", headers=nnictl_host).json()["prefixUrl"] is None
     assert web.get(f"{own}/experiment", headers=nnictl_host).json()["id"] == mine
     for path in (f"/nni/{other}/api/v1/nni/experiment", f"/nni/{other}/api/v1/nni/check-status"):
         assert web.get(f"http://127.0.0.1:{port}{path}", headers=nnictl_host).status_code == 404, path
