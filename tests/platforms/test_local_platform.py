@@ -448,10 +448,22 @@ def pids_cgroup(name: str) -> Iterator[Path]:
     try:
         yield group
     finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):  # gone meanwhile
-                (root / "cgroup.procs").write_text(pid)
-        group.rmdir()
+
+        def removed() -> bool:
+            """Its processes moved out, then it removed: a zygote may fork one into it meanwhile (EBUSY), and one
+            exiting counts there until it is reaped; both are gone at a later try."""
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+                    (root / "cgroup.procs").write_text(pid)
+            try:
+                group.rmdir()
+            except OSError as error:
+                if error.errno != errno.EBUSY:
+                    raise
+                return False
+            return True
+
+        wait_until(removed, 15, what=f"the pids cgroup {group} emptied and removed")
 
 
 @pytest.mark.parametrize("refused", ["the keeper's fork of its trial", "the zygote's fork of a keeper"])
