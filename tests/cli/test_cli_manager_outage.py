@@ -30,17 +30,21 @@ def gated_trial(gate: Path) -> str:
     return f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists():\n    time.sleep(0.05)\n{TRIAL}"
 
 
-def following_run(manager: str, config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """`run --json` through the manager, once its experiment has a running trial, and the experiment's id."""
+def following_run(
+    manager: str, config: Path, stderr: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """`run --json` through the manager (its stderr into `stderr`, read while it runs), once its experiment has a
+    running trial, and the experiment's id."""
     clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
-    run = subprocess.Popen(
-        [sys.executable, "-m", "manager.cli", "--manager", manager, "run", str(config), "--json"],
-        cwd=REPO,
-        env={**clean, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with stderr.open("w") as err:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "--manager", manager, "run", str(config), "--json"],
+            cwd=REPO,
+            env={**clean, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
 
     def running() -> str | None:
         for state in web.get(f"{manager}/api/v1/experiments").json():
@@ -58,17 +62,18 @@ def test_run_rides_out_a_manager_paused_past_its_keep_alive(tmp_path: Path, proc
     server = processes.running[-1]
     gate = tmp_path / "gate"
     config = client_code(tmp_path / "client", gated_trial(gate), maxTrialNumber=2, trialConcurrency=2)
-    run, experiment_id = following_run(manager, config)
+    run, experiment_id = following_run(manager, config, tmp_path / "run.err")
     try:
         server.send_signal(signal.SIGSTOP)
         time.sleep(PAUSE_S)  # the CLI's poll waits on a connection the manager drops as it wakes
         server.send_signal(signal.SIGCONT)
         gate.touch()
-        out, err = run.communicate(timeout=120)
+        out, _ = run.communicate(timeout=120)
     finally:
         server.send_signal(signal.SIGCONT)
         gate.touch()
         run.kill()
+    err = (tmp_path / "run.err").read_text()
     assert run.returncode == 0, err + processes.logs()
     result = json.loads(out)
     assert result["experimentId"] == experiment_id
@@ -86,18 +91,20 @@ def test_run_follows_its_experiment_across_a_manager_restart(tmp_path: Path, pro
     manager = processes.manager(env=env)
     gate = tmp_path / "gate"
     config = client_code(tmp_path / "client", gated_trial(gate), maxTrialNumber=2, trialConcurrency=2)
-    run, experiment_id = following_run(manager, config)
+    run, experiment_id = following_run(manager, config, tmp_path / "run.err")
     try:
         processes.running[-1].kill()
         processes.running[-1].wait()
-        time.sleep(1.0)  # polls refused meanwhile
+        noticed = f"the manager at {manager} does not answer"  # its polls refused meanwhile
+        wait_until(lambda: noticed in (tmp_path / "run.err").read_text(), 30, what="the command to notice")
         processes.start("manager", "--port", manager.rsplit(":", 1)[1], "--no-token", env=env)
         wait_until(lambda: answers(manager), 30, what="the new manager to answer")
         gate.touch()
-        out, err = run.communicate(timeout=120)
+        out, _ = run.communicate(timeout=120)
     finally:
         gate.touch()
         run.kill()
+    err = (tmp_path / "run.err").read_text()
     assert run.returncode == 0, err + processes.logs()
     result = json.loads(out)
     assert result["experimentId"] == experiment_id
@@ -118,15 +125,16 @@ def test_run_gives_up_on_a_manager_gone_for_good(tmp_path: Path, processes: Proc
     manager = processes.manager(env={"TRIALSTREAM_EXPERIMENTS_DIR": str(tmp_path / "manager-experiments")})
     gate = tmp_path / "gate"
     config = client_code(tmp_path / "client", gated_trial(gate), maxTrialNumber=1, trialConcurrency=1)
-    run, experiment_id = following_run(manager, config, env={"TRIALSTREAM_MANAGER_WAIT_S": "2"})
+    run, experiment_id = following_run(manager, config, tmp_path / "run.err", env={"TRIALSTREAM_MANAGER_WAIT_S": "2"})
     try:
         processes.running[-1].kill()
         started = time.monotonic()
-        out, err = run.communicate(timeout=60)
+        out, _ = run.communicate(timeout=60)
         waited = time.monotonic() - started
     finally:
         gate.touch()
         run.kill()
+    err = (tmp_path / "run.err").read_text()
     assert run.returncode == 1, err
     assert waited < 20, waited
     assert out == "" and "Traceback" not in err
