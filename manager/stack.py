@@ -11,6 +11,7 @@ embedded experiment's data lives and how an ended run's data is served again.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -64,22 +65,29 @@ class EmbeddedRedis:
         self.data_dir = data_dir
         self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
+        self.binary = ""
         self.url = ""
 
     def start(self) -> str:
-        binary = shutil.which("redis-server")
-        if binary is None:
+        self.binary = shutil.which("redis-server") or ""
+        if not self.binary:
             raise StackError(
                 "redis-server is not installed: install it (apt-get install redis-server) "
                 f"or point {REDIS_URL_ENV} at a Redis server"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
-        args = [binary, "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync]
+        self.url = f"unix://{socket_path(self.data_dir, create=True)}"
+        self.spawn()
+        self._wait_ready()
+        return self.url
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """redis-server on the data and socket of `start`: also how the stack's supervisor starts it again after
+        it died (the OOM killer), from its AOF, which holds every acknowledged write (`appendfsync always`)."""
+        args = [self.binary, "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync]
         args += ["--save", "", "--logfile", "redis.log", "--daemonize", "no"]
-        sock = socket_path(self.data_dir, create=True)
-        args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
-        self.url = f"unix://{sock}"
+        args += ["--port", "0", "--unixsocket", self.url.removeprefix("unix://"), "--unixsocketperm", "700"]
         self.process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -87,8 +95,7 @@ class EmbeddedRedis:
             start_new_session=True,  # a terminal's Ctrl-C must not kill the log under the runner
             preexec_fn=_die_with_parent(signal.SIGTERM),
         )
-        self._wait_ready()
-        return self.url
+        return self.process
 
     def _wait_ready(self) -> None:
         assert self.process is not None
@@ -122,11 +129,12 @@ class EmbeddedRedis:
 class _Service:
     """A process of `ServiceProcesses`, with what starts it again."""
 
-    arguments: tuple[str, ...]
-    log_name: str
-    module: str
+    name: str
+    log: Path
+    spawn: Callable[[], subprocess.Popen[bytes]]
     process: subprocess.Popen[bytes]
     started_at: float
+    owned: bool = True  # False: started and stopped by its owner (the embedded Redis), only kept running here
     quick_exits: int = 0  # in a row, each within SETTLED_S of its start
     restart_at: float | None = None  # set once it has exited: when it is started again
 
@@ -150,14 +158,21 @@ class ServiceProcesses:
 
     @property
     def processes(self) -> list[subprocess.Popen[bytes]]:
-        """Each service's process now (a later one once it was started again)."""
-        return [service.process for service in self._services]
+        """Each service's process now (a later one once it was started again), the watched ones left out."""
+        return [service.process for service in self._services if service.owned]
 
     def start(self, *args: str, log_name: str, module: str = "manager.cli") -> None:
         """`python -m module args`; workers start as `python -m workers` (what `trialstream worker`
         execs), which spares them importing the control plane first: the first trial starts sooner."""
-        process = self._spawn(args, log_name, module)
-        self._services.append(_Service(args, log_name, module, process, time.monotonic()))
+        spawn = functools.partial(self._spawn, args, log_name, module)
+        self._services.append(_Service(log_name, self.log_dir / f"{log_name}.log", spawn, spawn(), time.monotonic()))
+
+    def watch(
+        self, name: str, process: subprocess.Popen[bytes], spawn: Callable[[], subprocess.Popen[bytes]], log: Path
+    ) -> None:
+        """Keep running, as the services, a process started elsewhere (`spawn` starts it again), which `stop`
+        leaves to its owner: the embedded Redis, which the services need until they have stopped."""
+        self._services.append(_Service(name, log, spawn, process, time.monotonic(), owned=False))
 
     def _spawn(self, args: tuple[str, ...], log_name: str, module: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -222,14 +237,14 @@ class ServiceProcesses:
             how = _exit_status(status)
             if service.quick_exits >= QUICK_EXITS:
                 self.failure = (
-                    f"embedded {service.log_name} {how}, the {QUICK_EXITS}th time in a row within {SETTLED_S:g} s "
-                    f"of its start: see {self.log_dir / service.log_name}.log"
+                    f"embedded {service.name} {how}, the {QUICK_EXITS}th time in a row within {SETTLED_S:g} s "
+                    f"of its start: see {service.log}"
                 )
                 return
             delay = RESTART_BACKOFF_S * 2 ** (service.quick_exits - 1) if quick else 0.0
             log.warning(
                 "embedded %s (pid %d) %s; starting it again%s",
-                service.log_name,
+                service.name,
                 service.process.pid,
                 how,
                 f" in {delay:g} s" if delay else "",
@@ -238,9 +253,9 @@ class ServiceProcesses:
         if now < service.restart_at:
             return
         try:
-            service.process = self._spawn(service.arguments, service.log_name, service.module)
+            service.process = service.spawn()
         except OSError as error:
-            self.failure = f"embedded {service.log_name} could not be started again: {error}"
+            self.failure = f"embedded {service.name} could not be started again: {error}"
             return
         service.started_at, service.restart_at = time.monotonic(), None
 
@@ -307,6 +322,8 @@ class EmbeddedStack:
             raise
         child_settings = settings.model_copy(update={"redis_url": url})
         self.services = ServiceProcesses(child_settings, experiment_dir / "logs")
+        assert self.server.process is not None
+        self.services.watch("redis-server", self.server.process, self.server.spawn, self.server.data_dir / "redis.log")
 
     def __enter__(self) -> EmbeddedStack:
         return self

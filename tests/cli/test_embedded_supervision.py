@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -47,11 +48,10 @@ def workers_of(pid: int) -> list[int]:
     return [child for child, state, cmdline in children(pid) if state != "Z" and " -m workers " in cmdline]
 
 
-def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_path: Path) -> None:
-    config = write_local_config(tmp_path, SLEEPS, trialConcurrency=2, maxTrialNumber=4)
-    env = {**environment(tmp_path), "TRIALSTREAM_TRIAL_LEASE_S": "1"}  # the killed trials are lost within seconds
+def launch(tmp_path: Path, config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`trialstream run CONFIG --json` in a session of its own, its output in run.out and run.err."""
     with (tmp_path / "run.out").open("w") as out, (tmp_path / "run.err").open("w") as err:
-        run = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
             cwd=REPO,
             env=env,
@@ -59,6 +59,18 @@ def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_p
             stderr=err,
             start_new_session=True,
         )
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "manager.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_path: Path) -> None:
+    config = write_local_config(tmp_path, SLEEPS, trialConcurrency=2, maxTrialNumber=4)
+    env = {**environment(tmp_path), "TRIALSTREAM_TRIAL_LEASE_S": "1"}  # the killed trials are lost within seconds
+    run = launch(tmp_path, config, env)
     try:
         wait_until(lambda: running_trials(tmp_path / "experiments"), 60, 0.1, what="two trials RUNNING")
         killed = workers_of(run.pid)
@@ -86,16 +98,50 @@ def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_p
     assert len(statuses) == 4 and set(statuses) <= {"SUCCEEDED", "FAILED"}, statuses
     assert statuses.count("FAILED") == 2, statuses  # the two the killed workers held: lost, as designed
     experiment_id = result["experimentId"]
-    finished = subprocess.run(
-        [sys.executable, "-m", "manager.cli", "events", experiment_id, "--type", "ExperimentFinished", "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    finished = cli(env, "events", experiment_id, "--type", "ExperimentFinished", "--json")
     assert finished.returncode == 0, finished.stderr
     assert [json.loads(line)["event"]["status"] for line in finished.stdout.splitlines()] == ["DONE"]
+    wait_until(lambda: not processes_of(tmp_path), 20, 0.2, what="no redis-server, worker or trial left")
+
+
+REPORTS = """
+import time
+import nni
+nni.get_next_parameter()
+for step in range(4):
+    time.sleep(0.3)
+    nni.report_intermediate_result(step)
+nni.report_final_result(1.0)
+"""
+
+
+def test_a_run_whose_redis_server_is_killed_starts_it_again_and_loses_nothing(tmp_path: Path) -> None:
+    """The embedded Redis (its AOF fsynced on every write) is started again on its data and socket: every
+    client waits for it, the trials running meanwhile go on, and no event is lost or written twice."""
+    config = write_local_config(tmp_path, REPORTS)
+    env = environment(tmp_path)
+    run = launch(tmp_path, config, env)
+    try:
+        wait_until(lambda: running_trials(tmp_path / "experiments"), 60, 0.1, what="two trials RUNNING")
+        servers = [pid for pid, state, cmdline in children(run.pid) if state != "Z" and "redis-server" in cmdline]
+        assert len(servers) == 1, children(run.pid)
+        os.kill(servers[0], signal.SIGKILL)
+        assert run.wait(90) == 0, (tmp_path / "run.err").read_text()
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    stderr = (tmp_path / "run.err").read_text()
+    assert f"embedded redis-server (pid {servers[0]}) was killed by SIGKILL; starting it again" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    result = json.loads((tmp_path / "run.out").read_text())
+    assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED"] * 4
+    metrics = cli(env, "events", result["experimentId"], "--type", "TrialMetricReported", "--json")
+    assert metrics.returncode == 0, metrics.stderr
+    reported = Counter(json.loads(line)["event"]["trialId"] for line in metrics.stdout.splitlines())
+    assert sorted(reported.values()) == [5] * 4, reported  # four intermediate and the final, each once
+    check = cli(env, "replay", result["experimentId"], "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
     wait_until(lambda: not processes_of(tmp_path), 20, 0.2, what="no redis-server, worker or trial left")
 
 
