@@ -1,5 +1,6 @@
 """nnictl against trialstream: each experiment this manager runs gets an entry in nnictl's registry and
-a loopback port of its own that answers NNI's REST API for that experiment alone.
+a loopback port of its own that answers NNI's REST API and web UI for that experiment alone, as NNI's
+manager answers on the port `nnictl create` prints.
 
 nnictl finds an experiment's server by the registry's `port` and always asks
 `http://localhost:<port>/api/v1/nni` with no prefix, so one manager port cannot tell two experiments
@@ -122,7 +123,11 @@ class NnictlBridge:
             target=server.run, kwargs={"sockets": [sock]}, name=f"nnictl-{experiment_id}", daemon=True
         )
         thread.start()
-        log.info("experiment %s answers nnictl on 127.0.0.1:%d", experiment_id, sock.getsockname()[1])
+        log.info(
+            "experiment %s answers nnictl, and serves NNI's web UI, on http://127.0.0.1:%d",
+            experiment_id,
+            sock.getsockname()[1],
+        )
         return _Listener(server, thread, sock.getsockname()[1])
 
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.config import parse_duration
+from schemas.nni_params import nni_params
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
 NNI_VERSION = "3.0.0"
@@ -289,9 +290,7 @@ def _out_of_time(view: ExperimentView, now_ms: int) -> bool:
 
 def experiment_profile(view: ExperimentView, submitted: int, revision: int, now_ms: int) -> ExperimentProfile:
     start = view.start_time or now_ms
-    params = dict(view.config)
-    if "maxExperimentDuration" in params and not _is_duration(params["maxExperimentDuration"]):
-        params.pop("maxExperimentDuration")  # unreadable to the UI's toSeconds: shown as no limit
+    params = nni_params(view.config, view.working_directory)
     if not _is_search_space(params.get("searchSpace", {})):
         params["searchSpace"] = {}  # the UI reads `_type` of each entry (and its keys): shown as empty, not broken
     return ExperimentProfile(

@@ -4,9 +4,9 @@ errors).
 The guards are plain ASGI middleware, in front of FastAPI: a refused request costs no routing, and a
 streamed answer (100,000 trials) passes through untouched. `build_api` makes the routes; `guarded` is
 what the main port serves (Host and Origin, CORS, the token, the body limit); `nnictl_api` is what
-nnictl's per-experiment loopback ports serve (Host and Origin as on a port with no token, the body limit:
-nnictl sends no token). Behind the guards on both, `Revalidations` answers the web UI's revalidations of an
-unchanged listing without routing them.
+nnictl's per-experiment loopback ports serve (Host and Origin as on a port with no token, the body limit,
+the token for all but NNI's REST API: nnictl sends none). Behind the guards on both, `Revalidations`
+answers the web UI's revalidations of an unchanged listing without routing them.
 """
 
 from __future__ import annotations
@@ -104,14 +104,19 @@ def build_api(host: ManagerHost, options: ApiOptions) -> FastAPI:
 
 
 def nnictl_api(host: ManagerHost, options: ApiOptions) -> ASGIApp:
-    """What nnictl's per-experiment 127.0.0.1 ports serve: NNI's REST API alone, behind the body limits
-    but no token (nnictl sends none), so behind the Host and Origin rule of a port with no token (nnictl
-    sends `Host: localhost:<port>` and no Origin). Nothing else of the manager is reachable there."""
+    """What nnictl's per-experiment 127.0.0.1 ports serve, as NNI's manager serves its port: NNI's REST API
+    and its web UI (which a user opens at the port nnictl lists), for that experiment alone. NNI's REST API
+    takes no token there (nnictl sends none), so the port follows the Host and Origin rule of a port with no
+    token (nnictl sends `Host: localhost:<port>` and no Origin); the web UI's pages and logs take the token
+    the main port asks for (its cookie, sent to every port of the host, or `/login` here). Nothing else of the
+    manager is reachable there."""
     api = _api(host, options)
     api.include_router(nni.router, prefix="/api/v1/nni")
-    return HostOriginGuard(
-        body_limited(revalidated(api), options), loopback_only=True, allowed_hosts=options.allowed_hosts
-    )
+    api.include_router(webui.router)  # last: its fallback answers every other GET, as NNI's server does
+    app = body_limited(revalidated(api), options)
+    if options.token is not None:
+        app = TokenGuard(app, options.token, open_prefix="/api/v1/nni/")
+    return NotFramed(HostOriginGuard(app, loopback_only=True, allowed_hosts=options.allowed_hosts))
 
 
 def body_limited(api: ASGIApp, options: ApiOptions) -> ASGIApp:
@@ -367,11 +372,12 @@ def _is_loopback_name(name: str) -> bool:
 class TokenGuard:
     """Every request but a health check carries the token: `Authorization: Bearer <token>`, or the
     cookie `/login?token=...` sets, since a browser opening NNI's web UI cannot send a header.
-    Compared in constant time."""
+    Compared in constant time. Paths under `open_prefix` take none (NNI's REST API on nnictl's ports)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, open_prefix: str | None = None) -> None:
         self.app = app
         self.token = token.encode()
+        self.open_prefix = open_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -385,10 +391,13 @@ class TokenGuard:
             manifest = scope.get("root_path", "") + "/manifest.json"
             await self.app({**scope, "path": manifest, "raw_path": manifest.encode()}, receive, send)
             return
-        if path in OPEN_PATHS or self._presented(scope):
+        if path in OPEN_PATHS or self._open(path) or self._presented(scope):
             await self.app(scope, receive, send)
             return
         await _refuse(scope, send, 401, "a bearer token is required", ((b"www-authenticate", b"Bearer"),))
+
+    def _open(self, path: str) -> bool:
+        return self.open_prefix is not None and path.startswith(self.open_prefix)
 
     def _presented(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers", []))

@@ -1,7 +1,8 @@
 """NNI's own web UI, served from the installed `nni` package (`nni_node/static`), never copied here.
 
-The router is mounted at the root (the default experiment) and at `/nni/{experiment_id}` (that one): NNI's
-UI derives its API base from the page's path (`<prefix>/api/v1/nni`), so each experiment is a prefix. As
+The router is mounted at the root (the default experiment; on nnictl's port of an experiment, that one) and
+at `/nni/{experiment_id}` (that one): NNI's UI derives its API base from the page's path
+(`<prefix>/api/v1/nni`), so each experiment is a prefix. As
 NNI's Express server does: a file of the build if there is one, else `index.html` (the UI's own routes
 `/oview`, `/detail`, `/experiment`); `/logs/<file>` are the experiment's `<working directory>/log/` files.
 `UrlPrefix` is NNI's `--url-prefix`: everything under `/<prefix>`, a 404 outside it; `url_prefix_problem`
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from manager.api.native import Host
 from manager.api.nni import nni_experiment
+from manager.nnictl import PINNED_EXPERIMENT
 
 INSTALL_HINT = (
     "NNI's web UI is not installed here: `pip install nni==3.0` in the manager's environment, then restart it."
@@ -61,10 +63,14 @@ def manager_log(experiment_id: Annotated[str, Depends(nni_experiment)], name: st
 
 
 @router.get("/{path:path}")
-def web_ui(path: str, _experiment: Annotated[str | None, Depends(_experiment_if_named)]) -> Response:
-    """A file of NNI's build, else `index.html` (NNI's fallback: the UI routes itself)."""
+def web_ui(path: str, request: Request, _experiment: Annotated[str | None, Depends(_experiment_if_named)]) -> Response:
+    """A file of NNI's build, else `index.html` (NNI's fallback: the UI routes itself). On nnictl's port of an
+    experiment, which serves that one alone at its root, another's path is no page."""
     if path.startswith("api/") and not path.startswith("api/v1/nni/"):
         return JSONResponse({"error": f"no such endpoint: /{path}"}, status_code=404)
+    pinned = request.scope.get(PINNED_EXPERIMENT)
+    if pinned is not None and path.startswith("nni/"):
+        return JSONResponse({"error": f"this port serves experiment {pinned} alone, at its root"}, status_code=404)
     root = static_root()
     if root is None:
         return PlainTextResponse(INSTALL_HINT, status_code=503)

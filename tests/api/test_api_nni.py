@@ -371,9 +371,9 @@ def test_writes_change_the_running_experiment(tmp_path: Path, processes: Process
     assert refused.status_code == 400 and refused.json()["error"].startswith("maxExperimentDuration"), refused.text
     update("MAX_EXEC_DURATION", maxExperimentDuration="2h")
     wait_until(
-        lambda: _nni(url, "/experiment")["params"].get("maxExperimentDuration") == 7200,
+        lambda: _nni(url, "/experiment")["params"].get("maxExperimentDuration") == "2h",
         30,
-        what="the new maxExperimentDuration (in seconds) in the profile",
+        what="the new maxExperimentDuration in the profile, in the form NNI keeps",
     )
     update("TRIAL_CONCURRENCY", trialConcurrency=2)
     update("MAX_TRIAL_NUM", maxTrialNumber=3)

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 import redis
-from nni.experiment import Experiment, TrialJob
+from nni.experiment import Experiment, ExperimentConfig, TrialJob
 
 from core.connections import connect
 from core.event_store import EventStore
@@ -150,6 +150,28 @@ def test_the_client_and_nnictl_read_an_experiment(manager: Manager) -> None:
     assert deleted.status_code == 200 and not psutil.pid_exists(pid)  # its process goes with it
 
 
+def test_the_client_reads_the_profile_params_back_as_nni_config(manager: Manager) -> None:
+    """The profile's params are NNI's canonical config for the config sent (NNI's launcher sends
+    `ExperimentConfig.json()`, its manager serves it back): NNI's client reads them as its ExperimentConfig, a
+    trialstream key (maxTrialRetries) left out, and an update keeps the form the client sent."""
+    durations: dict[str, Any] = {"maxExperimentDuration": "1h", "maxTrialDuration": "10m"}
+    experiment_id, code = manager.create("canonical", trials=1, released=True, maxTrialRetries=2, **durations)
+    experiment = Experiment.connect(manager.port(experiment_id))
+    params = experiment.get_experiment_profile()["params"]
+
+    sent = experiment_config(code, 1, 1, experimentName="canonical", **durations)
+    assert params == ExperimentConfig(**sent).json()
+    experiment.config = ExperimentConfig(**params)  # what a script of NNI's does with them
+    assert experiment.config.json() == params
+    shown = nnictl(manager.home, "experiment", "show", experiment_id)
+    assert json.loads(shown[shown.index("{") :])["params"] == params
+
+    experiment.update_max_experiment_duration("2h")
+    params = experiment.get_experiment_profile()["params"]
+    assert params["maxExperimentDuration"] == "2h" and ExperimentConfig(**params).json() == params
+    wait_until(lambda: experiment.get_status() == "DONE", 60, what="the experiment to finish")
+
+
 def test_stop_stops_that_experiment_alone_and_returns(manager: Manager) -> None:
     """`stop()` sends DELETE /experiment, then waits for the pid it took for the experiment's manager (and
     SIGTERMs it if anything failed): that is the experiment's own process, so the wait ends once the experiment
@@ -217,7 +239,7 @@ def test_an_update_takes_a_done_experiment_up_again(manager: Manager) -> None:
     experiment.update_max_experiment_duration("1h")
     experiment.update_search_space({"x": {"_type": "choice", "_value": [0.25]}})
     params = experiment.get_experiment_profile()["params"]
-    assert (params["trialConcurrency"], params["maxExperimentDuration"]) == (2, 3600)
+    assert (params["trialConcurrency"], params["maxExperimentDuration"]) == (2, "1h")  # as NNI keeps it
     assert params["searchSpace"] == {"x": {"_type": "choice", "_value": [0.25]}}
     assert "success" in nnictl(manager.home, "update", "concurrency", experiment_id, "--value", "3")
     assert experiment.get_experiment_profile()["params"]["trialConcurrency"] == 3
@@ -269,7 +291,7 @@ def test_a_write_is_read_at_once_while_the_projector_is_busy(manager: Manager) -
     experiment.update_max_trial_number(2)
     assert experiment.get_experiment_profile()["params"]["maxTrialNumber"] == 2
     experiment.update_max_experiment_duration("2h")
-    assert experiment.get_experiment_profile()["params"]["maxExperimentDuration"] == 7200
+    assert experiment.get_experiment_profile()["params"]["maxExperimentDuration"] == "2h"
     space = {"x": {"_type": "choice", "_value": [0.5, 0.75]}}
     experiment.update_search_space(space)
     assert experiment.get_experiment_profile()["params"]["searchSpace"] == space

@@ -4,6 +4,7 @@ experiment in its registry and reads it through the experiment's own port, as it
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -137,8 +138,11 @@ def test_nnictl_reaches_a_manager_that_has_a_token(tmp_path: Path, processes: Pr
         f"{own}/experiment", content=b"x" * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"}
     )
     assert over.status_code == 413  # its body limit stays
-    for elsewhere in ("/api/v1/experiments", f"/api/v1/experiments/{experiment_id}/trials", "/metrics", "/oview"):
-        assert web.get(f"http://127.0.0.1:{port}{elsewhere}").status_code == 404, elsewhere  # NNI's API alone
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    for elsewhere in ("/api/v1/experiments", f"/api/v1/experiments/{experiment_id}/trials"):  # NNI's API alone
+        assert web.get(f"http://127.0.0.1:{port}{elsewhere}", headers=bearer).status_code == 404, elsewhere
+    metrics = web.get(f"http://127.0.0.1:{port}/metrics", headers=bearer)  # a UI path here: NNI's page, no metrics
+    assert metrics.headers["content-type"].startswith("text/html"), metrics.text
     for path in ("/api/v1/nni/check-status", f"/nni/{experiment_id}/api/v1/nni/check-status", "/api/v1/experiments"):
         assert web.get(f"{url}{path}").status_code == 401, path
     (code / "gates" / "all").touch()
@@ -169,8 +173,9 @@ def test_an_experiments_own_port_answers_loopback_names_and_its_experiment_alone
     assert listed.json()[0]["prefixUrl"] is None
     assert web.get(f"{own}/experiment-metadata", headers=nnictl_host).json()["prefixUrl"] is None
     assert web.get(f"{own}/experiment", headers=nnictl_host).json()["id"] == mine
-    for path in (f"/nni/{other}/api/v1/nni/experiment", f"/nni/{other}/api/v1/nni/check-status"):
-        assert web.get(f"http://127.0.0.1:{port}{path}", headers=nnictl_host).status_code == 404, path
+    bearer = {**nnictl_host, "Authorization": f"Bearer {TOKEN}"}
+    for path in (f"/nni/{other}/api/v1/nni/experiment", f"/nni/{other}/api/v1/nni/check-status", f"/nni/{other}/oview"):
+        assert web.get(f"http://127.0.0.1:{port}{path}", headers=bearer).status_code == 404, path
 
     def concurrency() -> int:
         return int(http.get(f"/experiments/{mine}").json()["config"]["trialConcurrency"])
@@ -183,9 +188,54 @@ def test_an_experiments_own_port_answers_loopback_names_and_its_experiment_alone
     for foreign in ({"Host": f"attacker.example:{port}"}, {**nnictl_host, "Origin": f"http://attacker.example:{port}"}):
         assert edit(50, foreign) == 403, foreign
         assert web.get(f"{own}/experiments-info", headers=foreign).status_code == 403, foreign
+        assert web.get(f"http://127.0.0.1:{port}/oview", headers={**bearer, **foreign}).status_code == 403, foreign
     assert concurrency() == 1
     assert edit(2, nnictl_host) == 200
     wait_until(lambda: concurrency() == 2, 10, what="nnictl's edit")
+
+
+def test_an_experiments_own_port_serves_the_web_ui_for_it_behind_the_token(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """As NNI's manager serves its port, the experiment's own port serves NNI's web UI, its API calls (made
+    at the port's root, no prefix) answered for that experiment. Its pages and logs take the manager's token,
+    as on the main port: `/login` there, or the cookie the main port's login set, which a browser sends to
+    every port of the host; NNI's REST API alone takes none (nnictl). No page of another site may frame it."""
+    home, code = tmp_path / "home", write_trial(tmp_path / "code")
+    home.mkdir()
+    url = processes.manager("--nnictl-registry", env={"HOME": str(home), TOKEN_ENV: TOKEN})
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    created = web.post(f"{url}/api/v1/experiments", json={"config": experiment_config(code, trials=1)}, headers=bearer)
+    experiment_id = created.json()["id"]
+    registry = home / "nni-experiments" / ".experiment"
+    wait_until(lambda: registry.exists() and experiment_id in json.loads(registry.read_text()), 30, what="the entry")
+    port = json.loads(registry.read_text())[experiment_id]["port"]
+    own = f"http://127.0.0.1:{port}"
+
+    refused = web.get(f"{own}/oview")
+    assert refused.status_code == 401 and refused.json() == {"error": "a bearer token is required"}
+    assert web.get(f"{own}/logs/dispatcher.log").status_code == 401
+    assert web.get(f"{own}/api/v1/nni/check-status").status_code == 200  # nnictl's reads take no token
+
+    login = web.get(f"{own}/login", params={"token": TOKEN})
+    assert (login.status_code, login.headers["location"]) == (303, "/oview")
+    cookie = {"Cookie": login.headers["set-cookie"].split(";")[0]}
+    main_cookie = web.get(f"{url}/login", params={"token": TOKEN}).headers["set-cookie"].split(";")[0]
+    assert main_cookie == cookie["Cookie"]  # the main port's login lets the browser in here too
+    for page in ("", "/oview", "/detail", "/experiment"):
+        answer = web.get(f"{own}{page}", headers=cookie)
+        assert answer.status_code == 200 and "<title>Neural Network Intelligence</title>" in answer.text, page
+        assert answer.headers["x-frame-options"] == "DENY", page
+    script = re.search(r'src="\./(static/js/main\.[0-9a-f]+\.js)"', web.get(own, headers=cookie).text)
+    assert script is not None and web.get(f"{own}/{script[1]}", headers=cookie).status_code == 200
+    assert web.get(f"{own}/logs/dispatcher.log", headers=cookie).status_code == 200
+
+    # the API calls the page makes, at its root: this experiment's
+    profile = web.get(f"{own}/api/v1/nni/experiment", headers=cookie).json()
+    metadata = web.get(f"{own}/api/v1/nni/experiment-metadata", headers=cookie).json()
+    assert profile["id"] == metadata["id"] == experiment_id
+    assert (metadata["port"], metadata["prefixUrl"]) == (port, None)  # All experiments links to this port's root
+    assert web.get(f"{own}/api/v1/nni/check-status", headers=cookie).json()["status"] in ("RUNNING", "NO_MORE_TRIAL")
 
 
 def test_the_registry_entry_turns_done_with_its_end_time(tmp_path: Path, processes: Processes) -> None:

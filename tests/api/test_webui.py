@@ -15,6 +15,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from core.variables import MANAGER_TOKEN_ENV
 from simulators.waiting import wait_until
 from tests.api.test_api_nni import TRIAL
 from tests.api.test_api_smoke import experiment_config
@@ -287,6 +288,44 @@ def test_the_web_ui_under_a_url_prefix_behind_a_token(
     # no error at all: the web app manifest, which chromium fetches without the cookie, is served to it too
     errors = browser.console_errors(base)
     assert errors == [], "\n".join(errors)
+
+
+def test_the_web_ui_at_an_experiments_own_port(tmp_path: Path, processes: Processes, browser: Browser) -> None:  # noqa: F811
+    """NNI's users open the port `nnictl create` printed (here: nnictl's registry lists it): the web UI is there,
+    for that experiment although another is newer, behind the manager's token as on the main port."""
+    token = secrets.token_urlsafe(24)
+    home = tmp_path / "home"
+    home.mkdir()
+    processes.worker(args=("--concurrency", "3"))
+    url = processes.manager("--nnictl-registry", env={"HOME": str(home), MANAGER_TOKEN_ENV: token})
+    bearer = {"Authorization": f"Bearer {token}"}
+    experiment = _submit(url, tmp_path / "code", trials=2, released=True, headers=bearer)
+    newer = _submit(url, tmp_path / "newer", trials=1, released=True, headers=bearer)
+    registry = home / "nni-experiments" / ".experiment"
+    wait_until(lambda: registry.exists() and experiment in json.loads(registry.read_text()), 30, what="the entry")
+    own = f"http://127.0.0.1:{json.loads(registry.read_text())[experiment]['port']}"
+    wait_until(lambda: _api(url, experiment, "/check-status", bearer)["status"] == "DONE", 60, what="the experiment")
+    jobs = _api(url, experiment, "/trial-jobs", bearer)
+    driver = browser.driver
+    wait = WebDriverWait(driver, UI_DEADLINE_S, ignored_exceptions=(StaleElementReferenceException,))
+
+    driver.get(f"{own}/login?token={token}")
+    wait.until(lambda d: d.current_url == f"{own}/oview")
+    wait.until(_shows(experiment, "DONE", "Succeeded"))
+    assert "Succeeded 2" in _text(driver).replace("\n", " ") and newer not in _text(driver)
+    browser.screenshot("own-port-overview")
+
+    _click(wait, "img[alt='Details icon']")
+    wait.until(lambda d: d.current_url == f"{own}/detail")
+    wait.until(_shows(*(job["trialJobId"] for job in jobs)))
+    browser.screenshot("own-port-detail")
+
+    driver.get(f"{own}/experiment")  # All experiments: this one alone, the port's only experiment
+    wait.until(_shows("All experiments", experiment))
+    assert newer not in _text(driver)
+    errors = browser.console_errors(own)
+    assert errors == [], "\n".join(errors)
+    assert browser.uncaught_errors() == []
 
 
 def test_console_errors_are_checked_per_page(browser: Browser) -> None:  # noqa: F811
