@@ -12,9 +12,8 @@ from pydantic import ValidationError
 from rq import Queue
 
 from core.queueing import queue_name, trial_queue
-from manager import training_service
 from manager.projector import Projector
-from manager.training_service import MissingClusterMetadata, TrainingService, TrialNotFound
+from manager.training_service import MissingClusterMetadata, TrialNotFound
 from schemas.events import TrialMetricReported, TrialStarted
 from schemas.trial import TrialJobDetail, TrialJobMetric, TrialJobStatus
 from tests.conftest import ServiceFactory, form, wait_until
@@ -201,21 +200,3 @@ def test_a_list_reads_views_of_every_form_and_still_validates_them(client: redis
         assert not gc.isenabled()  # a caller's own setting is left as it was
     finally:
         gc.enable()
-
-
-def test_a_list_parsed_in_several_calls_reads_every_view_once_in_order(
-    client: redis.Redis, rq_connection: redis.Redis, make_service, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Views are parsed VIEWS_PER_PARSE at a time: a list across several calls, its last one short, reads each
-    view once, as alone; an invalid view in a later call still fails the list."""
-    monkeypatch.setattr(training_service, "VIEWS_PER_PARSE", 2)
-    service = make_service()
-    ids = [service.submit_trial_job(form(n)).id for n in range(5)]
-    Projector(client).catch_up(service.experiment_id)
-    raws = [raw for raw in client.hmget(service.views.keys.trials, ids) if isinstance(raw, str)]
-    assert len(raws) == 5
-    assert service.list_trial_jobs() == [TrialJobDetail.model_validate_json(raw) for raw in raws]
-    broken = json.loads(raws[4])
-    client.hset(service.views.keys.trials, ids[4], json.dumps({**broken, "status": "NOT_A_STATUS"}))
-    with pytest.raises(ValidationError):
-        TrainingService(client, rq_connection, service.experiment_id).list_trial_jobs()  # nothing parsed before
