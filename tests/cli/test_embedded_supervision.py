@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,10 +50,12 @@ def workers_of(pid: int) -> list[int]:
     return [child for child, state, cmdline in children(pid) if state != "Z" and " -m workers " in cmdline]
 
 
-def launch(tmp_path: Path, config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`trialstream run CONFIG --json` in a session of its own, its output in run.out and run.err."""
+@contextmanager
+def embedded_run(tmp_path: Path, config: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """`trialstream run CONFIG --json` in a session of its own, its output in run.out and run.err; killed with
+    everything it started if a test leaves it running."""
     with (tmp_path / "run.out").open("w") as out, (tmp_path / "run.err").open("w") as err:
-        return subprocess.Popen(
+        run = subprocess.Popen(
             [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
             cwd=REPO,
             env=env,
@@ -59,6 +63,20 @@ def launch(tmp_path: Path, config: Path, env: dict[str, str]) -> subprocess.Pope
             stderr=err,
             start_new_session=True,
         )
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
+def ended_cleanly(run: subprocess.Popen[bytes], tmp_path: Path) -> str:
+    """The run's stderr, once it has exited 0 with no traceback."""
+    assert run.wait(90) == 0, (tmp_path / "run.err").read_text()
+    stderr = (tmp_path / "run.err").read_text()
+    assert "Traceback" not in stderr, stderr
+    return stderr
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,8 +88,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_path: Path) -> None:
     config = write_local_config(tmp_path, SLEEPS, trialConcurrency=2, maxTrialNumber=4)
     env = {**environment(tmp_path), "TRIALSTREAM_TRIAL_LEASE_S": "1"}  # the killed trials are lost within seconds
-    run = launch(tmp_path, config, env)
-    try:
+    with embedded_run(tmp_path, config, env) as run:
         wait_until(lambda: running_trials(tmp_path / "experiments"), 60, 0.1, what="two trials RUNNING")
         killed = workers_of(run.pid)
         assert len(killed) == 3, children(run.pid)  # one per concurrent trial, and the spare
@@ -84,13 +101,7 @@ def test_a_run_whose_workers_are_all_killed_starts_them_again_and_finishes(tmp_p
             return not zombies and len(set(workers_of(run.pid)) - set(killed)) == 3
 
         wait_until(replaced, 30, 0.1, what="the killed workers reaped and started again")
-        assert run.wait(90) == 0, (tmp_path / "run.err").read_text()
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    stderr = (tmp_path / "run.err").read_text()
-    assert "Traceback" not in stderr, stderr
+        stderr = ended_cleanly(run, tmp_path)
     for index in range(3):
         assert f"embedded worker-{index} (pid " in stderr and "was killed by SIGKILL; starting it again" in stderr
     result = json.loads((tmp_path / "run.out").read_text())
@@ -120,20 +131,13 @@ def test_a_run_whose_redis_server_is_killed_starts_it_again_and_loses_nothing(tm
     client waits for it, the trials running meanwhile go on, and no event is lost or written twice."""
     config = write_local_config(tmp_path, REPORTS)
     env = environment(tmp_path)
-    run = launch(tmp_path, config, env)
-    try:
+    with embedded_run(tmp_path, config, env) as run:
         wait_until(lambda: running_trials(tmp_path / "experiments"), 60, 0.1, what="two trials RUNNING")
         servers = [pid for pid, state, cmdline in children(run.pid) if state != "Z" and "redis-server" in cmdline]
         assert len(servers) == 1, children(run.pid)
         os.kill(servers[0], signal.SIGKILL)
-        assert run.wait(90) == 0, (tmp_path / "run.err").read_text()
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    stderr = (tmp_path / "run.err").read_text()
+        stderr = ended_cleanly(run, tmp_path)
     assert f"embedded redis-server (pid {servers[0]}) was killed by SIGKILL; starting it again" in stderr, stderr
-    assert "Traceback" not in stderr, stderr
     result = json.loads((tmp_path / "run.out").read_text())
     assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED"] * 4
     metrics = cli(env, "events", result["experimentId"], "--type", "TrialMetricReported", "--json")
