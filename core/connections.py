@@ -77,16 +77,38 @@ def outage_budget_s() -> float:
     return float(os.environ.get(OUTAGE_BUDGET_ENV) or OUTAGE_BUDGET_S)
 
 
-def retry_policy(budget_s: float | None = None) -> Retry:
+class RedisGone(redis.ConnectionError):
+    """The server a client retried for was given up on by whoever runs it (`connect`'s `gone`)."""
+
+
+class _BackoffUntilGone(ExponentialBackoff):
+    """ExponentialBackoff that ends the retries once `gone` is set. redis-py deep-copies a Retry into each
+    connection: this one is shared by every copy, so one switch reaches the retries already waiting."""
+
+    def __init__(self, gone: threading.Event) -> None:
+        super().__init__(cap=RETRY_CAP_S, base=RETRY_BASE_S)
+        self.gone = gone
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _BackoffUntilGone:
+        return self
+
+    def compute(self, failures: int) -> float:
+        if self.gone.is_set():
+            raise RedisGone("Redis was given up on: it cannot start again (see the error that says why)")
+        return float(super().compute(failures))
+
+
+def retry_policy(budget_s: float | None = None, gone: threading.Event | None = None) -> Retry:
     """Reconnect and resend on connection errors and timeouts, backing off from 0.1 s to 2 s, for ~`budget_s`
-    (default: `outage_budget_s()`).
+    (default: `outage_budget_s()`), or until `gone` is set (a server that will not come back).
 
     It is applied per connection: a command, a pipeline (a transaction is re-sent whole), and the
     connect itself. While a pipeline WATCHes, redis-py does not resend: it raises WatchError, and
     the caller re-reads and tries again, as after any conflict.
     """
     budget = outage_budget_s() if budget_s is None else budget_s
-    return Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries_within(budget), _RETRIED_ERRORS)
+    backoff = ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S) if gone is None else _BackoffUntilGone(gone)
+    return Retry(backoff, retries_within(budget), _RETRIED_ERRORS)
 
 
 def _socket_options(url: str, decode: bool) -> dict[str, Any]:
@@ -135,9 +157,11 @@ def connect(
     check: bool = True,
     decode: bool = True,
     retry_s: float | None = None,
+    gone: threading.Event | None = None,
 ) -> AckingRedis:
     """A client (decoded strings unless `decode=False`, which RQ needs); `check` pings so a wrong URL fails here.
-    Commands retry for `retry_s` seconds (`Settings.redis_retry_s`; default: `outage_budget_s()`).
+    Commands retry for `retry_s` seconds (`Settings.redis_retry_s`; default: `outage_budget_s()`), or until
+    `gone` is set: then they raise RedisGone (an embedded Redis its stack gave up starting again).
 
     A Sentinel URL gives a client on the master the sentinels name, asked again after every dropped
     connection, so it follows a failover. The retry policy, socket and TLS options are in the
@@ -149,7 +173,7 @@ def connect(
     kwargs: dict[str, Any] = {
         "decode_responses": decode,
         "health_check_interval": 30,
-        "retry": retry_policy(retry_s),
+        "retry": retry_policy(retry_s, gone),
         "max_connections": MAX_CONNECTIONS,
         **_socket_options(url, decode),
         **(options.tls_kwargs() if tls else {}),

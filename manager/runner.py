@@ -323,9 +323,12 @@ class ExperimentRunner:
                 self._reap([self._trials[trial_id] for trial_id in self._active])
         except (ClaimLost, Detached):
             raise  # the trials and the experiment are the new runner's now, or the next one's
-        except BaseException:
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise  # Redis is away past the retries, or gone: nothing can be written; `resume` takes up the log
+        except BaseException as error:
             self._stop_all("the experiment runner stopped")
-            self._finish_experiment("STOPPED", "runner interrupted")
+            interrupted = isinstance(error, KeyboardInterrupt | SystemExit)
+            self._finish_experiment("STOPPED", "runner interrupted" if interrupted else f"runner stopped: {error}")
             raise
         finally:
             tuner.close()

@@ -58,6 +58,10 @@ class StackError(RuntimeError):
     pass
 
 
+# What redis-server logs at level `#` as it starts: not its errors.
+_REDIS_START_NOTICES = ("oO0OoO0OoO0Oo", "Redis version=", "Configuration loaded", "Server initialized", "WARNING")
+
+
 class EmbeddedRedis:
     """A redis-server owned by this process; its data outlives it in `data_dir`."""
 
@@ -114,6 +118,16 @@ class EmbeddedRedis:
                     raise StackError(f"redis-server did not answer within {_START_DEADLINE_S:g}s") from None
                 time.sleep(0.02)
 
+    def last_error(self) -> str:
+        """The last error line of its log (`#`: a warning or worse) and the free space of its data's disk."""
+        log_file = self.data_dir / "redis.log"
+        lines = log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
+        notices = [line.split(" # ", 1)[1] for line in lines if " # " in line]
+        errors = [notice for notice in notices if not notice.startswith(_REDIS_START_NOTICES)]
+        free = shutil.disk_usage(self.data_dir).free
+        said = f"it said: {errors[-1]}; " if errors else ""
+        return f"{said}{free:,} bytes free on the disk of {self.data_dir}"
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
@@ -135,6 +149,7 @@ class _Service:
     process: subprocess.Popen[bytes]
     started_at: float
     owned: bool = True  # False: started and stopped by its owner (the embedded Redis), only kept running here
+    given_up: Callable[[], str] | None = None  # called once it is given up on: what to add to the error
     quick_exits: int = 0  # in a row, each within SETTLED_S of its start
     restart_at: float | None = None  # set once it has exited: when it is started again
 
@@ -168,11 +183,17 @@ class ServiceProcesses:
         self._services.append(_Service(log_name, self.log_dir / f"{log_name}.log", spawn, spawn(), time.monotonic()))
 
     def watch(
-        self, name: str, process: subprocess.Popen[bytes], spawn: Callable[[], subprocess.Popen[bytes]], log: Path
+        self,
+        name: str,
+        process: subprocess.Popen[bytes],
+        spawn: Callable[[], subprocess.Popen[bytes]],
+        log: Path,
+        given_up: Callable[[], str],
     ) -> None:
         """Keep running, as the services, a process started elsewhere (`spawn` starts it again), which `stop`
-        leaves to its owner: the embedded Redis, which the services need until they have stopped."""
-        self._services.append(_Service(name, log, spawn, process, time.monotonic(), owned=False))
+        leaves to its owner: the embedded Redis, which the services need until they have stopped. `given_up`
+        is called if it is given up on, and says why in words to add to the error."""
+        self._services.append(_Service(name, log, spawn, process, time.monotonic(), owned=False, given_up=given_up))
 
     def _spawn(self, args: tuple[str, ...], log_name: str, module: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -236,10 +257,12 @@ class ServiceProcesses:
             service.quick_exits = service.quick_exits + 1 if quick else 0
             how = _exit_status(status)
             if service.quick_exits >= QUICK_EXITS:
+                why = f" ({service.given_up()})" if service.given_up is not None else ""
                 self.failure = (
                     f"embedded {service.name} {how}, the {QUICK_EXITS}th time in a row within {SETTLED_S:g} s "
-                    f"of its start: see {service.log}"
+                    f"of its start: see {service.log}{why}"
                 )
+                log.error("%s; ending the run", self.failure)
                 return
             delay = RESTART_BACKOFF_S * 2 ** (service.quick_exits - 1) if quick else 0.0
             log.warning(
@@ -315,15 +338,25 @@ class EmbeddedStack:
     def __init__(self, experiment_dir: Path, settings: Settings) -> None:
         self.server = EmbeddedRedis(experiment_dir / DATA_DIR)
         url = self.server.start()
+        self.redis_gone = threading.Event()  # set once the supervisor gives up on it: its clients stop retrying
         try:
-            self.client, self.rq_connection = connect(url), connect(url, decode=False)
+            self.client = connect(url, gone=self.redis_gone)
+            self.rq_connection = connect(url, decode=False, gone=self.redis_gone)
         except BaseException:
             self.server.stop()
             raise
         child_settings = settings.model_copy(update={"redis_url": url})
         self.services = ServiceProcesses(child_settings, experiment_dir / "logs")
         assert self.server.process is not None
-        self.services.watch("redis-server", self.server.process, self.server.spawn, self.server.data_dir / "redis.log")
+        self.services.watch(
+            "redis-server", self.server.process, self.server.spawn, self.server.data_dir / "redis.log", self._redis_lost
+        )
+
+    def _redis_lost(self) -> str:
+        """Redis cannot start again (its disk is full): the stack's clients stop waiting for it, and the error
+        says what Redis said last and how much room its disk has."""
+        self.redis_gone.set()
+        return self.server.last_error()
 
     def __enter__(self) -> EmbeddedStack:
         return self

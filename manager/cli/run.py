@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Protocol
 
@@ -23,7 +23,7 @@ from manager.config import ExperimentSpec, load_experiment_config, stored_experi
 from manager.experiments import new_id, resolve_experiment
 from manager.preflight import unserved
 from manager.runner import ExperimentResult, ExperimentRunner, Progress, RunnerError
-from manager.stack import EmbeddedStack, experiment_dir, experiments_root, live_url, new_experiment_dir
+from manager.stack import EmbeddedStack, StackError, experiment_dir, experiments_root, live_url, new_experiment_dir
 from manager.training_service import TrainingService
 
 _SERVED_POLL_S = 0.1
@@ -82,16 +82,17 @@ def _run_embedded(spec: ExperimentSpec, settings: Settings) -> ExperimentResult:
         with EmbeddedStack(directory, settings) as stack:
             stack.services.serve(spec.platform_names, spec.config.trial_concurrency)
             try:
-                return _drive(
-                    lambda show: ExperimentRunner.create(
-                        spec,
-                        stack.client,
-                        stack.rq_connection,
-                        experiment_id,
-                        on_progress=_checked(stack, show),
-                        settings=settings,
+                with _explained(stack):
+                    return _drive(
+                        lambda show: ExperimentRunner.create(
+                            spec,
+                            stack.client,
+                            stack.rq_connection,
+                            experiment_id,
+                            on_progress=_checked(stack, show),
+                            settings=settings,
+                        )
                     )
-                )
             except BaseException:
                 with suppress(redis.RedisError):  # not known: its data is kept
                     recorded = bool(stack.client.exists(keys.events(experiment_id)))
@@ -99,6 +100,18 @@ def _run_embedded(spec: ExperimentSpec, settings: Settings) -> ExperimentResult:
     finally:
         if not recorded:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def _explained(stack: EmbeddedStack) -> Iterator[None]:
+    """The run's error said as the stack's failure, where it has one (a service it gave up starting again, Redis
+    included): that is why the run ended, whatever the runner raised on its way out."""
+    try:
+        yield
+    except BaseException as error:
+        if stack.services.failure is not None:
+            raise StackError(stack.services.failure) from error
+        raise
 
 
 def _checked(stack: EmbeddedStack, show: Callable[[Progress], None]) -> Callable[[Progress], None]:
@@ -137,16 +150,17 @@ def _resume(args: argparse.Namespace, settings: Settings) -> int:
             experiment_id = resolve_experiment(stack.client, args.experiment_id)
             spec = _stored_spec(stack.client, stack.rq_connection, experiment_id)
             stack.services.serve(spec.platform_names, spec.config.trial_concurrency)
-            result = _drive(
-                lambda show: ExperimentRunner.resume(
-                    stack.client,
-                    stack.rq_connection,
-                    experiment_id,
-                    _checked(stack, show),
-                    settings=settings,
-                    allow_imported=args.imported,
+            with _explained(stack):
+                result = _drive(
+                    lambda show: ExperimentRunner.resume(
+                        stack.client,
+                        stack.rq_connection,
+                        experiment_id,
+                        _checked(stack, show),
+                        settings=settings,
+                        allow_imported=args.imported,
+                    )
                 )
-            )
     _print_result(result, args.json)
     return 0
 

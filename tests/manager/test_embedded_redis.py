@@ -4,14 +4,21 @@ the experiment's directory is."""
 from __future__ import annotations
 
 import os
+import subprocess
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
+import redis
 
+from core.connections import RedisGone
+from core.settings import Settings
+from manager import stack
 from manager.stack import (
     CREATED,
     DATA_DIR,
     EmbeddedRedis,
+    EmbeddedStack,
     StackError,
     embedded_experiments,
     live_url,
@@ -61,3 +68,32 @@ def test_the_newest_embedded_experiment_is_the_last_created_whatever_was_opened_
     os.utime(legacy / DATA_DIR, (1500, 1500))
     (tmp_path / "refused").mkdir()  # no data: no experiment
     assert embedded_experiments(tmp_path) == [older, legacy, newer]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs")
+def test_a_redis_that_cannot_start_again_ends_its_clients_retries_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its disk full, redis-server exits at its next write (`appendfsync always` cannot go on) and again after
+    each start. Once the stack gives up on it, its clients stop waiting at once (they retried for a minute a
+    call, and the run hung for minutes, silent), and the error says what Redis said and the room left."""
+    monkeypatch.setattr(stack, "RESTART_BACKOFF_S", 0.05)  # the rule, not its production pace
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        with EmbeddedStack(disk / "experiment", Settings()) as embedded:
+            embedded.services.supervise()
+            with (disk / "filler").open("wb") as filler, suppress(OSError):  # until the disk is full
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            with pytest.raises(RedisGone):
+                embedded.client.set("key", "x" * 10_000)
+            assert embedded.services.failure is not None
+            assert "embedded redis-server exited with status 1, the 5th time in a row" in embedded.services.failure
+            assert "it said: " in embedded.services.failure and "0 bytes free" in embedded.services.failure
+            with pytest.raises(redis.ConnectionError):  # a later call too, without a retry budget's wait
+                embedded.rq_connection.ping()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
