@@ -51,6 +51,7 @@ from schemas.events import (
     TrialMetricReported,
     TrialsRequested,
     TrialSubmitted,
+    TunerNoMoreTrials,
 )
 from schemas.secrets import with_secrets
 from schemas.trial import (
@@ -170,6 +171,8 @@ class ExperimentRunner:
         self._active: set[str] = set()
         self._ready: deque[NewTrial] = deque()  # parameter sets the tuner gave, not yet submitted
         self._no_more = False  # the tuner had nothing for the last request, and nothing ended since
+        # what the log says of the tuner (TunerNoMoreTrials): nothing since an ExperimentResumed, so nothing at start
+        self._logged_no_more = False
         self._asking = False  # a request is queued or running on the tuner's thread
         self._ends = 0  # trials seen ending: a "no more" from before the latest end is stale
         self._ends_at_request = 0
@@ -493,10 +496,22 @@ class ExperimentRunner:
             match output:
                 case NewTrial():
                     self._ready.append(output)
+                    self._log_no_more(False)
                 case NoMoreTrials():  # for the last request; stale if a trial ended since it was made
                     self._no_more = self._ends == self._ends_at_request
+                    if self._no_more:
+                        self._log_no_more(True)
                 case EarlyStop() if output.trial_id in self._active:
                     self._early_stop(output)
+
+    def _log_no_more(self, no_more: bool) -> None:
+        """Log NNI's TUNER_NO_MORE_TRIAL as it changes, as NNI's manager sets it on NO_MORE_TRIAL_JOBS and
+        sets RUNNING again on the next NEW_TRIAL_JOB; never again while it stands."""
+        if no_more == self._logged_no_more:
+            return
+        self._keep_claim()
+        self.service.store.append(TunerNoMoreTrials(experiment_id=self.experiment_id, no_more=no_more))
+        self._logged_no_more = no_more
 
     def _early_stop(self, verdict: EarlyStop) -> None:
         self.service.request_stop(verdict.trial_id, TrialJobStatus.EARLY_STOPPED, verdict.reason)

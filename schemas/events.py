@@ -68,6 +68,17 @@ class TrialsRequested(BaseEvent):
     seen: str
 
 
+class TunerNoMoreTrials(BaseEvent):
+    """The tuner answered a request with NO_MORE_TRIAL_JOBS (`no_more` true: an exhausted grid, PBT between
+    generations), or gave parameters again after that (`no_more` false): NNI's TUNER_NO_MORE_TRIAL while
+    trials still run. The runner logs it only when it changes; an ExperimentResumed clears it, as the
+    tuner of the new run has not answered yet."""
+
+    type: Literal["TunerNoMoreTrials"] = "TunerNoMoreTrials"
+    v: Literal[1] = 1
+    no_more: bool
+
+
 class ExperimentChanges(CamelModel):
     """What NNI lets a user change while an experiment runs (`PUT /experiment?update_type=...`)."""
 
@@ -286,6 +297,7 @@ Event = Annotated[
     | CustomizedTrialRequested
     | ClusterMetadataSet
     | TrialsRequested
+    | TunerNoMoreTrials
     | TrialSubmitted
     | TrialDeferred
     | TrialRequeued

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from core.connections import connect
+from manager.replay import check
 from simulators.waiting import wait_until
 from tests.api.test_api_smoke import experiment_config
 from tests.conftest import Processes
@@ -102,6 +104,15 @@ class Api:
         trials = wait_until(running, timeout, interval=0.1, what=f"{count} trials of {experiment_id} running")
         assert trials is not None
         return trials
+
+    def nni(self, experiment_id: str, path: str) -> httpx.URL:
+        """The URL of `path` in NNI's API of this experiment (`/nni/<id>/api/v1/nni`), as its web UI asks."""
+        return self.http.base_url.join(f"/nni/{experiment_id}/api/v1/nni{path}")
+
+    def nni_status(self, experiment_id: str) -> str:
+        answer = self.http.get(self.nni(experiment_id, "/check-status"))
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["status"])
 
     def release(self, *trial_ids: str) -> None:
         for trial_id in trial_ids:
@@ -662,3 +673,37 @@ def test_event_stream_followers_leave_the_thread_pool_to_ordinary_requests(api: 
         for follower in followers:
             follower.close()
         api.release_all()
+
+
+# NNI's API: what the tuner says, customized trials, imported data
+
+
+def test_an_exhausted_tuner_shows_as_nni_s_tuner_no_more_trial_until_it_gives_trials_again(
+    api: Api, module_processes: Processes
+) -> None:
+    """NNI's manager: TUNER_NO_MORE_TRIAL on the tuner's NO_MORE_TRIAL_JOBS while trials run, RUNNING again on its
+    next trial, DONE once nothing runs; logged when it changes, not at every request the tuner refuses."""
+    grid = {"x": {"_type": "choice", "_value": [0.25, 0.5]}}
+    config = experiment_config(api.code, trials=10, concurrency=3, searchSpace=grid, tuner={"name": "GridSearch"})
+    experiment_id = api.create(config)
+    api.wait_running(experiment_id, 2)  # the whole grid, a slot still free: the tuner said it has no more
+    wait_until(lambda: api.nni_status(experiment_id) == "TUNER_NO_MORE_TRIAL", 30, what="TUNER_NO_MORE_TRIAL")
+    metadata = api.http.get(api.nni(experiment_id, "/experiment-metadata")).json()
+    assert metadata["status"] == "TUNER_NO_MORE_TRIAL"
+
+    profile = api.http.get(api.nni(experiment_id, "/experiment")).json()
+    wider = {"x": {"_type": "choice", "_value": [0.25, 0.5, 0.75]}}
+    body = {**profile, "params": {**profile["params"], "searchSpace": wider}}
+    updated = api.http.put(api.nni(experiment_id, "/experiment"), params={"update_type": "SEARCH_SPACE"}, json=body)
+    assert updated.status_code == 200, updated.text
+    api.wait_running(experiment_id, 3)  # the tuner gave a trial of the new space
+    wait_until(lambda: api.nni_status(experiment_id) == "RUNNING", 30, what="RUNNING again")
+
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    assert api.nni_status(experiment_id) == "DONE"
+    said = [
+        item["event"]["noMore"] for item in api.events(experiment_id) if item["event"]["type"] == "TunerNoMoreTrials"
+    ]
+    assert said == [True, False, True], said
+    assert check(connect(module_processes.redis_url), experiment_id) == []  # the views fold again the same

@@ -36,6 +36,7 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TrialUnreachable,
+    TunerNoMoreTrials,
 )
 from schemas.trial import (
     TERMINAL_STATUSES,
@@ -330,6 +331,7 @@ EVENTS: list[Any] = [
     CustomizedTrialRequested(**COMMON, parameters={"x": 0.5}),
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
     TrialsRequested(**COMMON, count=2, seen="1700000000000-0"),
+    TunerNoMoreTrials(**COMMON, no_more=True),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e/trials/jl7ty", launch=launch()),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e", launch=launch(), requested_by="1-0"),
     TrialDeferred(**TRIAL, reason="GPUs busy"),
