@@ -120,6 +120,26 @@ class CustomizedTrialRequested(BaseEvent):
     parameters: dict[str, Any]
 
 
+class CustomizedTrialNumbered(BaseEvent):
+    """The runner took the customized trial `request_id` (its CustomizedTrialRequested event) and gave it its
+    sequence id at once, as NNI's manager does: the trial is submitted with it when a slot is free."""
+
+    type: Literal["CustomizedTrialNumbered"] = "CustomizedTrialNumbered"
+    v: Literal[1] = 1
+    request_id: str
+    sequence_id: int = Field(ge=0)
+
+
+class CustomizedTrialRefused(BaseEvent):
+    """The runner refused the customized trial `request_id`: maxTrialNumber was spoken for when it read it, or
+    the experiment was stopping. It never runs."""
+
+    type: Literal["CustomizedTrialRefused"] = "CustomizedTrialRefused"
+    v: Literal[1] = 1
+    request_id: str
+    reason: str
+
+
 TRIAL_CONFIG = "trial_config"  # cluster metadata: the trial command, code directory, GPUs and limits
 PLATFORM_CONFIG = "platform_config"  # cluster metadata: the trainingService section (secrets masked)
 
@@ -295,6 +315,8 @@ Event = Annotated[
     | ExperimentUpdated
     | ExperimentStopRequested
     | CustomizedTrialRequested
+    | CustomizedTrialNumbered
+    | CustomizedTrialRefused
     | ClusterMetadataSet
     | TrialsRequested
     | TunerNoMoreTrials

@@ -310,7 +310,7 @@ def trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Re
 
 @router.post("/trial-jobs")
 def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str, Any]) -> Response:
-    """A customized trial with these parameters; its sequence id (null while it waits for a free slot)."""
+    """A customized trial with these parameters; its sequence id at once, as NNI answers, free slot or not."""
     try:
         sequence_id = host.add_customized_trial(experiment_id, parameters)
     except NestedTooDeep as invalid:

@@ -707,3 +707,26 @@ def test_an_exhausted_tuner_shows_as_nni_s_tuner_no_more_trial_until_it_gives_tr
     ]
     assert said == [True, False, True], said
     assert check(connect(module_processes.redis_url), experiment_id) == []  # the views fold again the same
+
+
+def test_a_customized_trial_is_numbered_at_once_and_keeps_its_number_when_it_runs(api: Api) -> None:
+    """NNI's addCustomizedTrialJob answers `nextSequenceId++` at once (its web UI shows "Trial No.<n>"), free slot
+    or not, and refuses one past maxTrialNumber; the trial runs under that number when a slot frees."""
+    experiment_id = api.create(experiment_config(api.code, trials=4, concurrency=1))
+    (first,) = api.wait_running(experiment_id, 1)  # number 0, in the only slot
+    nni = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 0.25})
+    assert (nni.status_code, nni.json()) == (200, {"sequenceId": 1}), nni.text
+    native = api.http.post(f"/experiments/{experiment_id}/trials", json={"parameters": {"x": 0.5}})
+    assert (native.status_code, native.json()) == (201, {"sequenceId": 2}), native.text
+    last = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 0.75})
+    assert (last.status_code, last.json()) == (200, {"sequenceId": 3}), last.text
+    over = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 1.0})
+    assert over.status_code == 409 and "maxTrialNumber" in over.json()["error"], over.text
+    assert [trial["id"] for trial in api.trials(experiment_id)] == [first["id"]]  # none of them submitted yet
+
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    jobs = api.http.get(api.nni(experiment_id, "/trial-jobs")).json()
+    ran = {job["sequenceId"]: json.loads(job["hyperParameters"][0])["parameters"] for job in jobs}
+    assert {sequence: ran[sequence] for sequence in (1, 2, 3)} == {1: {"x": 0.25}, 2: {"x": 0.5}, 3: {"x": 0.75}}
+    assert sorted(ran) == [0, 1, 2, 3]

@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from schemas.events import (
     EVENT_ADAPTER,
     ClusterMetadataSet,
+    CustomizedTrialNumbered,
+    CustomizedTrialRefused,
     CustomizedTrialRequested,
     Event,
     ExperimentChanges,
@@ -329,6 +331,8 @@ EVENTS: list[Any] = [
     ),
     ExperimentStopRequested(**COMMON, reason="stopped by the user"),
     CustomizedTrialRequested(**COMMON, parameters={"x": 0.5}),
+    CustomizedTrialNumbered(**COMMON, request_id="1-0", sequence_id=3),
+    CustomizedTrialRefused(**COMMON, request_id="1-0", reason="maxTrialNumber (4) spoken for"),
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
     TrialsRequested(**COMMON, count=2, seen="1700000000000-0"),
     TunerNoMoreTrials(**COMMON, no_more=True),
