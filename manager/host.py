@@ -30,7 +30,7 @@ from manager.experiment_process import ExperimentProcess
 from manager.experiments import ExperimentNotFound, delete_experiment, finish_experiment, resolve_experiment
 from manager.projector import Projector
 from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
-from manager.search_space import check_depth
+from manager.search_space import check_depth, check_parameter_names
 from manager.training_service import TrainingService
 from schemas.config import platform_names
 from schemas.events import (
@@ -40,6 +40,8 @@ from schemas.events import (
     ExperimentChanges,
     ExperimentStopRequested,
     ExperimentUpdated,
+    ImportedTrial,
+    TunerDataImported,
 )
 from schemas.trial import TrialJobStatus
 
@@ -267,6 +269,20 @@ class ManagerHost:
             return None
         finally:
             self._shown(experiment_id)
+
+    def import_data(self, experiment_id: str, data: list[ImportedTrial]) -> None:
+        """NNI's import-data: results of trials run elsewhere, logged (TunerDataImported) for the experiment's
+        runner to give its tuner, as NNI's manager sends IMPORT_DATA to its dispatcher. Each parameter set must
+        name the search space's parameters (a ValueError saying where, else a tuner's exception on them would end
+        the experiment ERROR), nested at most MAX_DEPTH levels (NestedTooDeep)."""
+        view = self._running(experiment_id)
+        if not self.client.exists(keys.runner(experiment_id)):
+            raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")
+        for index, record in enumerate(data):
+            check_depth(record.parameter, f"[{index}].parameter", "a trial's parameters")
+            check_parameter_names(record.parameter, view.config.get("searchSpace"), f"[{index}].parameter")
+        EventStore(self.client, experiment_id).append(TunerDataImported(experiment_id=experiment_id, data=data))
+        self._shown(experiment_id)
 
     def _running(self, experiment_id: str) -> Any:
         resolve_experiment(self.client, experiment_id)

@@ -53,6 +53,7 @@ from schemas.events import (
     TrialMetricReported,
     TrialsRequested,
     TrialSubmitted,
+    TunerDataImported,
     TunerNoMoreTrials,
 )
 from schemas.secrets import with_secrets
@@ -449,8 +450,9 @@ class ExperimentRunner:
 
     def _experiment_command(self, entry_id: str, event: object) -> None:
         """What the user asked of the running experiment (through the API): new limits or search space,
-        a customized trial, a stop. A replayed stop counts only if no ExperimentFinished answered it
-        (its runner died, or let go, first): then it is carried out as soon as the replay ends."""
+        a customized trial, results for the tuner, a stop. A replayed stop counts only if no
+        ExperimentFinished answered it (its runner died, or let go, first): then it is carried out as soon
+        as the replay ends."""
         match event:
             case ExperimentUpdated(changes=changes):
                 updates = changes.model_dump(exclude_none=True, exclude={"search_space"})
@@ -469,6 +471,8 @@ class ExperimentRunner:
                 self._next_sequence_id = max(self._next_sequence_id, sequence_id + 1)
             case CustomizedTrialRefused(request_id=request_id):
                 self._customized.pop(request_id, None)
+            case TunerDataImported(data=data):  # replayed to a resumed runner's new tuner: it has seen none of it
+                self._tuner_call("import_data", [record.model_dump() for record in data])
             case ExperimentStopRequested(reason=reason) if self._replaying:
                 self._pending_stop = reason or "stopped by the user"
             case ExperimentStopRequested(reason=reason):

@@ -6,12 +6,22 @@ they are written by the manager (commands) and by workers (what happened on a pl
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, field_validator
 
-from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus, encodable, metric_dedup_key
+from schemas.trial import (
+    CamelModel,
+    JobApplicationForm,
+    MetricType,
+    TrialJobStatus,
+    encodable,
+    metric_dedup_key,
+    metric_score,
+)
 
 
 def now_ms() -> int:
@@ -138,6 +148,40 @@ class CustomizedTrialRefused(BaseEvent):
     v: Literal[1] = 1
     request_id: str
     reason: str
+
+
+class ImportedTrial(CamelModel):
+    """A result of a trial run elsewhere, for the tuner (an entry of NNI's import-data: `nnictl experiment import`,
+    another experiment's export-data). Other keys (an export's `trialJobId`) are ignored."""
+
+    parameter: Annotated[dict[str, Any], AfterValidator(encodable)]
+    value: Any = Field(description="a number, an object with a number `default`, or the JSON text of one")
+
+    @field_validator("value")
+    @classmethod
+    def _a_result(cls, value: Any) -> Any:
+        """Decoded as NNI's dispatcher decodes it (export-data writes the JSON text); what no tuner could read,
+        refused: every built-in reads the number or its `default`."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = None
+        score = metric_score(value)
+        if score is None or not math.isfinite(score):
+            raise ValueError(
+                "expected a finite number, an object with a finite number `default`, or the JSON text of one"
+            )
+        return value
+
+
+class TunerDataImported(BaseEvent):
+    """Results given to the tuner's `import_data` (NNI's IMPORT_DATA): the runner hands them over as it reads this,
+    and a resume's replay once more, to its new tuner, in log order."""
+
+    type: Literal["TunerDataImported"] = "TunerDataImported"
+    v: Literal[1] = 1
+    data: list[ImportedTrial]
 
 
 TRIAL_CONFIG = "trial_config"  # cluster metadata: the trial command, code directory, GPUs and limits
@@ -320,6 +364,7 @@ Event = Annotated[
     | ClusterMetadataSet
     | TrialsRequested
     | TunerNoMoreTrials
+    | TunerDataImported
     | TrialSubmitted
     | TrialDeferred
     | TrialRequeued

@@ -40,6 +40,35 @@ while not Path("gates", trial).exists() and not Path("gates", "all").exists():
 nni.report_final_result(params.get("x", 0))
 """
 
+IMPORTER = '''
+import json
+from nni.tuner import Tuner
+
+
+class Importer(Tuner):
+    """Proposes x = id / 10; writes a line when built and one for each import_data, with what it got."""
+
+    def __init__(self, log_file):
+        self.log_file = log_file
+        self._write(["start"])
+
+    def _write(self, line):
+        with open(self.log_file, "a") as out:
+            out.write(json.dumps(line) + "\\n")
+
+    def update_search_space(self, search_space):
+        pass
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        return {"x": parameter_id / 10}
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        pass
+
+    def import_data(self, data):
+        self._write(["import", data])
+'''
+
 TERMINAL = {"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"}
 
 pytestmark = pytest.mark.xdist_group("api")  # one manager and worker for the module, started once
@@ -730,3 +759,53 @@ def test_a_customized_trial_is_numbered_at_once_and_keeps_its_number_when_it_run
     ran = {job["sequenceId"]: json.loads(job["hyperParameters"][0])["parameters"] for job in jobs}
     assert {sequence: ran[sequence] for sequence in (1, 2, 3)} == {1: {"x": 0.25}, 2: {"x": 0.5}, 3: {"x": 0.75}}
     assert sorted(ran) == [0, 1, 2, 3]
+
+
+def test_imported_data_reaches_the_tuner_once_and_a_resumed_one_once_more(api: Api) -> None:
+    """NNI's import-data (`nnictl experiment import`): checked, logged, given to the tuner's import_data as NNI's
+    dispatcher gives it (JSON text decoded); a resume's new tuner gets it in its replay, once."""
+    (api.code / "algorithms").mkdir()
+    (api.code / "algorithms" / "importer.py").write_text(IMPORTER)
+    log = api.code / "imports.jsonl"
+    tuner = {
+        "codeDirectory": str(api.code / "algorithms"),
+        "className": "importer.Importer",
+        "classArgs": {"log_file": str(log)},
+    }
+    experiment_id = api.create(experiment_config(api.code, trials=2, concurrency=1, tuner=tuner))
+    api.wait_running(experiment_id, 1)
+    url = api.nni(experiment_id, "/experiment/import-data")
+    for body, error in (
+        ({"parameter": {"x": 0.1}, "value": 0.3}, "body: "),
+        ([{"parameter": {"x": 0.1}, "value": 0.3}, {"parameter": {"x": 0.2}, "value": "loss"}], "body.1.value: "),
+        ([{"parameter": {"x": 0.1}}], "body.0.value: "),
+        ([{"parameter": {"x": 0.1}, "value": {"loss": 0.3}}], "body.0.value: "),
+        ([{"parameter": {"y": 0.1}, "value": 0.3}], "body[0].parameter: missing x"),
+        ([{"parameter": {"x": 0.1, "y": 2}, "value": 0.3}], "body[0].parameter.y: not in the search space"),
+    ):
+        refused = api.http.post(url, json=body)
+        assert refused.status_code == 400 and refused.json()["error"].startswith(error), refused.text
+    data = [
+        {"parameter": {"x": 0.1}, "value": 0.3},
+        {"parameter": {"x": 0.2}, "value": '{"default": 0.4}', "trialJobId": "elsewhere"},  # as export-data writes
+    ]
+    imported = api.http.post(url, json=data)
+    assert (imported.status_code, imported.content) == (200, b""), imported.text
+    given = [{"parameter": {"x": 0.1}, "value": 0.3}, {"parameter": {"x": 0.2}, "value": {"default": 0.4}}]
+
+    def lines() -> list[Any]:
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    wait_until(lambda: lines() == [["start"], ["import", given]], 30, what="the tuner to get the data")
+    listed = api.http.get(api.nni(experiment_id, "/experiment/imported-data"))
+    assert [json.loads(text) for text in listed.json()] == [given]
+
+    assert api.http.post(f"/experiments/{experiment_id}/stop").status_code == 202
+    api.wait_status(experiment_id, "STOPPED")
+    wait_until(lambda: not api.experiment(experiment_id)["hosted"], what="the manager to let go of the experiment")
+    refused = api.http.post(url, json=data)
+    assert refused.status_code == 409 and "not running" in refused.json()["error"], refused.text
+    assert api.http.post(f"/experiments/{experiment_id}/resume").status_code == 202
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    assert lines() == [["start"], ["import", given], ["start"], ["import", given]]  # replayed, not given twice

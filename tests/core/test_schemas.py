@@ -24,6 +24,7 @@ from schemas.events import (
     ExperimentResumed,
     ExperimentStopRequested,
     ExperimentUpdated,
+    ImportedTrial,
     TrialAttemptLost,
     TrialCancelRequested,
     TrialDeferred,
@@ -38,6 +39,7 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TrialUnreachable,
+    TunerDataImported,
     TunerNoMoreTrials,
 )
 from schemas.trial import (
@@ -336,6 +338,7 @@ EVENTS: list[Any] = [
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
     TrialsRequested(**COMMON, count=2, seen="1700000000000-0"),
     TunerNoMoreTrials(**COMMON, no_more=True),
+    TunerDataImported(**COMMON, data=[ImportedTrial(parameter={"x": 0.5}, value={"default": 0.25, "loss": 1})]),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e/trials/jl7ty", launch=launch()),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e", launch=launch(), requested_by="1-0"),
     TrialDeferred(**TRIAL, reason="GPUs busy"),

@@ -40,6 +40,7 @@
     ExperimentCreated: "#0f766e",
     TrialsRequested: "#64748b",
     TunerNoMoreTrials: "#64748b",
+    TunerDataImported: "#64748b",
     ExperimentUpdated: "#7c3aed",
     ExperimentResumed: "#2563eb",
     ExperimentStopRequested: "#b91c1c",
