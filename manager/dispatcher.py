@@ -79,6 +79,10 @@ class Dispatcher(Protocol):
 
     def trial_end(self, trial_id: str, parameter_id: Any, status: str) -> list[Output]: ...
 
+    def import_data(self, data: list[dict[str, Any]]) -> list[Output]:
+        """NNI's IMPORT_DATA: results of trials run elsewhere, `{"parameter", "value"}` each."""
+        ...
+
     def ran(self, parameter_id: Any, parameters: Any) -> None:
         """Replay: the parameters the log says the trial ran with, whatever the tuner proposes now."""
 
@@ -173,6 +177,15 @@ class TunerDispatcher:
             self.tuner.trial_end(parameter_id, success)
         return outputs
 
+    def import_data(self, data: list[dict[str, Any]]) -> list[Output]:
+        """A tuner with no `import_data` (a custom one not built on NNI's Tuner) takes none, as NNI's base Tuner."""
+        importer = getattr(self.tuner, "import_data", None)
+        if importer is None:
+            return []
+        with self._collecting() as outputs:
+            importer(data)
+        return outputs
+
     def ran(self, parameter_id: Any, parameters: Any) -> None:
         self._parameters[parameter_id] = parameters
         if isinstance(parameter_id, int):  # new ids never reuse a logged one
@@ -227,6 +240,9 @@ class AdvisorDispatcher:
             return []
         hyper_params = json.dumps({"parameter_id": parameter_id, "parameter_source": "algorithm", "parameters": {}})
         return self._call("handle_trial_end", {"trial_job_id": trial_id, "event": status, "hyper_params": hyper_params})
+
+    def import_data(self, data: list[dict[str, Any]]) -> list[Output]:
+        return self._call("handle_import_data", data)
 
     def ran(self, parameter_id: Any, parameters: Any) -> None:
         """An advisor keeps its configurations to itself: a replay's differences stay with it."""

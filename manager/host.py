@@ -30,22 +30,25 @@ from manager.experiment_process import ExperimentProcess
 from manager.experiments import ExperimentNotFound, delete_experiment, finish_experiment, resolve_experiment
 from manager.projector import Projector
 from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
-from manager.search_space import check_depth
+from manager.search_space import check_depth, check_parameter_names
 from manager.training_service import TrainingService
 from schemas.config import platform_names
 from schemas.events import (
+    CustomizedTrialNumbered,
+    CustomizedTrialRefused,
     CustomizedTrialRequested,
     ExperimentChanges,
     ExperimentStopRequested,
     ExperimentUpdated,
-    TrialSubmitted,
+    ImportedTrial,
+    TunerDataImported,
 )
 from schemas.trial import TrialJobStatus
 
 log = logging.getLogger(__name__)
 
 SERVICES_KEPT = 256  # TrainingService objects cached (each memoizes parsed views)
-CUSTOMIZED_WAIT_S = 5.0  # how long POST /trial-jobs waits to learn the customized trial's sequence id
+CUSTOMIZED_WAIT_S = 5.0  # how long POST /trial-jobs waits for the runner to number the customized trial
 RUNNER_END_WAIT_S = 30.0  # how long an update of a DONE experiment waits for the runner that finished it to end
 OnExit = Literal["detach", "stop"]
 
@@ -74,7 +77,6 @@ class ManagerHost:
         self._processes: dict[str, ExperimentProcess] = {}  # the experiments kept open: hosted, or ended DONE/ERROR
         self._services: dict[str, TrainingService] = {}
         self._lock = threading.Lock()
-        self._customized_lock = threading.Lock()  # customized trials are checked against the budget one at a time
         self._update_lock = threading.Lock()  # of two updates of a DONE experiment, the first takes it up again
         self.on_change: list[Any] = []  # callables(experiment_id) told when a hosted experiment starts or ends
 
@@ -240,41 +242,47 @@ class ManagerHost:
         self._shown(experiment_id)
 
     def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> int | None:
-        """Queue a trial with these parameters; its sequence id once the runner has submitted it (None
-        while it waits for a free slot past CUSTOMIZED_WAIT_S). Refused when maxTrialNumber is spoken
-        for: the runner would never run it. Requests are taken one at a time, each counted by the
-        runner before the next is checked, so two at once cannot both take the last place. Parameters nested past
-        MAX_DEPTH are refused (NestedTooDeep): the event that holds them must read back."""
+        """Queue a trial with these parameters; its sequence id, which the experiment's runner gives it as soon
+        as it reads the request (CustomizedTrialNumbered), as NNI's manager answers at once, whether a slot is
+        free or not. Refused (ExperimentNotRunning) when the runner refuses it: maxTrialNumber spoken for, or
+        the experiment stopping. None only if the runner has not read it within CUSTOMIZED_WAIT_S: it numbers
+        and runs it all the same. Parameters nested past MAX_DEPTH are refused (NestedTooDeep): the event
+        that holds them must read back."""
         check_depth(parameters, "parameters", "a trial's parameters")
+        self._running(experiment_id)
+        if not self.client.exists(keys.runner(experiment_id)):
+            raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")
+        store = EventStore(self.client, experiment_id)
+        request = store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters=parameters))
+        cursor, give_up = request, time.monotonic() + CUSTOMIZED_WAIT_S
+        try:
+            while (left := give_up - time.monotonic()) > 0:
+                for entry in store.wait(cursor, block_ms=max(1, int(left * 1000))):
+                    cursor = entry.id
+                    match entry.event if isinstance(entry, StoredEvent) else None:
+                        case CustomizedTrialNumbered(request_id=answered, sequence_id=sequence_id) if (
+                            answered == request
+                        ):
+                            return sequence_id
+                        case CustomizedTrialRefused(request_id=answered, reason=reason) if answered == request:
+                            raise ExperimentNotRunning(reason)
+            return None
+        finally:
+            self._shown(experiment_id)
+
+    def import_data(self, experiment_id: str, data: list[ImportedTrial]) -> None:
+        """NNI's import-data: results of trials run elsewhere, logged (TunerDataImported) for the experiment's
+        runner to give its tuner, as NNI's manager sends IMPORT_DATA to its dispatcher. Each parameter set must
+        name the search space's parameters (a ValueError saying where, else a tuner's exception on them would end
+        the experiment ERROR), nested at most MAX_DEPTH levels (NestedTooDeep)."""
         view = self._running(experiment_id)
         if not self.client.exists(keys.runner(experiment_id)):
             raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")
-        budget = view.config.get("maxTrialNumber")
-        service = self.service(experiment_id)
-        store = EventStore(self.client, experiment_id)
-        with self._customized_lock:
-            with self._lock:
-                hosted = self._hosted.get(experiment_id)
-            runner = hosted.runner if hosted is not None else None
-            read_before = runner.customized_read if runner is not None else 0
-            # a runner elsewhere (`trialstream run`): what the log says was submitted
-            promised = runner.trials_promised() if runner is not None else len(service.list_trial_jobs())
-            if budget is not None and promised >= int(budget):
-                raise ExperimentNotRunning(f"experiment {experiment_id} has used its maxTrialNumber ({budget})")
-            request = store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters=parameters))
-            give_up = time.monotonic() + CUSTOMIZED_WAIT_S
-            while runner is not None and runner.customized_read == read_before and time.monotonic() < give_up:
-                time.sleep(0.005)  # the runner follows its log at least every _WAIT_S
-        cursor = request
-        while (left := give_up - time.monotonic()) > 0:
-            for entry in store.wait(cursor, block_ms=max(1, int(left * 1000))):
-                cursor = entry.id
-                event = entry.event if isinstance(entry, StoredEvent) else None
-                if isinstance(event, TrialSubmitted) and event.requested_by == request:
-                    self._shown(experiment_id)
-                    return event.form.sequence_id
+        for index, record in enumerate(data):
+            check_depth(record.parameter, f"[{index}].parameter", "a trial's parameters")
+            check_parameter_names(record.parameter, view.config.get("searchSpace"), f"[{index}].parameter")
+        EventStore(self.client, experiment_id).append(TunerDataImported(experiment_id=experiment_id, data=data))
         self._shown(experiment_id)
-        return None
 
     def _running(self, experiment_id: str) -> Any:
         resolve_experiment(self.client, experiment_id)

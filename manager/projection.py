@@ -24,6 +24,7 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TrialUnreachable,
+    TunerNoMoreTrials,
 )
 from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus, can_transition
 
@@ -57,13 +58,21 @@ def apply_to_experiment(view: ExperimentView | None, event: Event) -> Experiment
             return view.model_copy(update={**changes, "run_ms": ran, "running_since": None})
         case ExperimentResumed() if view is not None:
             since = view.running_since if view.status == "RUNNING" else event.time  # a crashed runner's time counts
-            changes = {"status": "RUNNING", "end_time": None, "message": None, "imported": False}
+            changes = {
+                "status": "RUNNING",
+                "end_time": None,
+                "message": None,
+                "imported": False,
+                "tuner_no_more_trials": None,
+            }
             return view.model_copy(update={**changes, "running_since": since if view.run_ms is not None else None})
         case ExperimentImported() if view is not None:
             return view.model_copy(update={"imported": True})
         case ExperimentUpdated() if view is not None:
             changes = event.changes.model_dump(mode="json", by_alias=True, exclude_none=True)
             return view.model_copy(update={"config": {**view.config, **changes}})
+        case TunerNoMoreTrials() if view is not None:
+            return view.model_copy(update={"tuner_no_more_trials": event.no_more or None})
         case ClusterMetadataSet():
             base = view or ExperimentView(id=event.experiment_id)
             return base.model_copy(update={"metadata": {**base.metadata, event.key: event.value}})

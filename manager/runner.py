@@ -40,6 +40,8 @@ from manager.tuner_thread import TunerThread
 from schemas.events import (
     PLATFORM_CONFIG,
     TRIAL_CONFIG,
+    CustomizedTrialNumbered,
+    CustomizedTrialRefused,
     CustomizedTrialRequested,
     ExperimentChanges,
     ExperimentCreated,
@@ -51,6 +53,8 @@ from schemas.events import (
     TrialMetricReported,
     TrialsRequested,
     TrialSubmitted,
+    TunerDataImported,
+    TunerNoMoreTrials,
 )
 from schemas.secrets import with_secrets
 from schemas.trial import (
@@ -97,6 +101,15 @@ class Progress:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_at
+
+
+@dataclass
+class _Customized:
+    """A customized trial accepted and not yet submitted; its sequence id from the moment the runner read it."""
+
+    request_id: str  # its CustomizedTrialRequested event
+    parameters: dict[str, Any]
+    sequence_id: int | None = None  # None only while a resume replays the log
 
 
 @dataclass(frozen=True)
@@ -170,19 +183,20 @@ class ExperimentRunner:
         self._active: set[str] = set()
         self._ready: deque[NewTrial] = deque()  # parameter sets the tuner gave, not yet submitted
         self._no_more = False  # the tuner had nothing for the last request, and nothing ended since
+        # what the log says of the tuner (TunerNoMoreTrials): nothing since an ExperimentResumed, so nothing at start
+        self._logged_no_more = False
         self._asking = False  # a request is queued or running on the tuner's thread
         self._ends = 0  # trials seen ending: a "no more" from before the latest end is stale
         self._ends_at_request = 0
-        self._next_sequence_id = 0
+        self._next_sequence_id = 0  # the next number to give: trials submitted and customized ones numbered take theirs
         self._reaped_at = 0.0
         self._unclaimed: set[str] = set()
         self._name = f"runner:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._claim = RunnerClaim(client, experiment_id, self._name)
         self._replaying = False
         self._stop_requested: str | None = None  # why, once a stop was asked for after this runner started
-        self._customized: deque[tuple[str, dict[str, Any]]] = deque()  # (request id, parameters) not yet submitted
+        self._customized: dict[str, _Customized] = {}  # by request id, in the order asked
         self._pending_stop: str | None = None  # a replayed stop request no ExperimentFinished answered
-        self.customized_read = 0  # CustomizedTrialRequested events followed: the host waits for its own
         self._detach = threading.Event()
 
     @classmethod
@@ -284,11 +298,6 @@ class ExperimentRunner:
         the trials go on; a later `resume` takes the experiment up again."""
         self._detach.set()
 
-    def trials_promised(self) -> int:
-        """Trials submitted plus customized trials accepted and still waiting for a slot: what counts
-        against maxTrialNumber. A customized trial past it would never run, so the host refuses it."""
-        return self._next_sequence_id + len(self._customized)
-
     def run(self) -> ExperimentResult:
         deadline = self.config.max_experiment_duration
         started = self.progress.started_at
@@ -388,6 +397,7 @@ class ExperimentRunner:
             self._follow([entry])
         self._replaying = False
         self._stop_requested = self._pending_stop
+        self._number_customized()  # asked for while no runner read the log
         for request in requests:
             self._tuner.call("request_trials", request.count)
         if replay:
@@ -431,8 +441,7 @@ class ExperimentRunner:
             if before is None:
                 self._submitted(after)
                 if isinstance(event, TrialSubmitted) and event.requested_by is not None:
-                    # submitted by an earlier runner: replayed, not run again
-                    self._customized = deque(pair for pair in self._customized if pair[0] != event.requested_by)
+                    self._customized.pop(event.requested_by, None)  # submitted by an earlier runner: not again
             if after.final_metric_data and trial_id not in self._reported:
                 self._reported.add(trial_id)
                 self._tuner_call("final_result", trial_id, self._parameter_ids[trial_id], after.final_metric)
@@ -444,8 +453,9 @@ class ExperimentRunner:
 
     def _experiment_command(self, entry_id: str, event: object) -> None:
         """What the user asked of the running experiment (through the API): new limits or search space,
-        a customized trial, a stop. A replayed stop counts only if no ExperimentFinished answered it
-        (its runner died, or let go, first): then it is carried out as soon as the replay ends."""
+        a customized trial, results for the tuner, a stop. A replayed stop counts only if no
+        ExperimentFinished answered it (its runner died, or let go, first): then it is carried out as soon
+        as the replay ends."""
         match event:
             case ExperimentUpdated(changes=changes):
                 updates = changes.model_dump(exclude_none=True, exclude={"search_space"})
@@ -455,14 +465,49 @@ class ExperimentRunner:
                     self._tuner_call("initialize", changes.search_space)
                 self._no_more = False  # a new space or budget may have more to offer
             case CustomizedTrialRequested(parameters=parameters):
-                self._customized.append((entry_id, parameters))
-                self.customized_read += 1
+                self._customized[entry_id] = _Customized(entry_id, parameters)
+                if not self._replaying:
+                    self._number_customized()
+            case CustomizedTrialNumbered(request_id=request_id, sequence_id=sequence_id):
+                if (waiting := self._customized.get(request_id)) is not None:
+                    waiting.sequence_id = sequence_id
+                self._next_sequence_id = max(self._next_sequence_id, sequence_id + 1)
+            case CustomizedTrialRefused(request_id=request_id):
+                self._customized.pop(request_id, None)
+            case TunerDataImported(data=data):  # replayed to a resumed runner's new tuner: it has seen none of it
+                self._tuner_call("import_data", [record.model_dump() for record in data])
             case ExperimentStopRequested(reason=reason) if self._replaying:
                 self._pending_stop = reason or "stopped by the user"
             case ExperimentStopRequested(reason=reason):
                 self._stop_requested = reason or "stopped by the user"
             case ExperimentFinished():
                 self._pending_stop = None  # that stop was carried out
+
+    def _number_customized(self) -> None:
+        """Give each customized trial not numbered yet its sequence id now, as NNI's manager does when it accepts
+        one (the API answers with it), or refuse it when maxTrialNumber is spoken for: the runner alone gives
+        numbers, in log order, so two requests never take the same one, nor both the last place."""
+        budget = self.config.max_trial_number
+        for waiting in [waiting for waiting in self._customized.values() if waiting.sequence_id is None]:
+            self._keep_claim()
+            if self._stop_requested is not None or (budget is not None and self._next_sequence_id >= budget):
+                del self._customized[waiting.request_id]
+                reason = (
+                    f"experiment {self.experiment_id} is stopping"
+                    if self._stop_requested is not None
+                    else f"experiment {self.experiment_id} has used its maxTrialNumber ({budget})"
+                )
+                refused = CustomizedTrialRefused(
+                    experiment_id=self.experiment_id, request_id=waiting.request_id, reason=reason
+                )
+                self.service.store.append(refused)
+                continue
+            waiting.sequence_id = self._next_sequence_id
+            self._next_sequence_id += 1
+            numbered = CustomizedTrialNumbered(
+                experiment_id=self.experiment_id, request_id=waiting.request_id, sequence_id=waiting.sequence_id
+            )
+            self.service.store.append(numbered)
 
     def _submitted(self, trial: TrialJobDetail) -> None:
         packed = json.loads(trial.form.hyper_parameters.value)  # parsed once: this runs for every trial
@@ -496,10 +541,22 @@ class ExperimentRunner:
             match output:
                 case NewTrial():
                     self._ready.append(output)
+                    self._log_no_more(False)
                 case NoMoreTrials():  # for the last request; stale if a trial ended since it was made
                     self._no_more = self._ends == self._ends_at_request
+                    if self._no_more:
+                        self._log_no_more(True)
                 case EarlyStop() if output.trial_id in self._active:
                     self._early_stop(output)
+
+    def _log_no_more(self, no_more: bool) -> None:
+        """Log NNI's TUNER_NO_MORE_TRIAL as it changes, as NNI's manager sets it on NO_MORE_TRIAL_JOBS and
+        sets RUNNING again on the next NEW_TRIAL_JOB; never again while it stands."""
+        if no_more == self._logged_no_more:
+            return
+        self._keep_claim()
+        self.service.store.append(TunerNoMoreTrials(experiment_id=self.experiment_id, no_more=no_more))
+        self._logged_no_more = no_more
 
     def _early_stop(self, verdict: EarlyStop) -> None:
         self.service.request_stop(verdict.trial_id, TrialJobStatus.EARLY_STOPPED, verdict.reason)
@@ -514,10 +571,9 @@ class ExperimentRunner:
             self._take_outputs()
         self._submit_ready()
         budget = self.config.max_trial_number
-        queued = len(self._ready) + len(self._customized)
-        free = self.config.trial_concurrency - len(self._active) - queued
-        if budget is not None:
-            free = min(free, budget - self._next_sequence_id - queued)
+        free = self.config.trial_concurrency - len(self._active) - len(self._ready) - len(self._customized)
+        if budget is not None:  # the customized trials waiting have their numbers already
+            free = min(free, budget - self._next_sequence_id - len(self._ready))
         if free <= 0 or self._no_more or self._asking:
             return
         self._keep_claim()
@@ -531,22 +587,26 @@ class ExperimentRunner:
             self._submit_ready()
 
     def _submit_ready(self) -> None:
-        """Customized trials first (the user is waiting for them), then the tuner's."""
+        """Customized trials first (the user is waiting for them; each has its number, within maxTrialNumber),
+        then the tuner's, each numbered as it is submitted while maxTrialNumber allows."""
         budget = self.config.max_trial_number
-        while (
-            (self._ready or self._customized)
-            and len(self._active) < self.config.trial_concurrency
-            and (budget is None or self._next_sequence_id < budget)
-        ):
+        while len(self._active) < self.config.trial_concurrency:
             if self._customized:
-                request, parameters = self._customized.popleft()
-                self._submit(NewTrial(None, parameters, source="customized"), requested_by=request)
+                waiting = self._customized.pop(next(iter(self._customized)))
+                assert waiting.sequence_id is not None, "numbered as it was read"
+                new = NewTrial(None, waiting.parameters, source="customized")
+                self._submit(new, waiting.sequence_id, requested_by=waiting.request_id)
+            elif self._ready and (budget is None or self._next_sequence_id < budget):
+                self._submit(self._ready.popleft(), self._next_sequence_id)
             else:
-                self._submit(self._ready.popleft())
+                return
 
     def _search_over(self) -> bool:
-        """The budget is spent, or the tuner, idle, has no more and nothing it gave is left to run."""
+        """No customized trial waits, and the budget is spent or the tuner, idle, has no more and nothing it
+        gave is left to run."""
         assert self._tuner is not None
+        if self._customized:
+            return False
         budget = self.config.max_trial_number
         if budget is not None and self._next_sequence_id >= budget:
             return True
@@ -555,11 +615,9 @@ class ExperimentRunner:
         self._take_outputs()  # what it said before it went idle
         return self._no_more and not self._ready
 
-    def _submit(self, new: NewTrial, requested_by: str | None = None) -> None:
+    def _submit(self, new: NewTrial, sequence_id: int, requested_by: str | None = None) -> None:
         self._keep_claim()
-        form = JobApplicationForm(
-            sequence_id=self._next_sequence_id, hyper_parameters=HyperParameters(value=new.hyper_parameters)
-        )
+        form = JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=new.hyper_parameters))
         submission = self.service.submission(form, requested_by)
         trial = self.service.submit(submission)
         self._submissions[trial.id] = submission

@@ -168,6 +168,17 @@ def check_depth(value: Any, path: str = "searchSpace", what: str = "a search spa
         pending.extend((inner, depth + 1, step.format(where, key)) for key, inner in steps)
 
 
+def check_parameter_names(parameters: dict[str, Any], space: Any, path: str) -> None:
+    """Refuse a parameter set (at `path`) that does not name exactly the search space's parameters (a ValueError
+    saying which), as tuners read each one by name; any set, when the space is empty (a tuner that makes its own)."""
+    if not isinstance(space, dict) or not space:
+        return
+    if missing := [name for name in space if name not in parameters]:
+        raise ValueError(f"{path}: missing {', '.join(missing)}, of the search space")
+    if unknown := [name for name in parameters if name not in space]:
+        raise ValueError(f"{path}.{unknown[0]}: not in the search space (its parameters: {', '.join(space)})")
+
+
 def check_json_text(text: str, path: str, what: str) -> None:
     """Refuse text that a trial and the views parse as JSON (`what`, at `path`) unless it is JSON nested at most
     MAX_DEPTH levels: it is stored as text, so the event reads back, but each reader would fail on it."""

@@ -49,6 +49,8 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TrialUnreachable,
+    TunerDataImported,
+    TunerNoMoreTrials,
 )
 from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus, metric_score
 
@@ -628,6 +630,10 @@ def _marker_text(event: Event) -> str | None:
             return "created"
         case TrialsRequested():
             return f"tuner asked for {event.count}"
+        case TunerDataImported():
+            return f"{len(event.data)} results imported for the tuner"
+        case TunerNoMoreTrials():
+            return "tuner has no more trials" if event.no_more else "tuner has trials again"
         case ExperimentUpdated():
             changes = event.changes.model_dump(mode="json", by_alias=True, exclude_none=True)
             return "updated " + ", ".join(f"{name}={json.dumps(value)[:40]}" for name, value in changes.items())

@@ -64,6 +64,9 @@ class NativeTuner:
     def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: Any, **kwargs: Any) -> None:
         """Results steer neither random nor grid search."""
 
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """Results of trials run elsewhere (NNI's import-data): nothing to learn for a tuner that draws at random."""
+
     def trial_end(self, parameter_id: int, success: bool, **kwargs: Any) -> None:
         """Nothing to forget: no trial's end changes what comes next."""
 
@@ -239,6 +242,7 @@ class GridSearchTuner(NativeTuner):
 
     def __init__(self, optimize_mode: str | None = "maximize") -> None:
         super().__init__(optimize_mode)
+        self._imported: set[str] = set()  # points run elsewhere (import_data), as JSON with sorted keys
         self.update_search_space({})
 
     def update_search_space(self, search_space: dict[str, Any]) -> None:
@@ -253,13 +257,18 @@ class GridSearchTuner(NativeTuner):
         return (params for params, new in _walk(self._nodes) if new)
 
     def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any] | None:
-        """The next unseen grid point, or None once no parameter can be divided further."""
+        """The next unseen grid point (not one imported), or None once no parameter can be divided further."""
         while self._epoch is not None:
             params = next(self._epoch, None)
-            if params is not None:
+            if params is None:
+                self._epoch = self._new_epoch() if self._refine() else None
+            elif json.dumps(params, sort_keys=True) not in self._imported:
                 return params
-            self._epoch = self._new_epoch() if self._refine() else None
         return None
+
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """As NNI's GridSearch: a point imported is not proposed."""
+        self._imported.update(json.dumps(record["parameter"], sort_keys=True) for record in data)
 
     def _refine(self) -> bool:
         """Start the next epoch; False when the whole space has been offered."""

@@ -71,7 +71,10 @@ class CustomizedTrial(BaseModel):
 
 
 class CustomizedTrialAnswer(CamelModel):
-    sequence_id: int | None = Field(description="None while the trial waits for a free slot")
+    sequence_id: int | None = Field(
+        description="given at once, as NNI does, free slot or not; None only if the runner has not read the "
+        "request within the wait (it numbers and runs it all the same)"
+    )
 
 
 class CancelRequest(BaseModel):

@@ -6,12 +6,22 @@ they are written by the manager (commands) and by workers (what happened on a pl
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, field_validator
 
-from schemas.trial import CamelModel, JobApplicationForm, MetricType, TrialJobStatus, encodable, metric_dedup_key
+from schemas.trial import (
+    CamelModel,
+    JobApplicationForm,
+    MetricType,
+    TrialJobStatus,
+    encodable,
+    metric_dedup_key,
+    metric_score,
+)
 
 
 def now_ms() -> int:
@@ -68,6 +78,17 @@ class TrialsRequested(BaseEvent):
     seen: str
 
 
+class TunerNoMoreTrials(BaseEvent):
+    """The tuner answered a request with NO_MORE_TRIAL_JOBS (`no_more` true: an exhausted grid, PBT between
+    generations), or gave parameters again after that (`no_more` false): NNI's TUNER_NO_MORE_TRIAL while
+    trials still run. The runner logs it only when it changes; an ExperimentResumed clears it, as the
+    tuner of the new run has not answered yet."""
+
+    type: Literal["TunerNoMoreTrials"] = "TunerNoMoreTrials"
+    v: Literal[1] = 1
+    no_more: bool
+
+
 class ExperimentChanges(CamelModel):
     """What NNI lets a user change while an experiment runs (`PUT /experiment?update_type=...`)."""
 
@@ -107,6 +128,60 @@ class CustomizedTrialRequested(BaseEvent):
     type: Literal["CustomizedTrialRequested"] = "CustomizedTrialRequested"
     v: Literal[1] = 1
     parameters: dict[str, Any]
+
+
+class CustomizedTrialNumbered(BaseEvent):
+    """The runner took the customized trial `request_id` (its CustomizedTrialRequested event) and gave it its
+    sequence id at once, as NNI's manager does: the trial is submitted with it when a slot is free."""
+
+    type: Literal["CustomizedTrialNumbered"] = "CustomizedTrialNumbered"
+    v: Literal[1] = 1
+    request_id: str
+    sequence_id: int = Field(ge=0)
+
+
+class CustomizedTrialRefused(BaseEvent):
+    """The runner refused the customized trial `request_id`: maxTrialNumber was spoken for when it read it, or
+    the experiment was stopping. It never runs."""
+
+    type: Literal["CustomizedTrialRefused"] = "CustomizedTrialRefused"
+    v: Literal[1] = 1
+    request_id: str
+    reason: str
+
+
+class ImportedTrial(CamelModel):
+    """A result of a trial run elsewhere, for the tuner (an entry of NNI's import-data: `nnictl experiment import`,
+    another experiment's export-data). Other keys (an export's `trialJobId`) are ignored."""
+
+    parameter: Annotated[dict[str, Any], AfterValidator(encodable)]
+    value: Any = Field(description="a number, an object with a number `default`, or the JSON text of one")
+
+    @field_validator("value")
+    @classmethod
+    def _a_result(cls, value: Any) -> Any:
+        """Decoded as NNI's dispatcher decodes it (export-data writes the JSON text); what no tuner could read,
+        refused: every built-in reads the number or its `default`."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = None
+        score = metric_score(value)
+        if score is None or not math.isfinite(score):
+            raise ValueError(
+                "expected a finite number, an object with a finite number `default`, or the JSON text of one"
+            )
+        return value
+
+
+class TunerDataImported(BaseEvent):
+    """Results given to the tuner's `import_data` (NNI's IMPORT_DATA): the runner hands them over as it reads this,
+    and a resume's replay once more, to its new tuner, in log order."""
+
+    type: Literal["TunerDataImported"] = "TunerDataImported"
+    v: Literal[1] = 1
+    data: list[ImportedTrial]
 
 
 TRIAL_CONFIG = "trial_config"  # cluster metadata: the trial command, code directory, GPUs and limits
@@ -284,8 +359,12 @@ Event = Annotated[
     | ExperimentUpdated
     | ExperimentStopRequested
     | CustomizedTrialRequested
+    | CustomizedTrialNumbered
+    | CustomizedTrialRefused
     | ClusterMetadataSet
     | TrialsRequested
+    | TunerNoMoreTrials
+    | TunerDataImported
     | TrialSubmitted
     | TrialDeferred
     | TrialRequeued

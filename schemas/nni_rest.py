@@ -22,7 +22,7 @@ from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
 NNI_VERSION = "3.0.0"
 NniMetricType = Literal["PERIODICAL", "FINAL", "CUSTOM"]
-NniExperimentStatus = Literal["RUNNING", "NO_MORE_TRIAL", "DONE", "STOPPED", "ERROR"]
+NniExperimentStatus = Literal["RUNNING", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "DONE", "STOPPED", "ERROR"]
 _DURATION = re.compile(r"^\d+(\.\d+)?[smhd]$")
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
 _HYPER_PARAMETER_KEYS = ("placement_constraint", "version_info")  # the others TrialHyperParameters accepts
@@ -267,13 +267,14 @@ def export_entries(trial: TrialJobDetail) -> list[ExportDataEntry]:
 
 def experiment_status(view: ExperimentView, submitted: int, now_ms: int) -> NniExperimentStatus:
     """NNI's name for the experiment's status: a RUNNING experiment that has submitted its maxTrialNumber
-    trials, or has run its maxExperimentDuration, only waits for its trials to end: NNI's NO_MORE_TRIAL."""
+    trials, or has run its maxExperimentDuration, only waits for its trials to end: NNI's NO_MORE_TRIAL. Else,
+    while its tuner's last answer was that it has no more (an exhausted grid), TUNER_NO_MORE_TRIAL."""
     if view.status != "RUNNING":
         return view.status
     budget = view.config.get("maxTrialNumber")
-    if isinstance(budget, int) and submitted >= budget:
+    if (isinstance(budget, int) and submitted >= budget) or _out_of_time(view, now_ms):
         return "NO_MORE_TRIAL"
-    return "NO_MORE_TRIAL" if _out_of_time(view, now_ms) else "RUNNING"
+    return "TUNER_NO_MORE_TRIAL" if view.tuner_no_more_trials else "RUNNING"
 
 
 def _out_of_time(view: ExperimentView, now_ms: int) -> bool:

@@ -200,6 +200,9 @@ class ExperimentView(CamelModel):
     message: str | None = None
     metadata: dict[str, str] = {}
     imported: bool = False  # its log came from another Redis, and no runner here has taken it up yet
+    # True: the tuner said NO_MORE_TRIAL_JOBS since it last gave parameters. None otherwise, never False: the stored
+    # view leaves it out then, so a view projected before it was kept reads as one folded again (replay --check)
+    tuner_no_more_trials: bool | None = None
     # Its time RUNNING, as NNI's execDuration counts it: ms run before `running_since`, and when the current run
     # began. None in a view projected before they were kept (until it is rebuilt): start to end, as then.
     run_ms: int | None = None

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from core.event_store import InvalidExperimentId, check_experiment_id
+from core.event_store import InvalidExperimentId, StoredEvent, check_experiment_id
 from core.platform import OutputStream, OutputUnavailable
 from manager.api.listings import ListingCache
 from manager.api.native import Experiment, Host, check_changes, get_host
@@ -37,7 +37,7 @@ from manager.training_service import TrainingService, TrialNotFound
 from manager.trial_files import OUTPUT_STREAMS, TrialFileRefused, file_chunks, output_chunks, trial_file
 from manager.views import CHUNK, ViewStore
 from schemas import nni_rest
-from schemas.events import ExperimentChanges
+from schemas.events import ExperimentChanges, ImportedTrial, TunerDataImported
 from schemas.trial import ExperimentView, TrialJobDetail
 
 JSON_TYPE = "application/json"
@@ -249,10 +249,33 @@ def _seconds(duration: Any) -> float:
     return float(match[1]) * _SECONDS[match[2]]
 
 
+@router.post("/experiment/import-data")
+def import_data(experiment_id: NniExperiment, host: Host, data: list[ImportedTrial]) -> Response:
+    """`nnictl experiment import`: results of trials run elsewhere (`[{"parameter": {...}, "value": ...}]`, as
+    export-data writes them) for the tuner's `import_data`; an empty 200 once logged, as NNI answers once it has
+    sent them to its dispatcher. A malformed entry is a 400 naming it (`body.<i>.value`)."""
+    try:
+        host.import_data(experiment_id, data)
+    except ValueError as invalid:  # NestedTooDeep too
+        return _error(f"body{invalid}", 400)
+    except (ExperimentNotRunning, RunnerError) as refused:
+        return _error(str(refused), 409)
+    return _empty()
+
+
 @router.get("/experiment/imported-data")
-def imported_data() -> Response:
-    """Data imported into the tuner (`nnictl experiment import`): not supported, so none."""
-    return _json([])
+def imported_data(experiment_id: NniExperiment, host: Host) -> Response:
+    """What was imported, as NNI lists it: the JSON text of each import, in log order. Read off the log (its
+    entries' `type` field, nothing decoded but these): nothing NNI ships reads it, so no view keeps it."""
+    store = host.service(experiment_id).store
+    imports = store.read(where=lambda fields: fields.get("type") == "TunerDataImported")
+    return _json(
+        [
+            json.dumps([record.model_dump(mode="json") for record in entry.event.data], separators=(",", ":"))
+            for entry in imports
+            if isinstance(entry, StoredEvent) and isinstance(entry.event, TunerDataImported)
+        ]
+    )
 
 
 @router.get("/job-statistics")
@@ -310,7 +333,7 @@ def trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Re
 
 @router.post("/trial-jobs")
 def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str, Any]) -> Response:
-    """A customized trial with these parameters; its sequence id (null while it waits for a free slot)."""
+    """A customized trial with these parameters; its sequence id at once, as NNI answers, free slot or not."""
     try:
         sequence_id = host.add_customized_trial(experiment_id, parameters)
     except NestedTooDeep as invalid:

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from core.connections import connect
+from manager.replay import check
 from simulators.waiting import wait_until
 from tests.api.test_api_smoke import experiment_config
 from tests.conftest import Processes
@@ -37,6 +39,35 @@ while not Path("gates", trial).exists() and not Path("gates", "all").exists():
     time.sleep(0.05)
 nni.report_final_result(params.get("x", 0))
 """
+
+IMPORTER = '''
+import json
+from nni.tuner import Tuner
+
+
+class Importer(Tuner):
+    """Proposes x = id / 10; writes a line when built and one for each import_data, with what it got."""
+
+    def __init__(self, log_file):
+        self.log_file = log_file
+        self._write(["start"])
+
+    def _write(self, line):
+        with open(self.log_file, "a") as out:
+            out.write(json.dumps(line) + "\\n")
+
+    def update_search_space(self, search_space):
+        pass
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        return {"x": parameter_id / 10}
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        pass
+
+    def import_data(self, data):
+        self._write(["import", data])
+'''
 
 TERMINAL = {"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"}
 
@@ -102,6 +133,15 @@ class Api:
         trials = wait_until(running, timeout, interval=0.1, what=f"{count} trials of {experiment_id} running")
         assert trials is not None
         return trials
+
+    def nni(self, experiment_id: str, path: str) -> httpx.URL:
+        """The URL of `path` in NNI's API of this experiment (`/nni/<id>/api/v1/nni`), as its web UI asks."""
+        return self.http.base_url.join(f"/nni/{experiment_id}/api/v1/nni{path}")
+
+    def nni_status(self, experiment_id: str) -> str:
+        answer = self.http.get(self.nni(experiment_id, "/check-status"))
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["status"])
 
     def release(self, *trial_ids: str) -> None:
         for trial_id in trial_ids:
@@ -662,3 +702,110 @@ def test_event_stream_followers_leave_the_thread_pool_to_ordinary_requests(api: 
         for follower in followers:
             follower.close()
         api.release_all()
+
+
+# NNI's API: what the tuner says, customized trials, imported data
+
+
+def test_an_exhausted_tuner_shows_as_nni_s_tuner_no_more_trial_until_it_gives_trials_again(
+    api: Api, module_processes: Processes
+) -> None:
+    """NNI's manager: TUNER_NO_MORE_TRIAL on the tuner's NO_MORE_TRIAL_JOBS while trials run, RUNNING again on its
+    next trial, DONE once nothing runs; logged when it changes, not at every request the tuner refuses."""
+    grid = {"x": {"_type": "choice", "_value": [0.25, 0.5]}}
+    config = experiment_config(api.code, trials=10, concurrency=3, searchSpace=grid, tuner={"name": "GridSearch"})
+    experiment_id = api.create(config)
+    api.wait_running(experiment_id, 2)  # the whole grid, a slot still free: the tuner said it has no more
+    wait_until(lambda: api.nni_status(experiment_id) == "TUNER_NO_MORE_TRIAL", 30, what="TUNER_NO_MORE_TRIAL")
+    metadata = api.http.get(api.nni(experiment_id, "/experiment-metadata")).json()
+    assert metadata["status"] == "TUNER_NO_MORE_TRIAL"
+
+    profile = api.http.get(api.nni(experiment_id, "/experiment")).json()
+    wider = {"x": {"_type": "choice", "_value": [0.25, 0.5, 0.75]}}
+    body = {**profile, "params": {**profile["params"], "searchSpace": wider}}
+    updated = api.http.put(api.nni(experiment_id, "/experiment"), params={"update_type": "SEARCH_SPACE"}, json=body)
+    assert updated.status_code == 200, updated.text
+    api.wait_running(experiment_id, 3)  # the tuner gave a trial of the new space
+    wait_until(lambda: api.nni_status(experiment_id) == "RUNNING", 30, what="RUNNING again")
+
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    assert api.nni_status(experiment_id) == "DONE"
+    said = [
+        item["event"]["noMore"] for item in api.events(experiment_id) if item["event"]["type"] == "TunerNoMoreTrials"
+    ]
+    assert said == [True, False, True], said
+    assert check(connect(module_processes.redis_url), experiment_id) == []  # the views fold again the same
+
+
+def test_a_customized_trial_is_numbered_at_once_and_keeps_its_number_when_it_runs(api: Api) -> None:
+    """NNI's addCustomizedTrialJob answers `nextSequenceId++` at once (its web UI shows "Trial No.<n>"), free slot
+    or not, and refuses one past maxTrialNumber; the trial runs under that number when a slot frees."""
+    experiment_id = api.create(experiment_config(api.code, trials=4, concurrency=1))
+    (first,) = api.wait_running(experiment_id, 1)  # number 0, in the only slot
+    nni = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 0.25})
+    assert (nni.status_code, nni.json()) == (200, {"sequenceId": 1}), nni.text
+    native = api.http.post(f"/experiments/{experiment_id}/trials", json={"parameters": {"x": 0.5}})
+    assert (native.status_code, native.json()) == (201, {"sequenceId": 2}), native.text
+    last = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 0.75})
+    assert (last.status_code, last.json()) == (200, {"sequenceId": 3}), last.text
+    over = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 1.0})
+    assert over.status_code == 409 and "maxTrialNumber" in over.json()["error"], over.text
+    assert [trial["id"] for trial in api.trials(experiment_id)] == [first["id"]]  # none of them submitted yet
+
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    jobs = api.http.get(api.nni(experiment_id, "/trial-jobs")).json()
+    ran = {job["sequenceId"]: json.loads(job["hyperParameters"][0])["parameters"] for job in jobs}
+    assert {sequence: ran[sequence] for sequence in (1, 2, 3)} == {1: {"x": 0.25}, 2: {"x": 0.5}, 3: {"x": 0.75}}
+    assert sorted(ran) == [0, 1, 2, 3]
+
+
+def test_imported_data_reaches_the_tuner_once_and_a_resumed_one_once_more(api: Api) -> None:
+    """NNI's import-data (`nnictl experiment import`): checked, logged, given to the tuner's import_data as NNI's
+    dispatcher gives it (JSON text decoded); a resume's new tuner gets it in its replay, once."""
+    (api.code / "algorithms").mkdir()
+    (api.code / "algorithms" / "importer.py").write_text(IMPORTER)
+    log = api.code / "imports.jsonl"
+    tuner = {
+        "codeDirectory": str(api.code / "algorithms"),
+        "className": "importer.Importer",
+        "classArgs": {"log_file": str(log)},
+    }
+    experiment_id = api.create(experiment_config(api.code, trials=2, concurrency=1, tuner=tuner))
+    api.wait_running(experiment_id, 1)
+    url = api.nni(experiment_id, "/experiment/import-data")
+    for body, error in (
+        ({"parameter": {"x": 0.1}, "value": 0.3}, "body: "),
+        ([{"parameter": {"x": 0.1}, "value": 0.3}, {"parameter": {"x": 0.2}, "value": "loss"}], "body.1.value: "),
+        ([{"parameter": {"x": 0.1}}], "body.0.value: "),
+        ([{"parameter": {"x": 0.1}, "value": {"loss": 0.3}}], "body.0.value: "),
+        ([{"parameter": {"y": 0.1}, "value": 0.3}], "body[0].parameter: missing x"),
+        ([{"parameter": {"x": 0.1, "y": 2}, "value": 0.3}], "body[0].parameter.y: not in the search space"),
+    ):
+        refused = api.http.post(url, json=body)
+        assert refused.status_code == 400 and refused.json()["error"].startswith(error), refused.text
+    data = [
+        {"parameter": {"x": 0.1}, "value": 0.3},
+        {"parameter": {"x": 0.2}, "value": '{"default": 0.4}', "trialJobId": "elsewhere"},  # as export-data writes
+    ]
+    imported = api.http.post(url, json=data)
+    assert (imported.status_code, imported.content) == (200, b""), imported.text
+    given = [{"parameter": {"x": 0.1}, "value": 0.3}, {"parameter": {"x": 0.2}, "value": {"default": 0.4}}]
+
+    def lines() -> list[Any]:
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    wait_until(lambda: lines() == [["start"], ["import", given]], 30, what="the tuner to get the data")
+    listed = api.http.get(api.nni(experiment_id, "/experiment/imported-data"))
+    assert [json.loads(text) for text in listed.json()] == [given]
+
+    assert api.http.post(f"/experiments/{experiment_id}/stop").status_code == 202
+    api.wait_status(experiment_id, "STOPPED")
+    wait_until(lambda: not api.experiment(experiment_id)["hosted"], what="the manager to let go of the experiment")
+    refused = api.http.post(url, json=data)
+    assert refused.status_code == 409 and "not running" in refused.json()["error"], refused.text
+    assert api.http.post(f"/experiments/{experiment_id}/resume").status_code == 202
+    api.release_all()
+    api.wait_status(experiment_id, "DONE")
+    assert lines() == [["start"], ["import", given], ["start"], ["import", given]]  # replayed, not given twice

@@ -153,6 +153,11 @@ def test_experiment_status_profile_and_registry_entry() -> None:
     timed = view.model_copy(update={"config": {**config, "maxExperimentDuration": "2s"}})
     assert nni_rest.experiment_status(timed, 1, now_ms=2999) == "RUNNING"
     assert nni_rest.experiment_status(timed, 1, now_ms=3000) == "NO_MORE_TRIAL"  # out of time: its trials end
+    exhausted = view.model_copy(update={"tuner_no_more_trials": True})  # NNI: the tuner said NO_MORE_TRIAL_JOBS
+    assert nni_rest.experiment_status(exhausted, 1, now_ms=2000) == "TUNER_NO_MORE_TRIAL"
+    assert nni_rest.experiment_status(exhausted, 2, now_ms=2000) == "NO_MORE_TRIAL"  # as NNI: the budget first
+    done = exhausted.model_copy(update={"status": "DONE"})
+    assert nni_rest.experiment_status(done, 1, now_ms=2000) == "DONE"
     profile = nni_rest.experiment_profile(view, 2, 7, now_ms=4500).wire()
     assert profile["execDuration"] == 3 and "endTime" not in profile
     assert "maxExperimentDuration" not in profile["params"]

@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from schemas.events import (
     EVENT_ADAPTER,
     ClusterMetadataSet,
+    CustomizedTrialNumbered,
+    CustomizedTrialRefused,
     CustomizedTrialRequested,
     Event,
     ExperimentChanges,
@@ -22,6 +24,7 @@ from schemas.events import (
     ExperimentResumed,
     ExperimentStopRequested,
     ExperimentUpdated,
+    ImportedTrial,
     TrialAttemptLost,
     TrialCancelRequested,
     TrialDeferred,
@@ -36,6 +39,8 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TrialUnreachable,
+    TunerDataImported,
+    TunerNoMoreTrials,
 )
 from schemas.trial import (
     TERMINAL_STATUSES,
@@ -328,8 +333,12 @@ EVENTS: list[Any] = [
     ),
     ExperimentStopRequested(**COMMON, reason="stopped by the user"),
     CustomizedTrialRequested(**COMMON, parameters={"x": 0.5}),
+    CustomizedTrialNumbered(**COMMON, request_id="1-0", sequence_id=3),
+    CustomizedTrialRefused(**COMMON, request_id="1-0", reason="maxTrialNumber (4) spoken for"),
     ClusterMetadataSet(**COMMON, key="trial_config", value='{"command": "x"}'),
     TrialsRequested(**COMMON, count=2, seen="1700000000000-0"),
+    TunerNoMoreTrials(**COMMON, no_more=True),
+    TunerDataImported(**COMMON, data=[ImportedTrial(parameter={"x": 0.5}, value={"default": 0.25, "loss": 1})]),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e/trials/jl7ty", launch=launch()),
     TrialSubmitted(**TRIAL, platform="local", form=form(), working_directory="/e", launch=launch(), requested_by="1-0"),
     TrialDeferred(**TRIAL, reason="GPUs busy"),

@@ -27,6 +27,7 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TrialUnreachable,
+    TunerNoMoreTrials,
 )
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 from tests.conftest import form
@@ -392,6 +393,15 @@ def test_an_import_marks_the_experiment_until_a_runner_takes_it_up() -> None:
     view = folded([created(), ExperimentImported(experiment_id=EXP)])
     assert view.imported
     assert not folded([ExperimentResumed(experiment_id=EXP)], view).imported
+
+
+def test_the_tuner_s_no_more_stands_until_it_gives_trials_again_or_a_new_run_starts() -> None:
+    view = folded([created(), TunerNoMoreTrials(experiment_id=EXP, no_more=True)])
+    assert view.tuner_no_more_trials
+    again = folded([TunerNoMoreTrials(experiment_id=EXP, no_more=False)], view)
+    assert again.tuner_no_more_trials is None
+    assert again.to_json() == folded([created()]).to_json()  # stored as a view folded before the event existed
+    assert folded([ExperimentResumed(experiment_id=EXP)], view).tuner_no_more_trials is None
 
 
 def test_events_before_the_creation_make_no_view_except_metadata() -> None:

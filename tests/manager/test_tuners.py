@@ -246,6 +246,15 @@ def test_grid_enumerates_exact_discrete_product_then_none() -> None:
     assert sorted(map(canonical, points)) == sorted(map(canonical, expected))
 
 
+def test_grid_skips_the_points_imported_as_nni_s_does() -> None:
+    tuner = create_tuner("GridSearch", None, {"a": {"_type": "choice", "_value": [1, 2, 3]}})
+    tuner.import_data([{"parameter": {"a": 2}, "value": 0.5}])
+    assert [tuner.generate_parameters(i) for i in range(3)] == [{"a": 1}, {"a": 3}, None]
+    random = create_tuner("Random", None, {"a": {"_type": "choice", "_value": [1]}})
+    random.import_data([{"parameter": {"a": 1}, "value": 0.5}])  # learns nothing: still draws
+    assert random.generate_parameters(0) == {"a": 1}
+
+
 def test_grid_nested_space_is_each_option_product() -> None:
     points = grid_all({"layer0": NESTED_LAYER, "layer1": NESTED_LAYER})
     layers: list[dict[str, Any]] = [{"_name": "Empty"}]

@@ -39,6 +39,8 @@
   const MARKER_COLORS = {
     ExperimentCreated: "#0f766e",
     TrialsRequested: "#64748b",
+    TunerNoMoreTrials: "#64748b",
+    TunerDataImported: "#64748b",
     ExperimentUpdated: "#7c3aed",
     ExperimentResumed: "#2563eb",
     ExperimentStopRequested: "#b91c1c",
