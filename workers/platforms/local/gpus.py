@@ -51,20 +51,17 @@ def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Se
     machines = _machines(settings)
     if machines is None:
         return {}
-    usable = {
-        machine: [index for index in gpus if config.gpu_indices is None or index in config.gpu_indices]
-        for machine, gpus in machines.items()
-    }
-    most = max((len(gpus) for gpus in usable.values()), default=0)
+    listed = config.gpu_indices
+    most = max(len([index for index in gpus if listed is None or index in listed]) for gpus in machines.values())
     if most >= wanted:
         return {}
     asked = f"{wanted} GPU" + ("" if wanted == 1 else "s")
     found = _found(machines, settings)
-    if config.gpu_indices is not None and any(machines.values()):
-        listed = ",".join(str(index) for index in config.gpu_indices)
+    if listed is not None and max(len(gpus) for gpus in machines.values()) >= wanted:  # gpuIndices is in the way
         return {
-            "trainingService.gpuIndices": f"{listed} leaves at most {most} of the GPUs found ({found}) for a trial"
-            f" asking for {asked} (trialGpuNumber): list GPUs that exist, or lower trialGpuNumber"
+            "trainingService.gpuIndices": f"{','.join(str(index) for index in listed)} leaves at most {most} of"
+            f" the GPUs found ({found}) for a trial asking for {asked} (trialGpuNumber): list GPUs that exist, or"
+            " lower trialGpuNumber"
         }
     return {
         "trialGpuNumber": f"each trial asks for {asked}, but {found}: lower trialGpuNumber to {most}"
