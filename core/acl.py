@@ -55,7 +55,7 @@ WORKER_OWNED = (
     keys.LEASES,
     f"{_P}:reaper:*",  # the reap rounds and their hold
     f"{_P}:parked:*",
-    f"{_P}:gpu:*",  # the GPU ledger of a machine (workers.platforms.shared.gpu)
+    f"{_P}:gpu:*",  # the GPU ledger of a machine (workers.platforms.shared.gpu), the machines' GPUs (local.gpus)
     f"{_P}:doomed:*",  # the remote platform's kill list of a host
     f"{_P}:wake:*",  # a worker's commands reader is woken through these (workers.runtime.trial_links)
     "rq:*",  # RQ: queues, jobs, registries, executions, worker registrations; it deletes jobs and workers

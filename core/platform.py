@@ -14,7 +14,7 @@ from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 import redis
 
 from core.settings import Settings
-from schemas.config import PlatformConfig
+from schemas.config import ExperimentConfig, PlatformConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import JobApplicationForm, TrialJobStatus
 
@@ -148,6 +148,13 @@ class Platform(Protocol[ConfigT]):
     def check(cls, config: ConfigT, code_directory: Path, settings: Settings) -> list[str]:
         """Before an experiment starts: can its trials run there (hosts reachable, credentials right,
         code directory within what can be shipped)? One line per problem, naming what and why."""
+        ...
+
+    @classmethod
+    def config_problems(cls, config: ConfigT, experiment: ExperimentConfig, settings: Settings) -> dict[str, str]:
+        """Before an experiment starts: what its config asks that the platform can never give where its trials
+        would run (local: more GPUs than any machine has). Key path (`trialGpuNumber`,
+        `trainingService.gpuIndices`) -> why and the fix; refused as a bad config. Optional."""
         ...
 
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: ConfigT) -> None:

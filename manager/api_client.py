@@ -8,7 +8,7 @@ the token it wants.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
@@ -130,15 +130,17 @@ class ManagerClient:
         page = self._json("GET", _path("experiments", experiment_id, "events"), params={"after": "0-0", "limit": 1})
         return str(page["head"])
 
-    def follow(self, experiment_id: str, after: str) -> Iterator[LogEntry]:
+    def follow(self, experiment_id: str, after: str, opened: Callable[[], None]) -> Iterator[LogEntry]:
         """Entries appended after `after`, as the manager sends them (Server-Sent Events), until the
-        connection ends."""
+        connection ends. `opened` is called once the manager has taken the stream up, before any entry comes:
+        a follower that waits on a quiet log knows the manager answers."""
         path = _path("experiments", experiment_id, "events", "stream")
         timeout = httpx.Timeout(None, connect=_TIMEOUT.connect)
         with _reaching(self.url), self._http.stream("GET", path, params={"after": after}, timeout=timeout) as answer:
             if answer.status_code >= 400:
                 answer.read()
                 self._check(answer)
+            opened()
             data: list[str] = []
             for line in answer.iter_lines():
                 if line.startswith("data:"):

@@ -11,6 +11,7 @@ from core.queueing import queue_name
 from core.registry import platform_class
 from core.settings import Settings
 from manager.config import ExperimentSpec
+from schemas.config import ConfigError
 
 
 def unserved(client: redis.Redis, rq_connection: redis.Redis, platform: str, url_hint: str) -> str | None:
@@ -29,7 +30,11 @@ def unserved(client: redis.Redis, rq_connection: redis.Redis, platform: str, url
 def platform_problems(spec: ExperimentSpec, settings: Settings) -> str | None:
     """The platform's own check before anything runs (hosts reachable, credentials right): every
     problem at once, one line each; no experiment is created or trial submitted when there is one. A
-    hybrid experiment checks every listed platform: one that fails stops it before any trial."""
+    hybrid experiment checks every listed platform: one that fails stops it before any trial.
+
+    A config asking for what its platform can never give where its trials would run (GPUs no machine has)
+    is raised as the ConfigError it is, naming the key, before those checks."""
+    _refuse_unservable(spec, settings)
     failures = []
     for index, platform in enumerate(spec.platforms):
         check = getattr(platform_class(platform.platform), "check", None)  # optional for third-party platforms
@@ -38,3 +43,17 @@ def platform_problems(spec: ExperimentSpec, settings: Settings) -> str | None:
             where = f"trainingService.{index} ({platform.platform})" if spec.hybrid else "trainingService"
             failures.append(f"{where}: cannot run trials there:\n" + "\n".join(f"  {line}" for line in problems))
     return "\n".join(failures) or None
+
+
+def _refuse_unservable(spec: ExperimentSpec, settings: Settings) -> None:
+    """Each platform's `config_problems` (optional), as the config's own errors read: `source: key.path: why`."""
+    lines = []
+    for index, platform in enumerate(spec.platforms):
+        check = getattr(platform_class(platform.platform), "config_problems", None)
+        problems: dict[str, str] = check(platform, spec.config, settings) if check is not None else {}
+        for key, what in problems.items():
+            if spec.hybrid and key.startswith("trainingService."):
+                key = key.replace("trainingService.", f"trainingService.{index}.", 1)
+            lines.append(f"{spec.source}: {key}: {what}")
+    if lines:
+        raise ConfigError("\n".join(lines))

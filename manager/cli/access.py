@@ -70,7 +70,7 @@ def opened(settings: Settings, experiment_id: str | None) -> Iterator[Experiment
     """The experiment (the newest one without an id), from the manager if one is given, else Redis."""
     if settings.manager_url is not None:
         client = manager_client(settings)
-        yield ManagerExperiment(client, client.resolve(experiment_id))
+        yield ManagerExperiment(client, client.resolve(experiment_id), settings.manager_wait_s)
         return
     with opened_experiment(settings, experiment_id) as (service, _):
         redis_experiment = RedisExperiment(service, settings)
@@ -179,9 +179,10 @@ class RedisExperiment:
 class ManagerExperiment:
     """The experiment as a manager's API shows it."""
 
-    def __init__(self, client: ManagerClient, experiment_id: str) -> None:
+    def __init__(self, client: ManagerClient, experiment_id: str, wait_s: float) -> None:
         self.client = client
         self.experiment_id = experiment_id
+        self.wait_s = wait_s  # how long `follow` asks again a manager that does not answer
 
     def config(self) -> dict[str, Any]:
         return self.client.experiment(self.experiment_id).config
@@ -215,11 +216,26 @@ class ManagerExperiment:
             after = page[-1].id
 
     def follow(self, after: str, trial: str | None = None, types: set[str] | None = None) -> Iterator[LogEntry]:
-        while True:  # the manager ends a stream when it stops: go on from the last entry (or fail to reach it)
-            for entry in self.client.follow(self.experiment_id, after):
-                after = entry.id
-                if _wanted(entry, trial, types):
-                    yield entry
+        """The stream asked for again after the last entry it gave whenever it ends or breaks (the manager
+        stopped, restarted, or the connection dropped), so that no entry is given twice or left out; a manager
+        that does not answer is asked again for up to `wait_s` seconds."""
+        from manager.api_client import ManagerUnreachable
+        from manager.cli.patience import Patience
+
+        def lost() -> str:
+            follow = f"trialstream --manager {self.client.url} events {self.experiment_id} --follow --since {after}"
+            return f"the last event of experiment {self.experiment_id} this command read is {after}: `{follow}` goes on"
+
+        going_on = f"the events of experiment {self.experiment_id} follow on from the last one read once it does"
+        patience = Patience(self.client.url, self.wait_s, going_on, lost)
+        while True:
+            try:
+                for entry in self.client.follow(self.experiment_id, after, patience.answered):
+                    after = entry.id
+                    if _wanted(entry, trial, types):
+                        yield entry
+            except ManagerUnreachable as error:
+                patience.failed(error)
 
     def output(self, trial: TrialJobDetail, attempt: int, stream: OutputStream, offset: int) -> bytes:
         """The manager reads the trial's latest started attempt, as `trials logs` follows it."""

@@ -11,14 +11,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from core.code_archive import CodeDirectoryError, archive
 from manager.algorithms import optimize_mode_of
-from manager.api_client import ManagerClient, ManagerError, ManagerUnreachable
-from manager.cli import render
+from manager.api_client import ManagerClient, ManagerError
+from manager.cli.patience import Patience
 from manager.config import ExperimentSpec
 from manager.runner import ExperimentResult, Progress, RunnerError
 from schemas.api import ExperimentState
@@ -26,12 +26,10 @@ from schemas.config import ConfigError, ExperimentConfig
 from schemas.trial import metric_score
 
 POLL_S = 0.5
-RETRY_S = (0.5, 1.0, 2.0, 5.0)  # the pauses between asks of a manager that does not answer, the last repeated
 ENDED = frozenset({"DONE", "STOPPED", "ERROR"})
 _REPLACED_KEYS = frozenset({"searchspace", "searchspacefile", "trialcodedirectory"})  # normalised spellings
 
 OnProgress = Callable[[Progress], None]
-T = TypeVar("T")
 
 
 def create(spec: ExperimentSpec, client: ManagerClient, on_progress: OnProgress, wait_s: float) -> ManagedRun:
@@ -81,8 +79,8 @@ class ManagedRun:
         self.client = client
         self.experiment_id = experiment_id
         self.on_progress = on_progress
-        self.wait_s = wait_s
         self.progress: Progress | None = None
+        self._patiently = Patience(client.url, wait_s, f"experiment {experiment_id} goes on there", self._lost)
 
     def run(self) -> ExperimentResult:
         try:
@@ -94,38 +92,13 @@ class ManagedRun:
             raise
         return ExperimentResult(self.experiment_id, self._patiently(lambda: self.client.trials(self.experiment_id)))
 
-    def _patiently(self, request: Callable[[], T]) -> T:
-        """`request` (one safe to repeat) asked again while the manager does not answer, saying so once and
-        when it answers again; after `wait_s` without an answer, an error that says how to follow it again."""
-        give_up: float | None = None
-        pauses = iter(RETRY_S)
-        while True:
-            try:
-                answer = request()
-            except ManagerUnreachable as error:
-                now = time.monotonic()
-                if give_up is None:
-                    give_up = now + self.wait_s
-                    render.note(
-                        f"the manager at {self.client.url} does not answer ({error}); experiment"
-                        f" {self.experiment_id} goes on there: asking again for up to {self.wait_s:g} s"
-                    )
-                if now >= give_up:
-                    raise ManagerError(self._lost(error)) from None
-                time.sleep(min(next(pauses, RETRY_S[-1]), give_up - now))
-                continue
-            if give_up is not None:
-                render.note(f"the manager at {self.client.url} answers again")
-            return answer
-
-    def _lost(self, error: ManagerUnreachable) -> str:
-        """Why the command ends while the experiment may not have, and how to find it again."""
+    def _lost(self) -> str:
+        """The experiment may not have ended with this command: how to find it again."""
         follow = f"trialstream --manager {self.client.url}"
         return (
-            f"the manager at {self.client.url} has not answered for {self.wait_s:g} s ({error}); experiment"
-            f" {self.experiment_id} may still be running there: `{follow} events {self.experiment_id} --follow`"
-            f" follows it once the manager answers, `{follow} trials list -e {self.experiment_id}` shows its"
-            " trials (TRIALSTREAM_MANAGER_WAIT_S sets how long this command waits)"
+            f"experiment {self.experiment_id} may still be running there: `{follow} events {self.experiment_id}"
+            f" --follow` follows it once the manager answers, `{follow} trials list -e {self.experiment_id}` shows"
+            " its trials"
         )
 
     def _progress(self, state: ExperimentState) -> Progress:

@@ -1,7 +1,7 @@
-"""`trialstream --manager URL run` while the manager is away: a pause longer than uvicorn's keep-alive (5 s),
-after which it may reset the connection the CLI's poll waits on, and a restart, are ridden out; a manager gone
-for good ends the command within TRIALSTREAM_MANAGER_WAIT_S, saying the experiment may still run and how to
-follow it."""
+"""`trialstream --manager URL run` and `events --follow` while the manager is away: a pause longer than uvicorn's
+keep-alive (5 s), after which it may reset the connection the CLI's poll waits on, and a restart, are ridden out; a
+manager gone for good ends the command within TRIALSTREAM_MANAGER_WAIT_S, saying the experiment may still run and
+how to follow it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from simulators.waiting import wait_until
 from tests.cli.test_cli_manager import TRIAL, client_code
-from tests.conftest import REPO, Processes
+from tests.conftest import REPO, Processes, ServiceFactory, stream_entries
 from tests.support import web
 
 PAUSE_S = 7.0  # past uvicorn's timeout_keep_alive (5 s), which the manager does not expose
@@ -93,12 +93,8 @@ def test_run_follows_its_experiment_across_a_manager_restart(tmp_path: Path, pro
     config = client_code(tmp_path / "client", gated_trial(gate), maxTrialNumber=2, trialConcurrency=2)
     run, experiment_id = following_run(manager, config, tmp_path / "run.err")
     try:
-        processes.running[-1].kill()
-        processes.running[-1].wait()
-        noticed = f"the manager at {manager} does not answer"  # its polls refused meanwhile
-        wait_until(lambda: noticed in (tmp_path / "run.err").read_text(), 30, what="the command to notice")
-        processes.start("manager", "--port", manager.rsplit(":", 1)[1], "--no-token", env=env)
-        wait_until(lambda: answers(manager), 30, what="the new manager to answer")
+        kill_noticed(processes, manager, tmp_path / "run.err")
+        restart(processes, manager, env)
         gate.touch()
         out, _ = run.communicate(timeout=120)
     finally:
@@ -111,6 +107,21 @@ def test_run_follows_its_experiment_across_a_manager_restart(tmp_path: Path, pro
     assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
     assert "Traceback" not in err
     assert err.count(f"the manager at {manager} does not answer") == 1 and "answers again" in err, err
+
+
+def kill_noticed(processes: Processes, manager: str, stderr: Path) -> None:
+    """Kill the newest process (the manager at `manager`), then wait for the command writing `stderr` to say
+    that it does not answer."""
+    processes.running[-1].kill()
+    processes.running[-1].wait()
+    noticed = f"the manager at {manager} does not answer"
+    wait_until(lambda: noticed in stderr.read_text(), 30, what="the command to notice")
+
+
+def restart(processes: Processes, manager: str, env: dict[str, str] | None = None) -> None:
+    """A new manager on the port of `manager`, once it answers."""
+    processes.start("manager", "--port", manager.rsplit(":", 1)[1], "--no-token", env=env)
+    wait_until(lambda: answers(manager), 30, what="the new manager to answer")
 
 
 def answers(url: str) -> bool:
@@ -143,3 +154,87 @@ def test_run_gives_up_on_a_manager_gone_for_good(tmp_path: Path, processes: Proc
     assert last.startswith("trialstream: error: ") and "has not answered for 2 s" in last, err
     assert f"experiment {experiment_id} may still be running" in last
     assert f"trialstream --manager {manager} events {experiment_id} --follow" in last
+
+
+def following_events(
+    manager: str, experiment_id: str, directory: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """`events EXP --follow --json` through the manager, its stdout and stderr into files of `directory` (read
+    while it runs)."""
+    printed, stderr = directory / "followed.jsonl", directory / "follow.err"
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
+    follow = ("--manager", manager, "events", experiment_id, "--follow", "--json")
+    with printed.open("w") as out, stderr.open("w") as err:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", *follow],
+            cwd=REPO,
+            env={**clean, **(env or {})},
+            stdout=out,
+            stderr=err,
+        )
+    return follower, printed, stderr
+
+
+def printed_ids(printed: Path) -> list[str]:
+    """The ids of the entries printed so far (whole lines only)."""
+    lines = printed.read_text().splitlines(keepends=True)
+    return [json.loads(line)["id"] for line in lines if line.endswith("\n")]
+
+
+def test_events_follow_goes_on_from_its_last_event_across_a_manager_restart(
+    tmp_path: Path, processes: Processes, make_service: ServiceFactory
+) -> None:
+    """Events appended before, during and after the outage are each printed once, in log order: the follow
+    asks again from the last entry it got."""
+    service = make_service()
+    manager = processes.manager()
+    follower, printed, stderr = following_events(manager, service.experiment_id, tmp_path)
+
+    def printed_all() -> bool:
+        logged = [entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)]
+        return printed_ids(printed) == logged
+
+    try:
+        service.set_cluster_metadata("note", "before the outage")
+        wait_until(printed_all, 30, what="the history and a new event, followed")
+        kill_noticed(processes, manager, stderr)
+        service.set_cluster_metadata("note", "during the outage")
+        restart(processes, manager)
+        service.set_cluster_metadata("note", "after the outage")
+        wait_until(printed_all, 30, what="every event, followed once")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0, stderr.read_text()
+    finally:
+        follower.kill()
+    notes = [json.loads(line)["event"].get("value") for line in printed.read_text().splitlines()]
+    assert notes[-3:] == ["before the outage", "during the outage", "after the outage"]
+    err = stderr.read_text()
+    assert err.count(f"the manager at {manager} does not answer") == 1, err
+    assert err.count(f"the manager at {manager} answers again") == 1, err
+    assert "Traceback" not in err
+
+
+def test_events_follow_gives_up_on_a_manager_gone_for_good(
+    tmp_path: Path, processes: Processes, make_service: ServiceFactory
+) -> None:
+    service = make_service()
+    manager = processes.manager()
+    last = stream_entries(service.store.client, service.store.stream)[-1][0]
+    follower, printed, stderr = following_events(
+        manager, service.experiment_id, tmp_path, env={"TRIALSTREAM_MANAGER_WAIT_S": "2"}
+    )
+    try:
+        wait_until(lambda: last in printed_ids(printed), 30, what="the history, followed")
+        processes.running[-1].kill()
+        started = time.monotonic()
+        follower.wait(60)
+        waited = time.monotonic() - started
+    finally:
+        follower.kill()
+    err = stderr.read_text()
+    assert follower.returncode == 1, err
+    assert waited < 20, waited
+    assert "Traceback" not in err and f"the manager at {manager} does not answer" in err
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
+    assert f"trialstream --manager {manager} events {service.experiment_id} --follow --since {last}" in said

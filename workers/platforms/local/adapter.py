@@ -29,19 +29,19 @@ from core.platform import (
     TrialOutcome,
 )
 from core.settings import Settings
+from schemas.config import ExperimentConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
 from workers.platforms.local.config import LocalConfig
+from workers.platforms.local.gpus import gpu_problems, gpu_source, record
 from workers.platforms.local.keeper import Keeper, Keepers
 from workers.platforms.local.settings import LocalSettings
 from workers.platforms.local.wakeups import TrialWakeups
 from workers.platforms.shared.gpu import (
-    FakeGpuSource,
     GpuLedger,
     GpuPolicy,
     GpuRequestImpossible,
     cuda_visible_devices,
-    detect_gpu_source,
 )
 from workers.platforms.shared.trial_contract import (
     MetricFileReader,
@@ -75,8 +75,8 @@ class LocalPlatform:
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         own = settings.of(LocalSettings)
-        source = FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
-        self.ledger = GpuLedger(client, own.machine_id, source)
+        self._client, self._machine_id, self._gpus = client, own.machine_id, gpu_source(settings)
+        self.ledger = GpuLedger(client, own.machine_id, self._gpus)
         self.kill_grace_s = settings.kill_grace_s
         self.keepers = Keepers(own.kill_wait_s)
         self.wakeups = TrialWakeups()
@@ -85,6 +85,11 @@ class LocalPlatform:
     def check(cls, config: LocalConfig, code_directory: Path, settings: Settings) -> list[str]:
         """Nothing to reach: trials run on the workers' own machines."""
         return []
+
+    @classmethod
+    def config_problems(cls, config: LocalConfig, experiment: ExperimentConfig, settings: Settings) -> dict[str, str]:
+        """GPUs asked for that no machine a trial could run on has (see workers/platforms/local/gpus.py)."""
+        return gpu_problems(config, experiment, settings)
 
     def stage(self, experiment_id: str, launch: TrialLaunchSpec, config: LocalConfig) -> None:
         """Nothing to copy: trials run in the code directory itself, on the machine that has it."""
@@ -104,8 +109,10 @@ class LocalPlatform:
         """Nothing to remove: a local trial's files live in the experiment's own directory."""
 
     def warm_up(self) -> None:
-        """The zygote and the first trial's keeper, forked before a trial waits for them."""
+        """The zygote and the first trial's keeper, forked before a trial waits for them; this machine's GPUs
+        recorded for the checks of the experiments it may serve."""
         self.keepers.replenish()
+        record(self._client, self._machine_id, self._gpus)
 
     def close(self) -> None:
         self.keepers.close()

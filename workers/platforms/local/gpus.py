@@ -1,0 +1,103 @@
+"""The GPUs the local platform would schedule a trial on, counted before an experiment starts: a config asking for
+more GPUs than any of those machines has is refused then, naming the key, instead of failing every trial.
+
+Where a trial runs decides where they are counted: with no shared Redis (`trialstream run`'s embedded stack) its
+workers are this machine's, started with these settings, so this machine's GPUs are counted as they would count
+them; with a shared Redis they are the machines of the workers serving it, each of which records its GPUs in
+Redis when it starts (`record`)."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from core import keys
+from core.connections import connect
+from core.settings import Settings
+from schemas.config import ExperimentConfig
+from workers.platforms.local.config import LocalConfig
+from workers.platforms.local.settings import LocalSettings
+from workers.platforms.shared.gpu import FakeGpuSource, GpuQueryError, GpuSource, detect_gpu_source
+
+MACHINES = f"{keys.LOG_PREFIX}:gpu:local-machines"
+"""Hash: machine id -> the GPU indices its local workers found there (JSON), written by each worker as it starts."""
+
+NONE_FOUND = "no NVIDIA driver or nvidia-smi found"
+
+
+def gpu_source(settings: Settings) -> GpuSource:
+    """The GPUs of this machine as a local worker started with `settings` reads them."""
+    own = settings.of(LocalSettings)
+    return FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
+
+
+def record(client: redis.Redis, machine_id: str, source: GpuSource) -> None:
+    """This machine's GPUs, for the checks of experiments started elsewhere (none when its GPU tools fail: they
+    may work by the time a trial asks, so nothing is refused on their word)."""
+    try:
+        indices = [gpu.index for gpu in source.gpus()]
+    except GpuQueryError:
+        return
+    client.hset(MACHINES, machine_id, json.dumps(indices))
+
+
+def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Settings) -> dict[str, str]:
+    """What to change when no machine a trial could run on has the GPUs it asks for: key path -> why and the fix.
+    Nothing when the machines are not known yet (no worker has served the shared Redis): trials wait for one."""
+    wanted = experiment.trial_gpu_number or 0
+    if wanted == 0:
+        return {}
+    machines = _machines(settings)
+    if machines is None:
+        return {}
+    listed = config.gpu_indices
+    most = max(len([index for index in gpus if listed is None or index in listed]) for gpus in machines.values())
+    if most >= wanted:
+        return {}
+    asked = f"{wanted} GPU" + ("" if wanted == 1 else "s")
+    found = _found(machines, settings)
+    if listed is not None and max(len(gpus) for gpus in machines.values()) >= wanted:  # gpuIndices is in the way
+        return {
+            "trainingService.gpuIndices": f"{','.join(str(index) for index in listed)} leaves at most {most} of"
+            f" the GPUs found ({found}) for a trial asking for {asked} (trialGpuNumber): list GPUs that exist, or"
+            " lower trialGpuNumber"
+        }
+    return {
+        "trialGpuNumber": f"each trial asks for {asked}, but {found}: lower trialGpuNumber to {most}"
+        + (" (or remove it) to run trials without a GPU" if most == 0 else "")
+        + ", or run the trials where there are enough GPUs"
+    }
+
+
+def _machines(settings: Settings) -> dict[str, list[int]] | None:
+    """Each machine's GPU indices, None when unknown: this machine's where trials would run here, else those the
+    shared Redis's workers recorded."""
+    if settings.redis_url is None:
+        try:
+            return {"this machine": [gpu.index for gpu in gpu_source(settings).gpus()]}
+        except GpuQueryError:
+            return None
+    client = connect(settings.redis_url, options=settings.redis_options())
+    try:
+        recorded = client.hgetall(MACHINES)
+    finally:
+        client.close()
+    return {str(machine): list(json.loads(indices)) for machine, indices in recorded.items()} or None
+
+
+def _found(machines: dict[str, list[int]], settings: Settings) -> str:
+    """What was found, in words: this machine's GPUs, or those of the shared Redis's workers' machines."""
+    if settings.redis_url is None:
+        gpus = machines["this machine"]
+        return f"this machine has {_gpus(gpus)}" if gpus else f"this machine has no GPU ({NONE_FOUND})"
+    counts = sorted(len(gpus) for gpus in machines.values())
+    if len(counts) == 1:
+        return f"the machine of the local workers on this Redis has {_gpus(next(iter(machines.values())))}"
+    return f"the {len(counts)} machines of the local workers on this Redis have at most {counts[-1]} GPUs each"
+
+
+def _gpus(indices: list[int]) -> str:
+    if not indices:
+        return "no GPU"
+    return f"{len(indices)} GPU{'' if len(indices) == 1 else 's'} ({','.join(str(index) for index in indices)})"
