@@ -34,7 +34,9 @@ from schemas.events import (
     TrialStarted,
     TrialSubmitted,
     TunerNoMoreTrials,
+    now_ms,
 )
+from schemas.nni_rest import experiment_status
 from schemas.trial import HyperParameters, JobApplicationForm
 from tests.api.test_api import IMPORTER, write_trial
 from tests.api.test_api_smoke import experiment_config
@@ -255,3 +257,24 @@ def test_a_log_from_before_customized_trials_were_numbered_resumes_and_replays(s
     assert numbered == {waiting: 2}  # the one still waiting, numbered now; the one submitted then, not again
     assert [event.form.sequence_id for event in run.of(TrialSubmitted) if event.requested_by == ran] == [1]
     assert {trial["status"] for trial in trials} == {"SUCCEEDED"} and len(trials) == 4
+
+
+def test_a_customized_trial_numbered_before_the_deadline_runs_and_one_asked_after_is_refused(
+    served_run: Any,
+) -> None:
+    """maxExperimentDuration: no more tuner trials, as NNI; but a number given is a trial promised."""
+    run = served_run(trials=5, concurrency=1, maxExperimentDuration="3s")
+    run.wait_running(1)
+    assert run.host.add_customized_trial(run.experiment_id, {"x": 0.25}) == 1  # numbered, waits for the slot
+
+    def out_of_time() -> bool:
+        view = run.views.experiment()
+        return view is not None and experiment_status(view, 1, now_ms()) == "NO_MORE_TRIAL"
+
+    wait_until(out_of_time, 30, what="the experiment's duration to pass")
+    with pytest.raises(ExperimentNotRunning, match="maxExperimentDuration"):
+        run.host.add_customized_trial(run.experiment_id, {"x": 0.75})
+    trials = run.finish()
+    assert sorted(trial["sequenceId"] for trial in trials) == [0, 1]
+    (refused,) = run.of(CustomizedTrialRefused)
+    assert "maxExperimentDuration" in refused.reason
