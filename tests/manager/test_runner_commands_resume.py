@@ -145,10 +145,12 @@ def test_requests_a_killed_runner_never_read_or_numbered_and_never_submitted_run
     monkeypatch.setattr(host_module, "CUSTOMIZED_WAIT_S", 1.0)
     run = served_run(trials=5, concurrency=1)
     run.wait_running(1)  # sequence 0 holds the only slot
-    assert run.host.add_customized_trial(run.experiment_id, {"x": 0.25}) == 1  # numbered, not submitted: no slot
+    numbered_first = run.host.add_customized_trial(run.experiment_id, {"x": 0.25})
+    assert numbered_first.sequence_id == 1  # numbered, not submitted: no slot
 
     run.process.send_signal(signal.SIGSTOP)  # reads nothing more
-    assert run.host.add_customized_trial(run.experiment_id, {"x": 0.75}) is None  # nobody read it within the wait
+    unread = run.host.add_customized_trial(run.experiment_id, {"x": 0.75})
+    assert unread.sequence_id is None  # nobody read it within the wait: the answer names the request to look for
     assert len(run.of(CustomizedTrialRequested)) == 2 and len(run.of(CustomizedTrialNumbered)) == 1
     run.kill()
     run.resume()
@@ -156,7 +158,8 @@ def test_requests_a_killed_runner_never_read_or_numbered_and_never_submitted_run
     trials = run.finish()
 
     numbered = assert_numbers_kept(run, budget=5)
-    assert sorted(numbered.values()) == [1, 2]  # the unread one took the next number, after the one kept
+    assert sorted(numbered.values()) == [1, 2]
+    assert numbered[unread.request_id] == 2  # the unread one took the next number, after the one kept
     assert {trial["status"] for trial in trials} == {"SUCCEEDED"} and len(trials) == 5
     starts = Counter(event.trial_id for event in run.of(TrialStarted))
     assert set(starts.values()) == {1}  # each ran once
@@ -169,7 +172,7 @@ def test_requests_racing_the_tuner_for_the_last_places_never_overspend_or_share_
 
     def ask(x: float) -> None:
         try:
-            answers.append(cast(int, run.host.add_customized_trial(run.experiment_id, {"x": x})))
+            answers.append(cast(int, run.host.add_customized_trial(run.experiment_id, {"x": x}).sequence_id))
         except ExperimentNotRunning as refused:
             answers.append(str(refused))
 
@@ -265,7 +268,8 @@ def test_a_customized_trial_numbered_before_the_deadline_runs_and_one_asked_afte
     """maxExperimentDuration: no more tuner trials, as NNI; but a number given is a trial promised."""
     run = served_run(trials=5, concurrency=1, maxExperimentDuration="3s")
     run.wait_running(1)
-    assert run.host.add_customized_trial(run.experiment_id, {"x": 0.25}) == 1  # numbered, waits for the slot
+    before_deadline = run.host.add_customized_trial(run.experiment_id, {"x": 0.25})
+    assert before_deadline.sequence_id == 1  # numbered, waits for the slot
 
     def out_of_time() -> bool:
         view = run.views.experiment()
