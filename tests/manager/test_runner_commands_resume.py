@@ -29,10 +29,13 @@ from schemas.events import (
     CustomizedTrialRefused,
     CustomizedTrialRequested,
     Event,
+    ExperimentFinished,
     ExperimentResumed,
+    ExperimentStopRequested,
     ImportedTrial,
     TrialStarted,
     TrialSubmitted,
+    TunerDataImported,
     TunerNoMoreTrials,
     now_ms,
 )
@@ -211,25 +214,29 @@ def test_the_tuner_s_no_more_is_cleared_by_a_resume_and_set_again_by_the_new_tun
     assert len(trials) == 2
 
 
-def test_imported_data_reaches_each_tuner_once_across_a_kill(served_run: Any, tmp_path: Path) -> None:
-    (tmp_path / "algorithms").mkdir()
-    (tmp_path / "algorithms" / "importer.py").write_text(IMPORTER)
-    log = tmp_path / "imports.jsonl"
-    tuner = {
-        "codeDirectory": str(tmp_path / "algorithms"),
+def importer(directory: Path) -> dict[str, Any]:
+    """A tuner that writes a line when built and one for each import_data (tests/api/test_api.py's)."""
+    (directory / "algorithms").mkdir(exist_ok=True)
+    (directory / "algorithms" / "importer.py").write_text(IMPORTER)
+    log = str(directory / "imports.jsonl")
+    return {
+        "codeDirectory": str(directory / "algorithms"),
         "className": "importer.Importer",
-        "classArgs": {"log_file": str(log)},
+        "classArgs": {"log_file": log},
     }
-    run = served_run(trials=3, concurrency=1, tuner=tuner)
+
+
+def imports(directory: Path) -> list[Any]:
+    return [json.loads(line) for line in (directory / "imports.jsonl").read_text().splitlines()]
+
+
+def test_imported_data_reaches_each_tuner_once_across_a_kill(served_run: Any, tmp_path: Path) -> None:
+    run = served_run(trials=3, concurrency=1, tuner=importer(tmp_path))
     run.wait_running(1)
-
-    def lines() -> list[Any]:
-        return [json.loads(line) for line in log.read_text().splitlines()]
-
     first = [ImportedTrial(parameter={"x": 0.1}, value=0.3)]
     run.host.import_data(run.experiment_id, first)
     given = [record.model_dump() for record in first]
-    wait_until(lambda: lines() == [["start"], ["import", given]], 30, what="the first import")
+    wait_until(lambda: imports(tmp_path) == [["start"], ["import", given]], 30, what="the first import")
     run.process.send_signal(signal.SIGSTOP)
     second = [ImportedTrial(parameter={"x": 0.2}, value=0.4)]
     run.host.import_data(run.experiment_id, second)  # logged while the runner's claim stands; it never reads it
@@ -237,7 +244,7 @@ def test_imported_data_reaches_each_tuner_once_across_a_kill(served_run: Any, tm
     run.resume()
     run.finish()
     again = [record.model_dump() for record in second]
-    assert lines() == [["start"], ["import", given], ["start"], ["import", given], ["import", again]]
+    assert imports(tmp_path) == [["start"], ["import", given], ["start"], ["import", given], ["import", again]]
 
 
 def test_a_log_from_before_customized_trials_were_numbered_resumes_and_replays(served_run: Any) -> None:
@@ -282,3 +289,21 @@ def test_a_customized_trial_numbered_before_the_deadline_runs_and_one_asked_afte
     assert sorted(trial["sequenceId"] for trial in trials) == [0, 1]
     (refused,) = run.of(CustomizedTrialRefused)
     assert "maxExperimentDuration" in refused.reason
+
+
+def test_data_imported_as_the_runner_stops_reaches_the_resumed_tuner_once(served_run: Any, tmp_path: Path) -> None:
+    """The host checked the experiment RUNNING and its claim held, then the runner recorded STOPPED before the import
+    was appended: no tuner has it yet, and the next one gets it once, after what was imported before."""
+    run = served_run(trials=3, concurrency=1, tuner=importer(tmp_path))
+    run.wait_running(1)
+    before = [ImportedTrial(parameter={"x": 0.1}, value=0.3)]
+    run.host.import_data(run.experiment_id, before)
+    run.store.append(ExperimentStopRequested(experiment_id=run.experiment_id, reason="enough"))
+    wait_until(lambda: run.of(ExperimentFinished), 30, what="the runner to record the stop")
+    late = [ImportedTrial(parameter={"x": 0.2}, value=0.4)]
+    run.store.append(TunerDataImported(experiment_id=run.experiment_id, data=late))  # as the host appends it
+    run.process.communicate(timeout=30)
+    run.resume()
+    run.finish()
+    given, again = ([record.model_dump() for record in data] for data in (before, late))
+    assert imports(tmp_path) == [["start"], ["import", given], ["start"], ["import", given], ["import", again]]
