@@ -32,6 +32,7 @@ from manager.projector import Projector
 from manager.runner import ClaimLost, Detached, ExperimentRunner, RunnerError
 from manager.search_space import check_depth, check_parameter_names
 from manager.training_service import TrainingService
+from schemas.api import CustomizedTrialAnswer
 from schemas.config import platform_names
 from schemas.events import (
     CustomizedTrialNumbered,
@@ -241,13 +242,14 @@ class ManagerHost:
         self.service(experiment_id).cancel_trial_job(trial_id, is_early_stopped=early_stopped)
         self._shown(experiment_id)
 
-    def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> int | None:
+    def add_customized_trial(self, experiment_id: str, parameters: dict[str, Any]) -> CustomizedTrialAnswer:
         """Queue a trial with these parameters; its sequence id, which the experiment's runner gives it as soon
         as it reads the request (CustomizedTrialNumbered), as NNI's manager answers at once, whether a slot is
-        free or not. Refused (ExperimentNotRunning) when the runner refuses it: maxTrialNumber spoken for, or
-        the experiment stopping. None only if the runner has not read it within CUSTOMIZED_WAIT_S: it numbers
-        and runs it all the same. Parameters nested past MAX_DEPTH are refused (NestedTooDeep): the event
-        that holds them must read back."""
+        free or not, and the request's id in the log. Refused (ExperimentNotRunning) when the runner refuses it:
+        maxTrialNumber spoken for, maxExperimentDuration passed, or the experiment stopping. The sequence id is
+        None only if no runner read the request within CUSTOMIZED_WAIT_S (its runner died, say): the next runner
+        (`resume`) numbers or refuses it, and the log has that answer after the request, under its id.
+        Parameters nested past MAX_DEPTH are refused (NestedTooDeep): the event that holds them must read back."""
         check_depth(parameters, "parameters", "a trial's parameters")
         self._running(experiment_id)
         if not self.client.exists(keys.runner(experiment_id)):
@@ -263,10 +265,10 @@ class ManagerHost:
                         case CustomizedTrialNumbered(request_id=answered, sequence_id=sequence_id) if (
                             answered == request
                         ):
-                            return sequence_id
+                            return CustomizedTrialAnswer(sequence_id=sequence_id, request_id=request)
                         case CustomizedTrialRefused(request_id=answered, reason=reason) if answered == request:
                             raise ExperimentNotRunning(reason)
-            return None
+            return CustomizedTrialAnswer(sequence_id=None, request_id=request)
         finally:
             self._shown(experiment_id)
 

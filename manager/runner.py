@@ -315,11 +315,14 @@ class ExperimentRunner:
                 if tuner.error is not None:
                     return self._tuner_failed(tuner.error)
                 deadline = self.config.max_experiment_duration  # an ExperimentUpdated may change it
-                # Out of time, as NNI: no more trials; those running end as they would, then the experiment is DONE.
-                out_of_time = deadline is not None and time.monotonic() - started >= deadline
-                if not out_of_time:
+                # Out of time, as NNI: no more trials of the tuner's; those running end as they would, then the
+                # experiment is DONE. A customized trial numbered before then was promised: it still runs.
+                out_of_time = self._out_of_time()
+                if out_of_time:
+                    self._submit_ready(tuner_trials=False)
+                else:
                     self._refill()
-                if not self._active and (out_of_time or self._search_over()):
+                if not self._active and not self._customized and (out_of_time or self._search_over()):
                     if tuner.error is not None:  # it failed on the last trial's end
                         return self._tuner_failed(tuner.error)
                     if (result := self._finish_done()) is not None:
@@ -343,6 +346,11 @@ class ExperimentRunner:
             tuner.close()
             stop_nni_logging(self.experiment_dir / "log" / "dispatcher.log")
             self._claim.release()
+
+    def _out_of_time(self) -> bool:
+        """Past maxExperimentDuration (which an ExperimentUpdated may change), counting what earlier runs ran."""
+        deadline = self.config.max_experiment_duration
+        return deadline is not None and self.progress.elapsed_s >= deadline
 
     def _take_claim(self, wait_s: float) -> None:
         """Become the experiment's only runner, or say who runs it."""
@@ -486,17 +494,22 @@ class ExperimentRunner:
     def _number_customized(self) -> None:
         """Give each customized trial not numbered yet its sequence id now, as NNI's manager does when it accepts
         one (the API answers with it), or refuse it when maxTrialNumber is spoken for: the runner alone gives
-        numbers, in log order, so two requests never take the same one, nor both the last place."""
+        numbers, in log order, so two requests never take the same one, nor both the last place. Past
+        maxExperimentDuration it refuses too: no trial starts then but those numbered before."""
         budget = self.config.max_trial_number
         for waiting in [waiting for waiting in self._customized.values() if waiting.sequence_id is None]:
             self._keep_claim()
-            if self._stop_requested is not None or (budget is not None and self._next_sequence_id >= budget):
+            if self._stop_requested is not None:
+                reason = f"experiment {self.experiment_id} is stopping"
+            elif budget is not None and self._next_sequence_id >= budget:
+                reason = f"experiment {self.experiment_id} has used its maxTrialNumber ({budget})"
+            elif self._out_of_time():
+                duration = self.config.max_experiment_duration
+                reason = f"experiment {self.experiment_id} has run its maxExperimentDuration ({duration:g} s)"
+            else:
+                reason = None
+            if reason is not None:
                 del self._customized[waiting.request_id]
-                reason = (
-                    f"experiment {self.experiment_id} is stopping"
-                    if self._stop_requested is not None
-                    else f"experiment {self.experiment_id} has used its maxTrialNumber ({budget})"
-                )
                 refused = CustomizedTrialRefused(
                     experiment_id=self.experiment_id, request_id=waiting.request_id, reason=reason
                 )
@@ -586,9 +599,10 @@ class ExperimentRunner:
             self._take_outputs()
             self._submit_ready()
 
-    def _submit_ready(self) -> None:
+    def _submit_ready(self, tuner_trials: bool = True) -> None:
         """Customized trials first (the user is waiting for them; each has its number, within maxTrialNumber),
-        then the tuner's, each numbered as it is submitted while maxTrialNumber allows."""
+        then the tuner's (unless told not to: out of time), each numbered as it is submitted while maxTrialNumber
+        allows."""
         budget = self.config.max_trial_number
         while len(self._active) < self.config.trial_concurrency:
             if self._customized:
@@ -596,7 +610,7 @@ class ExperimentRunner:
                 assert waiting.sequence_id is not None, "numbered as it was read"
                 new = NewTrial(None, waiting.parameters, source="customized")
                 self._submit(new, waiting.sequence_id, requested_by=waiting.request_id)
-            elif self._ready and (budget is None or self._next_sequence_id < budget):
+            elif tuner_trials and self._ready and (budget is None or self._next_sequence_id < budget):
                 self._submit(self._ready.popleft(), self._next_sequence_id)
             else:
                 return

@@ -72,8 +72,12 @@ class CustomizedTrial(BaseModel):
 
 class CustomizedTrialAnswer(CamelModel):
     sequence_id: int | None = Field(
-        description="given at once, as NNI does, free slot or not; None only if the runner has not read the "
-        "request within the wait (it numbers and runs it all the same)"
+        description="given at once, as NNI does, free slot or not; None only if no runner read the request within "
+        "the wait (its runner died, say): the next runner numbers or refuses it (see requestId)"
+    )
+    request_id: str = Field(
+        description="the request's id in the experiment's log: its answer, a CustomizedTrialNumbered or "
+        "CustomizedTrialRefused with this requestId, follows it there (`GET .../events?after=<requestId>`)"
     )
 
 

@@ -275,7 +275,7 @@ def list_trials(
 @router.post("/experiments/{experiment_id}/trials", response_model=CustomizedTrialAnswer, status_code=201)
 def add_trial(experiment_id: Experiment, trial: CustomizedTrial, host: Host) -> CustomizedTrialAnswer:
     """A customized trial: these parameters, numbered at once, run by the experiment's runner in the next free slot."""
-    return CustomizedTrialAnswer(sequence_id=host.add_customized_trial(experiment_id, trial.parameters))
+    return host.add_customized_trial(experiment_id, trial.parameters)
 
 
 @router.get("/experiments/{experiment_id}/trials/{trial_id}", response_model=TrialJobDetail)

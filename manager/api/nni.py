@@ -335,7 +335,7 @@ def trial_job(experiment_id: NniExperiment, trial_job_id: str, host: Host) -> Re
 def add_trial_job(experiment_id: NniExperiment, host: Host, parameters: dict[str, Any]) -> Response:
     """A customized trial with these parameters; its sequence id at once, as NNI answers, free slot or not."""
     try:
-        sequence_id = host.add_customized_trial(experiment_id, parameters)
+        sequence_id = host.add_customized_trial(experiment_id, parameters).sequence_id
     except NestedTooDeep as invalid:
         return _error(str(invalid), 400)
     except (ExperimentNotRunning, RunnerError) as refused:

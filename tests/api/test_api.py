@@ -746,7 +746,10 @@ def test_a_customized_trial_is_numbered_at_once_and_keeps_its_number_when_it_run
     nni = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 0.25})
     assert (nni.status_code, nni.json()) == (200, {"sequenceId": 1}), nni.text
     native = api.http.post(f"/experiments/{experiment_id}/trials", json={"parameters": {"x": 0.5}})
-    assert (native.status_code, native.json()) == (201, {"sequenceId": 2}), native.text
+    assert (native.status_code, native.json()["sequenceId"]) == (201, 2), native.text
+    request = native.json()["requestId"]  # the request's place in the log, its answer after it
+    answered = [item["event"] for item in api.events(experiment_id) if item["event"].get("requestId") == request]
+    assert answered == [{**answered[0], "type": "CustomizedTrialNumbered", "sequenceId": 2}], answered
     last = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 0.75})
     assert (last.status_code, last.json()) == (200, {"sequenceId": 3}), last.text
     over = api.http.post(api.nni(experiment_id, "/trial-jobs"), json={"x": 1.0})
