@@ -85,6 +85,9 @@ class Settings(EnvironmentSettings):
     )
     redis_replica_timeout_s: float = Field(default=1.0, gt=0, description="how long an append waits for its replicas")
     trial_lease_s: float = Field(default=10.0, gt=0, description="a silent worker loses its attempts after this")
+    runner_lease_s: float = Field(
+        default=5.0, gt=0, description="an experiment's runner that stalls past this lets a `resume` take it over"
+    )
     redis_retry_s: float = Field(default=60.0, ge=0, description="how long a command retries while Redis is away")
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL, when a trial is stopped")
     served_wait_s: float = Field(

@@ -33,7 +33,7 @@ from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatch
 from manager.experiments import create_experiment, finish_experiment, move_legacy_secrets
 from manager.preflight import platform_problems
 from manager.projection import apply_to_trial, metric_record
-from manager.runner_claim import RUNNER_LEASE_S, RUNNER_RENEW_S, RunnerClaim
+from manager.runner_claim import RunnerClaim
 from manager.training_service import TrainingService
 from manager.transfer import end_imported_trials
 from manager.tuner_thread import TunerThread
@@ -192,7 +192,7 @@ class ExperimentRunner:
         self._reaped_at = 0.0
         self._unclaimed: set[str] = set()
         self._name = f"runner:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._claim = RunnerClaim(client, experiment_id, self._name)
+        self._claim = RunnerClaim(client, experiment_id, self._name, self.settings.runner_lease_s)
         self._replaying = False
         self._stop_requested: str | None = None  # why, once a stop was asked for after this runner started
         self._customized: dict[str, _Customized] = {}  # by request id, in the order asked
@@ -280,7 +280,7 @@ class ExperimentRunner:
             elapsed_s,
             settings,
         )
-        runner._take_claim(wait_s=RUNNER_LEASE_S + 1)  # a crashed runner's claim lapses within its lease
+        runner._take_claim(wait_s=runner._claim.lease_s + 1)  # a crashed runner's claim lapses within its lease
         if changes is not None:
             service.store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
         if experiment.imported:
@@ -364,7 +364,7 @@ class ExperimentRunner:
             now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
             raise ClaimLost(
                 f"this runner of experiment {self.experiment_id} lost its claim (it stalled past its "
-                f"{RUNNER_LEASE_S:g} s lease) and stopped, submitting nothing more; {now}"
+                f"{self._claim.lease_s:g} s lease) and stopped, submitting nothing more; {now}"
             )
 
     def _start_tuner(self, replay: list[LogEntry]) -> None:
@@ -409,7 +409,7 @@ class ExperimentRunner:
         for request in requests:
             self._tuner.call("request_trials", request.count)
         if replay:
-            while not self._tuner.wait(RUNNER_RENEW_S):  # a long replay must not lose the claim
+            while not self._tuner.wait(self._claim.renew_s):  # a long replay must not lose the claim
                 self._keep_claim()
             ran = set(self._parameter_ids.values())
             for output in self._tuner.outputs():

@@ -10,8 +10,7 @@ import redis
 
 from core import keys
 
-RUNNER_LEASE_S = 5.0
-RUNNER_RENEW_S = 1.0
+RUNNER_RENEW_S = 1.0  # at most: a fifth of a shorter lease
 
 # The claim is fenced by an epoch counted up by every runner that takes it. KEYS: claim, epoch.
 _CLAIM = """
@@ -37,12 +36,15 @@ return 0
 
 
 class RunnerClaim:
-    """One runner's hold on one experiment: taken, renewed once a second while it is still this runner's, let go."""
+    """One runner's hold on one experiment for `lease_s` (`Settings.runner_lease_s`): taken, renewed once a second
+    (a fifth of a shorter lease) while it is still this runner's, let go."""
 
-    def __init__(self, client: redis.Redis, experiment_id: str, name: str) -> None:
+    def __init__(self, client: redis.Redis, experiment_id: str, name: str, lease_s: float) -> None:
         self._client = client
         self._keys = [keys.runner(experiment_id), keys.runner_epoch(experiment_id)]
         self.name = name
+        self.lease_s = lease_s
+        self.renew_s = min(RUNNER_RENEW_S, lease_s / 5)
         self._take = client.register_script(_CLAIM)
         self._renew_if_mine = client.register_script(_RENEW_IF_MINE)
         self._release_if_mine = client.register_script(_RELEASE_IF_MINE)
@@ -52,7 +54,7 @@ class RunnerClaim:
     def take(self, wait_s: float) -> bool:
         """Take the claim, waiting up to `wait_s` for another runner's to lapse; False if it did not."""
         give_up = time.monotonic() + wait_s
-        lease_ms = int(RUNNER_LEASE_S * 1000)
+        lease_ms = int(self.lease_s * 1000)
         while not (taken := int(self._take(keys=self._keys, args=[self.name, lease_ms]))):
             if time.monotonic() >= give_up:
                 return False
@@ -62,11 +64,11 @@ class RunnerClaim:
         return True
 
     def keep(self) -> bool:
-        """Renew the claim, once a second (not once per wake-up: a write is an fsync away), and only while it is
+        """Renew the claim, every `renew_s` (not once per wake-up: a write is an fsync away), and only while it is
         still this runner's; False once it is not (a runner that lost it must submit nothing more)."""
-        if time.monotonic() - self._renewed_at < RUNNER_RENEW_S:
+        if time.monotonic() - self._renewed_at < self.renew_s:
             return True
-        if not self._renew_if_mine(keys=self._keys, args=[self.name, int(RUNNER_LEASE_S * 1000), self._epoch]):
+        if not self._renew_if_mine(keys=self._keys, args=[self.name, int(self.lease_s * 1000), self._epoch]):
             return False
         self._renewed_at = time.monotonic()
         return True

@@ -47,10 +47,14 @@ def write_config(directory: Path, **overrides: object) -> None:
 
 
 def trialstream(redis_url: str, *args: str) -> subprocess.Popen[str]:
+    """The CLI on `redis_url`; its runner's claim lapses 3 s after it dies (5 by default), for the resume after it."""
     return subprocess.Popen(
         [sys.executable, "-m", "manager.cli", "--redis", redis_url, *args],
         cwd=REPO,
-        env={key: value for key, value in os.environ.items() if key != "TRIALSTREAM_REDIS_URL"},
+        env={
+            **{key: value for key, value in os.environ.items() if key != "TRIALSTREAM_REDIS_URL"},
+            "TRIALSTREAM_RUNNER_LEASE_S": "3",
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,6 +115,7 @@ def test_resume_after_an_embedded_run_was_killed(tmp_path: Path) -> None:
         **{key: value for key, value in os.environ.items() if key != "TRIALSTREAM_REDIS_URL"},
         "TRIALSTREAM_EXPERIMENTS_DIR": str(root),
         "TRIALSTREAM_TRIAL_LEASE_S": "1",
+        "TRIALSTREAM_RUNNER_LEASE_S": "3",
     }
 
     def cli(*args: str) -> subprocess.Popen[str]:
