@@ -285,6 +285,15 @@ def test_errors_through_the_manager_are_one_line(tmp_path: Path, processes: Proc
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
 
 
+def running_experiment(manager: str) -> str | None:
+    """The id of an experiment of the manager at `manager` with a RUNNING trial, as its API lists them."""
+    for state in web.get(f"{manager}/api/v1/experiments").json():
+        page = web.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
+        if any(trial["status"] == "RUNNING" for trial in page["items"]):
+            return str(state["id"])
+    return None
+
+
 def test_resume_through_the_manager_continues_a_stopped_experiment(
     tmp_path: Path, processes: Processes, manager: str
 ) -> None:
@@ -303,15 +312,7 @@ def test_resume_through_the_manager_continues_a_stopped_experiment(
         text=True,
     )
     try:
-
-        def running() -> str | None:
-            for state in web.get(f"{manager}/api/v1/experiments").json():
-                page = web.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
-                if any(trial["status"] == "RUNNING" for trial in page["items"]):
-                    return str(state["id"])
-            return None
-
-        experiment_id = wait_until(running, 60, what="the first trial to run")
+        experiment_id = wait_until(lambda: running_experiment(manager), 60, what="the first trial to run")
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=60)
     finally:

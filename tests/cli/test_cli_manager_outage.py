@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from simulators.waiting import wait_until
-from tests.cli.test_cli_manager import TRIAL, client_code
+from tests.cli.test_cli_manager import TRIAL, client_code, running_experiment
 from tests.conftest import REPO, Processes, ServiceFactory, stream_entries
 from tests.support import web
 
@@ -46,14 +46,7 @@ def following_run(
             text=True,
         )
 
-    def running() -> str | None:
-        for state in web.get(f"{manager}/api/v1/experiments").json():
-            page = web.get(f"{manager}/api/v1/experiments/{state['id']}/trials").json()
-            if any(trial["status"] == "RUNNING" for trial in page["items"]):
-                return str(state["id"])
-        return None
-
-    return run, wait_until(running, 60, what="a trial to run")
+    return run, wait_until(lambda: running_experiment(manager), 60, what="a trial to run")
 
 
 def test_run_rides_out_a_manager_paused_past_its_keep_alive(tmp_path: Path, processes: Processes) -> None:
@@ -73,12 +66,7 @@ def test_run_rides_out_a_manager_paused_past_its_keep_alive(tmp_path: Path, proc
         server.send_signal(signal.SIGCONT)
         gate.touch()
         run.kill()
-    err = (tmp_path / "run.err").read_text()
-    assert run.returncode == 0, err + processes.logs()
-    result = json.loads(out)
-    assert result["experimentId"] == experiment_id
-    assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
-    assert "Traceback" not in err
+    err = followed_to_its_end(run, out, experiment_id, tmp_path / "run.err", processes)
     if "does not answer" in err:  # the reset is a race the manager's wake-up does not always lose: see below
         assert err.count("does not answer") == 1 and "answers again" in err, err
 
@@ -100,13 +88,21 @@ def test_run_follows_its_experiment_across_a_manager_restart(tmp_path: Path, pro
     finally:
         gate.touch()
         run.kill()
-    err = (tmp_path / "run.err").read_text()
+    err = followed_to_its_end(run, out, experiment_id, tmp_path / "run.err", processes)
+    assert err.count(f"the manager at {manager} does not answer") == 1 and "answers again" in err, err
+
+
+def followed_to_its_end(
+    run: subprocess.Popen[str], out: str, experiment_id: str, stderr: Path, processes: Processes
+) -> str:
+    """The command's stderr, once it has exited 0 with its experiment's two trials SUCCEEDED and no traceback."""
+    err = stderr.read_text()
     assert run.returncode == 0, err + processes.logs()
     result = json.loads(out)
     assert result["experimentId"] == experiment_id
     assert [trial["status"] for trial in result["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
     assert "Traceback" not in err
-    assert err.count(f"the manager at {manager} does not answer") == 1 and "answers again" in err, err
+    return err
 
 
 def kill_noticed(processes: Processes, manager: str, stderr: Path) -> None:

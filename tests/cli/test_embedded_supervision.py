@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from core.settings import Settings
 from manager import stack
 from manager.stack import QUICK_EXITS, ServiceProcesses, StackError
-from tests.cli.test_interrupt import environment, processes_of, running_trials
+from tests.cli.test_interrupt import embedded_run, environment, processes_of, running_trials
 from tests.conftest import REPO, wait_until
 from tests.support.configs import write_local_config
 
@@ -48,27 +46,6 @@ def children(pid: int) -> list[tuple[int, str, str]]:
 
 def workers_of(pid: int) -> list[int]:
     return [child for child, state, cmdline in children(pid) if state != "Z" and " -m workers " in cmdline]
-
-
-@contextmanager
-def embedded_run(tmp_path: Path, config: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """`trialstream run CONFIG --json` in a session of its own, its output in run.out and run.err; killed with
-    everything it started if a test leaves it running."""
-    with (tmp_path / "run.out").open("w") as out, (tmp_path / "run.err").open("w") as err:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-        )
-    try:
-        yield run
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
 
 
 def ended_cleanly(run: subprocess.Popen[bytes], tmp_path: Path) -> str:

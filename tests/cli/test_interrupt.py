@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,27 @@ def processes_of(tmp_path: Path) -> list[str]:
     return found
 
 
+@contextmanager
+def embedded_run(tmp_path: Path, config: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """`trialstream run CONFIG --json` in a session of its own, its output in run.out and run.err; killed with
+    everything it started if a test leaves it running."""
+    with (tmp_path / "run.out").open("w") as out, (tmp_path / "run.err").open("w") as err:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+        )
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
 @pytest.mark.parametrize(
     ("signum", "to_group", "status"),
     [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],
@@ -83,26 +106,13 @@ def test_an_interrupted_embedded_run_stops_cleanly_and_resumes(
     config = write_local_config(tmp_path, SLEEPS_WHILE_MARKED, trialConcurrency=2, maxTrialNumber=3)
     env = environment(tmp_path)
     (tmp_path / "marker").touch()
-    with (tmp_path / "run.out").open("w") as out, (tmp_path / "run.err").open("w") as err:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "manager.cli", "run", str(config), "--json"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,  # its own process group, as a terminal's foreground job
-        )
-    try:
+    with embedded_run(tmp_path, config, env) as run:
         wait_until(lambda: running_trials(tmp_path / "experiments"), 60, 0.2, what="two trials RUNNING")
         if to_group:
             os.killpg(run.pid, signum)
         else:
             os.kill(run.pid, signum)
         assert run.wait(60) == status, (tmp_path / "run.err").read_text()
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
     stderr = (tmp_path / "run.err").read_text()
     assert "Traceback" not in stderr, stderr
     assert "trialstream resume" in stderr, stderr
