@@ -7,9 +7,10 @@ is the same whichever way the data comes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from core.assignments import load_assignment
 from core.connections import connect
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # httpx and the client load only for --manager
     from manager.api_client import ManagerClient
 
 _LAST_SEQUENCE = 2**64 - 1
+T = TypeVar("T")
 
 
 class ExperimentAccess(Protocol):
@@ -66,11 +68,12 @@ class ExperimentAccess(Protocol):
 
 
 @contextmanager
-def opened(settings: Settings, experiment_id: str | None) -> Iterator[ExperimentAccess]:
-    """The experiment (the newest one without an id), from the manager if one is given, else Redis."""
+def opened(settings: Settings, experiment_id: str | None, *, following: bool = False) -> Iterator[ExperimentAccess]:
+    """The experiment (the newest one without an id), from the manager if one is given, else Redis. `following`:
+    the command goes on to follow it (`events --follow`), so what it reads of a manager before that rides out an
+    outage as following does."""
     if settings.manager_url is not None:
-        client = manager_client(settings)
-        yield ManagerExperiment(client, client.resolve(experiment_id), settings.manager_wait_s)
+        yield ManagerExperiment(manager_client(settings), experiment_id, settings.manager_wait_s, following)
         return
     with opened_experiment(settings, experiment_id) as (service, _):
         redis_experiment = RedisExperiment(service, settings)
@@ -177,12 +180,32 @@ class RedisExperiment:
 
 
 class ManagerExperiment:
-    """The experiment as a manager's API shows it."""
+    """The experiment as a manager's API shows it (the newest one without an id).
 
-    def __init__(self, client: ManagerClient, experiment_id: str, wait_s: float) -> None:
+    The experiment goes on there whether or not the manager answers this command, so a command that follows it
+    asks a manager that does not answer again, for up to `wait_s` seconds: `follow` always, and, when
+    `following`, the reads before it too (the experiment, its trial, the log's head and history), which are
+    all safe to repeat. Other commands read once and fail at once."""
+
+    def __init__(self, client: ManagerClient, experiment_id: str | None, wait_s: float, following: bool) -> None:
+        from manager.cli.patience import Patience
+
         self.client = client
-        self.experiment_id = experiment_id
-        self.wait_s = wait_s  # how long `follow` asks again a manager that does not answer
+        self._following = following
+        self._followed: str | None = None  # the last entry `follow` read: where a new follow goes on
+        self._patience = Patience(client.url, wait_s, "this command goes on where it left off once it does", self._lost)
+        self.experiment_id = self._read(partial(client.resolve, experiment_id))
+
+    def _read(self, request: Callable[[], T]) -> T:
+        return self._patience(request) if self._following else request()
+
+    def _lost(self) -> str:
+        """How to go on from what this command printed."""
+        after = self._followed
+        if after is None:  # not following yet: the history is printed once all of it is read
+            return "no event was printed yet: the same command prints them once the manager answers"
+        follow = f"trialstream --manager {self.client.url} events {self.experiment_id} --follow --since {after}"
+        return f"the last event of experiment {self.experiment_id} this command read is {after}: `{follow}` goes on"
 
     def config(self) -> dict[str, Any]:
         return self.client.experiment(self.experiment_id).config
@@ -191,7 +214,7 @@ class ManagerExperiment:
         return self.client.trials(self.experiment_id)
 
     def trial(self, trial_id: str) -> TrialJobDetail:
-        return self.client.trial(self.experiment_id, trial_id)
+        return self._read(partial(self.client.trial, self.experiment_id, trial_id))
 
     def metrics(self, trial_id: str) -> list[MetricRecord]:
         return self.client.metrics(self.experiment_id, trial_id)
@@ -200,14 +223,14 @@ class ManagerExperiment:
         return self.client.cancel(self.experiment_id, trial_id)
 
     def head(self) -> str:
-        return self.client.head(self.experiment_id)
+        return self._read(partial(self.client.head, self.experiment_id))
 
     def log(
         self, since: str = "-", until: str = "+", trial: str | None = None, types: set[str] | None = None
     ) -> Iterator[LogEntry]:
         last = None if until == "+" else _position(until, end=True)
         after = "0-0" if since == "-" else _just_before(_position(since, end=False))
-        while page := self.client.events(self.experiment_id, after):
+        while page := self._read(partial(self.client.events, self.experiment_id, after)):  # again from `after`
             for entry in page:
                 if last is not None and stream_position(entry.id) > last:
                     return
@@ -220,22 +243,16 @@ class ManagerExperiment:
         stopped, restarted, or the connection dropped), so that no entry is given twice or left out; a manager
         that does not answer is asked again for up to `wait_s` seconds."""
         from manager.api_client import ManagerUnreachable
-        from manager.cli.patience import Patience
 
-        def lost() -> str:
-            follow = f"trialstream --manager {self.client.url} events {self.experiment_id} --follow --since {after}"
-            return f"the last event of experiment {self.experiment_id} this command read is {after}: `{follow}` goes on"
-
-        going_on = f"the events of experiment {self.experiment_id} follow on from the last one read once it does"
-        patience = Patience(self.client.url, self.wait_s, going_on, lost)
+        self._followed = after
         while True:
             try:
-                for entry in self.client.follow(self.experiment_id, after, patience.answered):
-                    after = entry.id
+                for entry in self.client.follow(self.experiment_id, self._followed, self._patience.answered):
+                    self._followed = entry.id
                     if _wanted(entry, trial, types):
                         yield entry
             except ManagerUnreachable as error:
-                patience.failed(error)
+                self._patience.failed(error)
 
     def output(self, trial: TrialJobDetail, attempt: int, stream: OutputStream, offset: int) -> bytes:
         """The manager reads the trial's latest started attempt, as `trials logs` follows it."""

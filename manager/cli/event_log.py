@@ -79,7 +79,7 @@ def _events(args: argparse.Namespace, settings: Settings) -> int:
     until = parse_position(args.until, end=True) if args.until else "+"
     if args.follow and args.until:
         raise InvalidPosition("--follow prints events as they come, so it takes no --until")
-    with opened(settings, args.experiment) as experiment:
+    with opened(settings, args.experiment, following=args.follow) as experiment:
         if args.trial is not None:
             experiment.trial(args.trial)  # an unknown trial is an error, not an empty list
         if args.follow:

@@ -208,8 +208,9 @@ class _Run(Protocol):
 def _drive(make_runner: Callable[[Callable[[Progress], None]], _Run]) -> ExperimentResult:
     """Run to the end with live progress; an interrupt stops the experiment cleanly (the runner's own
     unwinding) before it reaches `main`, which exits 130 or 143."""
+    live = Live(console=render.err, refresh_per_second=8, transient=False)
     try:
-        with Live(console=render.err, refresh_per_second=8, transient=False) as live:
+        with live:
             runner = make_runner(lambda progress: live.update(render.progress_table(progress)))
             try:
                 with interrupts.announced(_STOPPING.format(id=runner.experiment_id)):
@@ -217,8 +218,10 @@ def _drive(make_runner: Callable[[Callable[[Progress], None]], _Run]) -> Experim
             except KeyboardInterrupt as stop:
                 raise interrupts.explained(stop, _INTERRUPTED.format(id=runner.experiment_id)) from None
     finally:
-        if not render.err.is_terminal:  # rich ends its last frame with a newline on a terminal only: an error
-            render.err.line()  # or note after it would follow on the table's last line in a log file
+        # Rich ends its last frame with a newline on a terminal only: elsewhere an error or note after it would
+        # follow on the table's last line. No progress yet, no frame (get_renderable is ""): no line to end.
+        if live.get_renderable() and not render.err.is_terminal:
+            render.err.line()
 
 
 def _print_result(result: ExperimentResult, as_json: bool) -> None:

@@ -285,6 +285,16 @@ def test_errors_through_the_manager_are_one_line(tmp_path: Path, processes: Proc
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
 
 
+def test_a_run_that_fails_before_its_first_progress_prints_the_error_alone(tmp_path: Path) -> None:
+    """No manager answers, so `run` fails inside its live display before that drew anything: with stderr not a
+    terminal, the error is its only line, with no blank one from the display."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    result = trialstream("--manager", nowhere, "run", str(client_code(tmp_path / "client", TRIAL)), timeout=30)
+    assert result.returncode == 1
+    refused = f"cannot reach the manager at {nowhere}: [Errno 111] Connection refused"
+    assert result.stderr == f"trialstream: error: {refused}\n"
+
+
 def running_experiment(manager: str) -> str | None:
     """The id of an experiment of the manager at `manager` with a RUNNING trial, as its API lists them."""
     for state in web.get(f"{manager}/api/v1/experiments").json():

@@ -1,7 +1,7 @@
 """`trialstream --manager URL run` and `events --follow` while the manager is away: a pause longer than uvicorn's
-keep-alive (5 s), after which it may reset the connection the CLI's poll waits on, and a restart, are ridden out; a
-manager gone for good ends the command within TRIALSTREAM_MANAGER_WAIT_S, saying the experiment may still run and
-how to follow it."""
+keep-alive (5 s), after which it may reset the connection the CLI's poll waits on, and a restart (for `events
+--follow`, one under way as it starts too) are ridden out; a manager gone for good ends the command within
+TRIALSTREAM_MANAGER_WAIT_S, saying the experiment may still run and how to follow it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from simulators.waiting import wait_until
 from tests.cli.test_cli_manager import TRIAL, client_code, running_experiment
-from tests.conftest import REPO, Processes, ServiceFactory, stream_entries
+from tests.conftest import REPO, Processes, ServiceFactory, free_port, stream_entries
 from tests.support import web
 
 PAUSE_S = 7.0  # past uvicorn's timeout_keep_alive (5 s), which the manager does not expose
@@ -234,3 +234,63 @@ def test_events_follow_gives_up_on_a_manager_gone_for_good(
     said = err.strip().splitlines()[-1]
     assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
     assert f"trialstream --manager {manager} events {service.experiment_id} --follow --since {last}" in said
+
+
+def test_events_follow_waits_for_a_manager_down_as_it_starts(
+    tmp_path: Path, processes: Processes, make_service: ServiceFactory
+) -> None:
+    """The manager restarting as the command starts: it waits (printing nothing), then prints the history and
+    follows on, each event once, in log order."""
+    service = make_service()
+    manager = processes.manager()
+    processes.running[-1].kill()
+    processes.running[-1].wait()
+    follower, printed, stderr = following_events(manager, service.experiment_id, tmp_path)
+
+    def waiting() -> bool:
+        assert follower.poll() is None, stderr.read_text()
+        return f"the manager at {manager} does not answer" in stderr.read_text()
+
+    def printed_all() -> bool:
+        logged = [entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)]
+        return printed_ids(printed) == logged
+
+    try:
+        wait_until(waiting, 30, what="the command to wait for the manager")
+        assert printed.read_text() == ""
+        restart(processes, manager)
+        wait_until(printed_all, 30, what="the history, once the manager answers")
+        service.set_cluster_metadata("note", "after the wait")
+        wait_until(printed_all, 30, what="a new event, followed")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0, stderr.read_text()
+    finally:
+        follower.kill()
+    assert json.loads(printed.read_text().splitlines()[-1])["event"].get("value") == "after the wait"
+    err = stderr.read_text()
+    assert err.count(f"the manager at {manager} does not answer") == 1, err
+    assert err.count(f"the manager at {manager} answers again") == 1, err
+    assert "Traceback" not in err
+
+
+def test_events_follow_gives_up_on_a_manager_that_never_answered(tmp_path: Path, make_service: ServiceFactory) -> None:
+    """Nothing was printed, so the way on is the same command, once the manager answers."""
+    service = make_service()
+    manager = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    follower, printed, stderr = following_events(
+        manager, service.experiment_id, tmp_path, env={"TRIALSTREAM_MANAGER_WAIT_S": "2"}
+    )
+    try:
+        follower.wait(60)
+        waited = time.monotonic() - started
+    finally:
+        follower.kill()
+    err = stderr.read_text()
+    assert follower.returncode == 1, err
+    assert 2 <= waited < 20, waited
+    assert printed.read_text() == "" and "Traceback" not in err
+    noted, said = err.splitlines()
+    assert noted.startswith(f"the manager at {manager} does not answer"), err
+    assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
+    assert "; no event was printed yet: the same command prints them once the manager answers" in said, err
