@@ -26,16 +26,24 @@ from schemas.upcasters import upcast
 
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
 
-# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: experiment id, then per entry: idempotency
-# key or '', stream id ('*': new), commands stream or '', n, n field/value pairs. A batch is appended atomically; a
-# key seen before returns its first id; nothing is appended to an archived experiment (manager.archive: the archived
-# hash is read by name, as a worker may only read it, and a script's KEYS need write access under ACLs).
+# KEYS: stream, idempotency hash, activity zset, activity clock. ARGV: experiment id, fence key or '', the value it
+# must hold, then per entry: idempotency key or '', stream id ('*': new), commands stream or '', n, n field/value
+# pairs. A batch is appended atomically; a key seen before returns its first id; nothing is appended to an archived
+# experiment (manager.archive), nor past a fence whose key holds another value (`Fence`). The archived hash and the
+# fence key are read by name: a worker may only read them, and a script's KEYS need write access under ACLs.
 # docs/architecture.md ("Keys in Redis") says what the commands and activity keys are for.
 _APPEND = """
 if redis.call('HEXISTS', '$ARCHIVED', ARGV[1]) == 1 then
   return redis.error_reply('ARCHIVED experiment ' .. ARGV[1] .. ' is archived: restore it before appending')
 end
-local ids, grew, i = {}, false, 2
+if ARGV[2] ~= '' then
+  local holds = redis.call('GET', ARGV[2])
+  if holds ~= ARGV[3] then
+    return redis.error_reply('FENCED append to experiment ' .. ARGV[1] .. ' refused: ' .. ARGV[2] .. ' is ' ..
+      (holds or 'unset') .. ', not ' .. ARGV[3] .. ' (its writer was superseded)')
+  end
+end
+local ids, grew, i = {}, false, 4
 while i <= #ARGV do
   local key, id, commands, n = ARGV[i], false, ARGV[i + 2], tonumber(ARGV[i + 3])
   if key ~= '' then id = redis.call('HGET', KEYS[2], key) end
@@ -83,9 +91,38 @@ class InvalidExperimentId(ValueError):
     pass
 
 
-class ExperimentArchived(RuntimeError):
+class AppendRefused(RuntimeError):
+    """An append the script refused before writing anything of it."""
+
+
+class ExperimentArchived(AppendRefused):
     """An append to an experiment whose log is in its archive: what reads it there is a copy that expires, so
     nothing is appended before the experiment is restored (manager.archive.restore; `resume` does it)."""
+
+
+class AppendFenced(AppendRefused):
+    """An append whose fence no longer holds: its writer was superseded (a runner whose claim another runner
+    took, manager.runner_claim), so it must write nothing more."""
+
+
+_REFUSALS: dict[str, type[AppendRefused]] = {"ARCHIVED": ExperimentArchived, "FENCED": AppendFenced}
+
+
+def append_refusal(error: redis.ResponseError) -> AppendRefused | None:
+    """The append script's refusal in `error` (as Redis answered it, not as a raising pipeline rewords it), as
+    its exception; None for any other error."""
+    code, _, message = str(error).partition(" ")
+    refusal = _REFUSALS.get(code)
+    return refusal(message) if refusal is not None else None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Appends go through only while `key` holds `value`, checked in the append script before anything is
+    written: a writer fenced by the epoch it was given (a runner's claim) cannot write once another took it."""
+
+    key: str
+    value: str
 
 
 def check_experiment_id(experiment_id: str) -> str:
@@ -220,9 +257,13 @@ def encode_event(event: Event) -> dict[str, str]:
 
 
 class EventStore:
-    def __init__(self, client: redis.Redis, experiment_id: str) -> None:
+    """One experiment's log. With `fence`, every append through this store is refused (`AppendFenced`, nothing
+    written) once the fence no longer holds."""
+
+    def __init__(self, client: redis.Redis, experiment_id: str, fence: Fence | None = None) -> None:
         self.client = client
         self.experiment_id = check_experiment_id(experiment_id)
+        self.fence = fence
         self.stream = keys.events(experiment_id)
         self._idempotency = keys.idempotency(experiment_id)
         self._append_script = client.register_script(_APPEND)
@@ -283,7 +324,11 @@ class EventStore:
             for start in range(0, len(events), _APPEND_BATCH):
                 batch = slice(start, start + _APPEND_BATCH)
                 self._run_script(self._arguments(events[batch], keys_[batch]), pipe)
-            return [str(entry_id) for ids in pipe.execute() for entry_id in ids]
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise append_refusal(reply) or reply
+        return [str(entry_id) for ids in replies for entry_id in ids]
 
     def append_entries(self, entries: list[tuple[str, dict[str, str]]], pipeline: Pipeline) -> None:
         """Queue entries as stored elsewhere (an imported log), under their own ids and fields, on the
@@ -300,12 +345,14 @@ class EventStore:
 
     def _run_script(self, arguments: list[str], pipeline: Pipeline | None) -> Any:
         script_keys = [self.stream, self._idempotency, keys.ACTIVITY, keys.ACTIVITY_CLOCK]
+        fence = [self.fence.key, self.fence.value] if self.fence is not None else ["", ""]
         try:
-            return self._append_script(keys=script_keys, args=[self.experiment_id, *arguments], client=pipeline)
+            return self._append_script(keys=script_keys, args=[self.experiment_id, *fence, *arguments], client=pipeline)
         except redis.ResponseError as error:
-            if str(error).startswith("ARCHIVED"):
-                raise ExperimentArchived(str(error).removeprefix("ARCHIVED ")) from None
-            raise
+            refusal = append_refusal(error)
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def _arguments(self, events: Sequence[Event], idempotency_keys: list[str | None]) -> list[str]:
         arguments = []

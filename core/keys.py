@@ -72,7 +72,8 @@ def runner(experiment_id: str) -> str:
 
 def runner_epoch(experiment_id: str) -> str:
     """Counted up each time a runner claims the experiment: a runner whose claim lapsed takes it back
-    only if nobody claimed it since."""
+    only if nobody claimed it since, and its appends are refused once another claimed it (the fence they carry,
+    read by the append script: core.event_store.Fence)."""
     return f"{LOG_PREFIX}:exp:{experiment_id}:runner-epoch"
 
 

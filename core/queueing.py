@@ -2,8 +2,10 @@
 
 `enqueue` appends the event that says why (TrialSubmitted, TrialAttemptLost, TrialRequeued) and
 queues the job on the same transaction: a job is never queued without its record, nor recorded
-without being queued. A job's arguments are ids only; what to run is read from the trial's
-TrialSubmitted event, so the log stays the single source of truth and a re-delivery is safe.
+without being queued. A record the log refuses is not written, yet the transaction queues its jobs:
+`execute_enqueued` withdraws them, and a worker drops a job whose trial has no submission. A job's
+arguments are ids only; what to run is read from the trial's TrialSubmitted event, so the log stays
+the single source of truth and a re-delivery is safe.
 
 A trial that cannot start yet (its GPUs are busy) is parked, not re-queued in a loop: it waits in
 the platform's parked set until something is freed there (`wake_parked`), or until its re-check
@@ -12,6 +14,7 @@ time, which backs off while it keeps waiting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,10 +26,11 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from core import keys
-from core.event_store import EventStore, StoredEvent
+from core.event_store import EventStore, StoredEvent, append_refusal
 from schemas.events import ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
 
 RUN_TRIAL = "workers.runtime.job.run_trial"  # by name: the core never imports the workers that execute it
@@ -79,37 +83,65 @@ def enqueue(
     record: TrialSubmitted | TrialAttemptLost | TrialRequeued | ExperimentFinished,
     jobs: Sequence[TrialJob | ExperimentJob],
     idempotency_key: str | None = None,
-) -> None:
-    """Append `record` and queue `jobs` on `pipe` (a transaction the caller executes)."""
+) -> list[Job]:
+    """Append `record` and queue `jobs` on `pipe` (a transaction the caller executes, with `execute_enqueued`
+    where the append may be refused); the RQ jobs queued."""
     store.append(record, idempotency_key=idempotency_key, pipeline=pipe)
-    for job in jobs:
-        if isinstance(job, ExperimentJob):
-            trial_queue(job.platform, rq_connection).enqueue_call(
-                job.function,
-                args=(job.experiment_id,),
-                job_id=f"{job.experiment_id}--clean-up-{time.time_ns()}",
-                timeout=600,
-                result_ttl=600,
-                failure_ttl=7 * 24 * 3600,
-                description=f"clean-up of experiment {job.experiment_id}",
-                pipeline=pipe,
-            )
-            continue
-        run = job.function == RUN_TRIAL
-        trial_queue(job.platform, rq_connection).enqueue_call(
+    return [_enqueue_job(pipe, rq_connection, job) for job in jobs]
+
+
+def _enqueue_job(pipe: Pipeline, rq_connection: redis.Redis, job: TrialJob | ExperimentJob) -> Job:
+    if isinstance(job, ExperimentJob):
+        return trial_queue(job.platform, rq_connection).enqueue_call(
             job.function,
-            args=(job.experiment_id, job.trial_id, job.attempt),
-            kwargs={"deferrals": job.deferrals, "last_deferral": job.last_deferral, "reattach": job.reattach}
-            if run
-            else {},
-            # unique per delivery; a queued attempt is recognised by its prefix
-            job_id=f"{job.prefix}-{'run' if run else 'release'}-{time.time_ns()}",
-            timeout=-1,  # trials end on their own terms
+            args=(job.experiment_id,),
+            job_id=f"{job.experiment_id}--clean-up-{time.time_ns()}",
+            timeout=600,
             result_ttl=600,
             failure_ttl=7 * 24 * 3600,
-            description=f"{'trial' if run else 'release of'} {job.trial_id} of experiment {job.experiment_id}",
+            description=f"clean-up of experiment {job.experiment_id}",
             pipeline=pipe,
         )
+    run = job.function == RUN_TRIAL
+    return trial_queue(job.platform, rq_connection).enqueue_call(
+        job.function,
+        args=(job.experiment_id, job.trial_id, job.attempt),
+        kwargs={"deferrals": job.deferrals, "last_deferral": job.last_deferral, "reattach": job.reattach}
+        if run
+        else {},
+        # unique per delivery; a queued attempt is recognised by its prefix
+        job_id=f"{job.prefix}-{'run' if run else 'release'}-{time.time_ns()}",
+        timeout=-1,  # trials end on their own terms
+        result_ttl=600,
+        failure_ttl=7 * 24 * 3600,
+        description=f"{'trial' if run else 'release of'} {job.trial_id} of experiment {job.experiment_id}",
+        pipeline=pipe,
+    )
+
+
+def execute_enqueued(pipe: Pipeline, queued: Sequence[Job]) -> None:
+    """Execute the transaction `enqueue` queued `queued` on; a refused append (an archived experiment, a fence that
+    no longer holds: core.event_store.AppendRefused) is raised as such, its jobs withdrawn.
+
+    Redis runs every command of a MULTI even when one fails, and a script's error is such a failure: the refused
+    append wrote nothing, but its jobs were queued all the same. Nothing in RQ's API makes the enqueue conditional
+    on the append (its writes are its own: re-doing them in the append script would re-implement RQ), and checking
+    first would cost every submission a round trip, each waiting for an fsync under `appendfsync always`. So the
+    refusing side deletes the jobs again, a round trip that only a refusal pays, and best effort: a worker that
+    took such a job first finds no submission for its trial and drops it (workers.runtime.job.run_trial); a
+    re-queued attempt's is a needless delivery, which claims nothing (only one delivery claims an attempt); a
+    clean-up job finds the experiment not finished and cleans nothing (workers.runtime.job.clean_up_experiment)."""
+    replies = pipe.execute(raise_on_error=False)
+    failed = next((reply for reply in replies if isinstance(reply, redis.ResponseError)), None)
+    if failed is None:
+        return
+    refusal = append_refusal(failed)
+    if refusal is None:
+        raise failed
+    for job in queued:
+        with contextlib.suppress(redis.RedisError):  # left queued, it runs nothing (see above)
+            job.delete()
+    raise refusal
 
 
 def attempt_job_prefix(experiment_id: str, trial_id: str, attempt: int) -> str:

@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from core import keys
 from core.assignments import secrets_by_platform
 from core.connections import same_server
-from core.event_store import EventStore
-from core.queueing import ExperimentJob, enqueue
+from core.event_store import EventStore, Fence
+from core.queueing import ExperimentJob, enqueue, execute_enqueued
 from manager.archive.moves import archived, experiment_keys, forget, glob_escaped, thaw
 from manager.training_service import TrainingService
 from manager.views import ViewStore
@@ -70,15 +70,17 @@ def finish_experiment(
     status: str,
     message: str | None = None,
     read_up_to: str | None = None,
+    fence: Fence | None = None,
 ) -> bool:
     """A resumed experiment finishes again: the last ExperimentFinished holds. With it, each of its
     platforms (several in a hybrid experiment) is asked to clean up where the trials ran (a job of its
     queue: its workers hold its clients). With `read_up_to`, only if that is still the log's last entry
-    (under a WATCH of the log: nothing is appended in between); whether it finished."""
+    (under a WATCH of the log: nothing is appended in between); whether it finished. With `fence` (a runner's),
+    only while it holds (core.event_store.AppendFenced, with nothing written nor queued)."""
     event = ExperimentFinished(experiment_id=experiment_id, status=status, message=message)  # type: ignore[arg-type]
     names = [platforms] if isinstance(platforms, str) else platforms
     jobs = [ExperimentJob(platform, experiment_id) for platform in names]
-    store = EventStore(client, experiment_id)
+    store = EventStore(client, experiment_id, fence)
     with client.pipeline(transaction=True) as pipe:
         try:
             if read_up_to is not None:
@@ -86,8 +88,7 @@ def finish_experiment(
                 if store.last_id() != read_up_to:
                     return False
             pipe.multi()
-            enqueue(pipe, rq_connection, store, event, jobs)
-            pipe.execute()
+            execute_enqueued(pipe, enqueue(pipe, rq_connection, store, event, jobs))
         except redis.WatchError:
             return False
     return True

@@ -15,7 +15,8 @@ import time
 import traceback
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import redis
 
 from core.assignments import configured_platforms, experiment_secrets
-from core.event_store import EventStore, LogEntry, StoredEvent, stream_position
+from core.event_store import AppendFenced, LogEntry, StoredEvent, stream_position
 from core.queueing import submission_key
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
@@ -78,7 +79,8 @@ class RunnerError(RuntimeError):
 
 
 class ClaimLost(RunnerError):
-    """Another runner holds the experiment now: this one must touch nothing more."""
+    """Another runner holds the experiment now: this one must touch nothing more (and can append nothing more:
+    its appends are fenced by its claim's epoch)."""
 
 
 class Detached(RunnerError):
@@ -216,21 +218,22 @@ class ExperimentRunner:
         experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id, spec.secrets)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
         runner._take_claim(wait_s=0)
-        trial_config = TrialConfig(
-            command=spec.config.trial_command,
-            code_directory=str(spec.code_directory),
-            gpu_number=spec.config.trial_gpu_number,
-            max_trial_duration=spec.config.max_trial_duration,
-            max_retries=spec.config.max_trial_retries,
-        )
-        runner.service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
-        platform_config = (
-            json.dumps([platform.model_dump(mode="json", by_alias=True) for platform in spec.platforms])
-            if spec.hybrid
-            else spec.platform.model_dump_json(by_alias=True)
-        )  # a hybrid experiment's is the list: each trial is placed on one of them when submitted
-        runner.service.set_cluster_metadata(PLATFORM_CONFIG, platform_config)
-        runner._start_tuner(replay=[])
+        with runner._stopping_when_fenced():
+            trial_config = TrialConfig(
+                command=spec.config.trial_command,
+                code_directory=str(spec.code_directory),
+                gpu_number=spec.config.trial_gpu_number,
+                max_trial_duration=spec.config.max_trial_duration,
+                max_retries=spec.config.max_trial_retries,
+            )
+            runner.service.set_cluster_metadata(TRIAL_CONFIG, trial_config.to_json())
+            platform_config = (
+                json.dumps([platform.model_dump(mode="json", by_alias=True) for platform in spec.platforms])
+                if spec.hybrid
+                else spec.platform.model_dump_json(by_alias=True)
+            )  # a hybrid experiment's is the list: each trial is placed on one of them when submitted
+            runner.service.set_cluster_metadata(PLATFORM_CONFIG, platform_config)
+            runner._start_tuner(replay=[])
         return runner
 
     @classmethod
@@ -281,12 +284,13 @@ class ExperimentRunner:
             settings,
         )
         runner._take_claim(wait_s=runner._claim.lease_s + 1)  # a crashed runner's claim lapses within its lease
-        if changes is not None:
-            service.store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
-        if experiment.imported:
-            end_imported_trials(service)
-        runner._start_tuner(replay=service.store.read())
-        EventStore(client, experiment_id).append(ExperimentResumed(experiment_id=experiment_id))
+        with runner._stopping_when_fenced():
+            if changes is not None:
+                runner.service.store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
+            if experiment.imported:
+                end_imported_trials(runner.service)
+            runner._start_tuner(replay=runner.service.store.read())
+            runner.service.store.append(ExperimentResumed(experiment_id=experiment_id))
         return runner
 
     @property
@@ -299,6 +303,10 @@ class ExperimentRunner:
         self._detach.set()
 
     def run(self) -> ExperimentResult:
+        with self._stopping_when_fenced():
+            return self._run()
+
+    def _run(self) -> ExperimentResult:
         deadline = self.config.max_experiment_duration
         started = self.progress.started_at
         tuner = self._tuner
@@ -333,7 +341,7 @@ class ExperimentRunner:
                     wait = max(0.0, min(wait, deadline - (time.monotonic() - started)))
                 self._follow(self.service.store.wait(self._cursor, block_ms=max(1, int(wait * 1000))))  # 0: forever
                 self._reap([self._trials[trial_id] for trial_id in self._active])
-        except (ClaimLost, Detached):
+        except (ClaimLost, Detached, AppendFenced):
             raise  # the trials and the experiment are the new runner's now, or the next one's
         except (redis.ConnectionError, redis.TimeoutError):
             raise  # Redis is away past the retries, or gone: nothing can be written; `resume` takes up the log
@@ -353,19 +361,33 @@ class ExperimentRunner:
         return deadline is not None and self.progress.elapsed_s >= deadline
 
     def _take_claim(self, wait_s: float) -> None:
-        """Become the experiment's only runner, or say who runs it."""
+        """Become the experiment's only runner, or say who runs it. From then on every append of the runner (its
+        service's, its experiment's end) is fenced by the claim's epoch."""
         if not self._claim.take(wait_s):
             holder = self._claim.holder()
             raise RunnerError(f"experiment {self.experiment_id} is being run by {holder}; stop that runner first")
+        self.service.store.fence = self._claim.fence
 
     def _keep_claim(self) -> None:
         if not self._claim.keep():
-            holder = self._claim.holder()
-            now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
-            raise ClaimLost(
-                f"this runner of experiment {self.experiment_id} lost its claim (it stalled past its "
-                f"{self._claim.lease_s:g} s lease) and stopped, submitting nothing more; {now}"
-            )
+            raise self._claim_lost()
+
+    @contextmanager
+    def _stopping_when_fenced(self) -> Iterator[None]:
+        """An append refused by its fence stops the runner as a lost claim does: another runner took the claim
+        while this one stalled between keep() (which answers from memory between renewals) and the append."""
+        try:
+            yield
+        except AppendFenced as refused:
+            raise self._claim_lost() from refused
+
+    def _claim_lost(self) -> ClaimLost:
+        holder = self._claim.holder()
+        now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
+        return ClaimLost(
+            f"this runner of experiment {self.experiment_id} lost its claim (it stalled past its "
+            f"{self._claim.lease_s:g} s lease) and stopped, submitting nothing more; {now}"
+        )
 
     def _start_tuner(self, replay: list[LogEntry]) -> None:
         """Build the tuner and give it the search space; on resume, replay its inputs from the log.
@@ -674,9 +696,18 @@ class ExperimentRunner:
         self._stop_all("the tuner failed")
         return self._finish("ERROR", f"the tuner failed:\n{error}")
 
-    def _finish_experiment(self, status: str, message: str | None) -> None:
-        platforms = self.spec.platform_names
-        finish_experiment(self._client, self._rq_connection, self.experiment_id, platforms, status, message)
+    def _finish_experiment(self, status: str, message: str | None = None, read_up_to: str | None = None) -> bool:
+        """`finish_experiment`, fenced by the claim like every append of the runner."""
+        return finish_experiment(
+            self._client,
+            self._rq_connection,
+            self.experiment_id,
+            self.spec.platform_names,
+            status,
+            message,
+            read_up_to=read_up_to,
+            fence=self.service.store.fence,
+        )
 
     def _finish(self, status: str, message: str | None = None) -> ExperimentResult:
         self._drain()
@@ -688,10 +719,7 @@ class ExperimentRunner:
         accepted meanwhile may give it more to do, and must not be dropped. None then: the round reads it
         and decides again."""
         self._drain()
-        platforms = self.spec.platform_names
-        if not finish_experiment(
-            self._client, self._rq_connection, self.experiment_id, platforms, "DONE", read_up_to=self._cursor
-        ):
+        if not self._finish_experiment("DONE", read_up_to=self._cursor):
             return None
         return self._cleaned_up()
 

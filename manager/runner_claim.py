@@ -1,5 +1,6 @@
 """The runner claim: an experiment has one runner at a time (two would both submit trials and overspend the
-budget), fenced by an epoch that every runner taking the claim counts up."""
+budget), fenced by an epoch that every runner taking the claim counts up, which the runner's appends carry: the
+log refuses them once another runner took the claim (`RunnerClaim.fence`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import redis
 
 from core import keys
+from core.event_store import Fence
 
 RUNNER_RENEW_S = 1.0  # at most: a fifth of a shorter lease
 
@@ -72,6 +74,13 @@ class RunnerClaim:
             return False
         self._renewed_at = time.monotonic()
         return True
+
+    @property
+    def fence(self) -> Fence:
+        """What this runner's appends are fenced by once it took the claim: its epoch, while no other runner has
+        taken the claim since. keep() answers from memory between renewals, so only this check, made by the append
+        itself, stops a runner that stalled past its lease after keep() and wakes to write."""
+        return Fence(self._keys[1], str(self._epoch))
 
     def holder(self) -> Any:
         return self._client.get(self._keys[0])

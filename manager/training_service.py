@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from core.event_store import EventStore, StoredEvent
 from core.keys import LOG_PREFIX
 from core.placement import place
-from core.queueing import TrialJob, enqueue, submission_key
+from core.queueing import TrialJob, enqueue, execute_enqueued, submission_key
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.views import ViewStore
 from schemas.events import (
@@ -166,14 +166,15 @@ class TrainingService:
         )
 
     def submit(self, submission: TrialSubmitted) -> TrialJobDetail:
-        """Append the submission and enqueue its job in one MULTI/EXEC: both happen or neither. Sent again, it
+        """Append the submission and enqueue its job in one MULTI/EXEC: both happen or neither (a refused append,
+        past the store's fence say, raises with its job withdrawn: core.queueing.execute_enqueued). Sent again, it
         is appended once (its idempotency key is its trial's), so a runner may send again one the log lost."""
         job = TrialJob(submission.platform, self.experiment_id, submission.trial_id, 1)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
             key = submission_key(submission.trial_id)
-            enqueue(pipe, self._rq_connection, self.store, submission, [job], idempotency_key=key)
-            pipe.execute()
+            queued = enqueue(pipe, self._rq_connection, self.store, submission, [job], idempotency_key=key)
+            execute_enqueued(pipe, queued)
         view = apply_to_trial(None, submission)
         assert view is not None
         return view
@@ -206,8 +207,7 @@ class TrainingService:
         )
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            enqueue(pipe, self._rq_connection, self.store, record, [job])
-            pipe.execute()
+            execute_enqueued(pipe, enqueue(pipe, self._rq_connection, self.store, record, [job]))
 
     # metric listeners and the main loop
 

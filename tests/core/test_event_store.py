@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from core import event_store, keys
-from core.event_store import EventStore, StoredEvent, UnreadableEvent, stream_position
+from core.event_store import AppendFenced, EventStore, Fence, StoredEvent, UnreadableEvent, stream_position
 from schemas.events import (
     EVENT_ADAPTER,
     ClusterMetadataSet,
@@ -160,3 +160,37 @@ def test_commands_to_a_trial_are_indexed_for_its_worker_and_nothing_else_is(clie
     assert store.trial_commands("t1", after=cursor) == (cursor, [])
     later = store.append(cancel("t1"))
     assert [entry.id for entry in store.trial_commands("t1", after=cursor, block_ms=1000)[1]] == [later]
+
+
+def test_an_append_past_its_fence_is_refused_whole_and_writes_nothing(client: redis.Redis) -> None:
+    """A writer superseded since it was given its epoch (a runner whose claim another took): each of its appends,
+    alone, in a batch of several script calls or in a transaction, is refused before anything of it is written."""
+    epoch = keys.runner_epoch("exp1")
+    client.set(epoch, 2)
+    store = EventStore(client, "exp1", Fence(epoch, "2"))
+    kept = store.append(metadata("while-it-held"))
+    activity = client.zscore(keys.ACTIVITY, "exp1")
+    client.incr(epoch)  # another runner took the claim
+
+    with pytest.raises(AppendFenced, match=f"{epoch} is 3, not 2"):
+        store.append(cancel("t1"), idempotency_key="stale")
+    with pytest.raises(AppendFenced):
+        store.append_all([metadata(f"k{i}") for i in range(1500)], [f"batch{i}" for i in range(1500)])
+    with client.pipeline(transaction=True) as pipe:
+        store.append(cancel("t1"), pipeline=pipe)
+        [refused] = pipe.execute(raise_on_error=False)
+    assert isinstance(refused, redis.ResponseError) and str(refused).startswith("FENCED")
+    client.delete(epoch)
+    with pytest.raises(AppendFenced, match=f"{epoch} is unset, not 2"):
+        store.append(metadata("after-a-delete"))
+
+    assert [entry.id for entry in store.read()] == [kept]
+    assert client.hlen(keys.idempotency("exp1")) == 0
+    assert not client.exists(keys.trial_commands("exp1", "t1"))  # no command indexed for a trial's worker
+    assert client.zscore(keys.ACTIVITY, "exp1") == activity
+    client.set(epoch, 3)
+    EventStore(client, "exp1", Fence(epoch, "3")).append(metadata("by-the-new-holder"))
+    EventStore(client, "exp1").append(metadata("unfenced"))  # a worker's appends have no fence
+    stored = [entry.event for entry in store.read() if isinstance(entry, StoredEvent)]
+    logged = [event.key for event in stored if isinstance(event, ClusterMetadataSet)]
+    assert logged == ["while-it-held", "by-the-new-holder", "unfenced"]

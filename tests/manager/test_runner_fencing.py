@@ -5,19 +5,29 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import pytest
 import redis
 
 from core import keys
 from core.event_store import EventStore, StoredEvent
+from core.queueing import trial_queue
 from manager.config import load_experiment_config
 from manager.runner import ClaimLost, ExperimentRunner
+from manager.runner_claim import RunnerClaim
 from manager.views import ViewStore
-from schemas.events import TrialSubmitted
+from schemas.events import (
+    CustomizedTrialNumbered,
+    CustomizedTrialRequested,
+    Event,
+    TrialEnded,
+    TrialStarted,
+    TrialSubmitted,
+)
 from tests.conftest import Processes, wait_until
 from tests.manager.test_resume import trialstream
 
@@ -28,6 +38,11 @@ time.sleep(2.0)
 nni.report_final_result(x)
 """
 MAX_TRIALS = 6
+E = TypeVar("E", bound=Event)
+
+
+def logged(store: EventStore, kind: type[E]) -> list[E]:
+    return [entry.event for entry in store.read() if isinstance(entry, StoredEvent) and isinstance(entry.event, kind)]
 
 
 @pytest.mark.timeout(150)
@@ -121,3 +136,76 @@ def test_a_claim_that_only_lapsed_is_taken_back_and_one_taken_over_is_not(
     runner._claim._renewed_at = 0.0
     with pytest.raises(ClaimLost):
         runner._keep_claim()
+
+
+@pytest.mark.parametrize("requested", ["before the takeover", "after the takeover"])
+def test_a_runner_superseded_after_its_last_keep_is_refused_by_the_log_and_stops(
+    tmp_path: Path, client: redis.Redis, rq_connection: redis.Redis, requested: str
+) -> None:
+    """keep() asks Redis once per renew_s and otherwise answers from memory: a runner that stalls after it, past
+    its lease, while a `resume` takes the claim, wakes with nothing but the log to stop it. Its next write is a
+    customized trial's submission (numbered before the takeover, a slot freed after) or its numbering (asked for
+    after): the log refuses it, the runner stops with ClaimLost, and nothing of it is written or left queued."""
+    (tmp_path / "config.yml").write_text(
+        json.dumps(
+            {
+                "trialCommand": "true",
+                "trialCodeDirectory": str(tmp_path),
+                "trialConcurrency": 1,
+                "maxTrialNumber": 5,
+                "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+                "tuner": {"name": "Random", "classArgs": {"seed": 7}},
+                "trainingService": {"platform": "local"},
+                "experimentWorkingDirectory": str(tmp_path / "experiments"),
+            }
+        )
+    )
+    runner = ExperimentRunner.create(load_experiment_config(tmp_path / "config.yml"), client, rq_connection)
+    experiment_id = runner.experiment_id
+    store = EventStore(client, experiment_id)  # the test's own appends: the API's and a worker's, unfenced
+    runner._claim.renew_s = float("inf")  # every keep() answers from memory, as within renew_s of the last renewal
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run()
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        [first] = wait_until(lambda: logged(store, TrialSubmitted), 10, what="the first trial's submission")
+        if requested == "before the takeover":  # numbered at once, submitted once the running trial ends
+            request = store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters={"x": 0.5}))
+            wait_until(lambda: logged(store, CustomizedTrialNumbered), 10, what="the customized trial's number")
+
+        client.delete(keys.runner(experiment_id))  # the runner stalled past its lease...
+        assert RunnerClaim(client, experiment_id, "runner:resumed", lease_s=30).take(wait_s=0)  # ...and a resume
+        takeover = store.head()
+
+        if requested == "before the takeover":  # the running trial ends: the runner submits into its slot
+            attempt = {"experiment_id": experiment_id, "trial_id": first.trial_id, "attempt": 1}
+            appended = [  # as a worker records a trial's run
+                store.append(TrialStarted.model_validate({**attempt, "working_directory": str(tmp_path)})),
+                store.append(TrialEnded.model_validate({**attempt, "status": "SUCCEEDED", "exit_code": 0})),
+            ]
+        else:  # the runner numbers it as soon as it reads it
+            appended = [store.append(CustomizedTrialRequested(experiment_id=experiment_id, parameters={"x": 0.5}))]
+            request = appended[0]
+        thread.join(10)
+        assert not thread.is_alive(), "the superseded runner did not stop"
+    finally:
+        runner.detach()
+        thread.join(10)
+
+    [error] = errors
+    assert (
+        isinstance(error, ClaimLost) and "lost its claim" in str(error) and "runner:resumed runs it now" in str(error)
+    )
+    assert [entry.id for entry in store.read(after=takeover)] == appended  # the runner wrote nothing after it
+    assert not any(submitted.requested_by == request for submitted in logged(store, TrialSubmitted))
+    queued = trial_queue("local", rq_connection).get_jobs()
+    assert [job.args for job in queued] == [[experiment_id, first.trial_id, 1]]  # no job of a refused submission
+    assert len(list(rq_connection.scan_iter("rq:job:*"))) == 1
+    assert client.get(keys.runner(experiment_id)) == "runner:resumed"

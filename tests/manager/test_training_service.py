@@ -11,9 +11,12 @@ import redis
 from pydantic import ValidationError
 from rq import Queue
 
+from core import keys
+from core.event_store import AppendFenced, AppendRefused, ExperimentArchived, Fence
 from core.queueing import queue_name, trial_queue
+from manager.experiments import finish_experiment
 from manager.projector import Projector
-from manager.training_service import MissingClusterMetadata, TrialNotFound
+from manager.training_service import MissingClusterMetadata, TrainingService, TrialNotFound
 from schemas.events import TrialMetricReported, TrialStarted
 from schemas.trial import TrialJobDetail, TrialJobMetric, TrialJobStatus
 from tests.conftest import ServiceFactory, form, wait_until
@@ -200,3 +203,38 @@ def test_a_list_reads_views_of_every_form_and_still_validates_them(client: redis
         assert not gc.isenabled()  # a caller's own setting is left as it was
     finally:
         gc.enable()
+
+
+def _refuse_appends(client: redis.Redis, service: TrainingService, refusal: type[AppendRefused]) -> None:
+    """From now on the experiment's log refuses the service's appends: its experiment archived, or its fence moved
+    on (another runner took the claim of the runner whose epoch fences the service)."""
+    epoch = keys.runner_epoch(service.experiment_id)
+    if refusal is ExperimentArchived:
+        client.hset(keys.ARCHIVED, service.experiment_id, "{}")
+    else:
+        service.store.fence = Fence(epoch, "1")
+        client.set(epoch, 2)
+
+
+@pytest.mark.parametrize("refusal", [ExperimentArchived, AppendFenced])
+def test_a_refused_submission_or_requeue_leaves_no_job(
+    client: redis.Redis, rq_connection: redis.Redis, make_service: ServiceFactory, refusal: type[AppendRefused]
+) -> None:
+    """Redis runs the rest of a MULTI past a script's error: the jobs queued with a refused record are withdrawn."""
+    service = make_service()
+    waiting = service.submit_trial_job(form(0))
+    trial_queue("local", rq_connection).empty()  # as if a worker had taken it: only what comes next is queued
+    submission = service.submission(form(1))
+    log_before = service.store.read()
+    _refuse_appends(client, service, refusal)
+
+    with pytest.raises(refusal):
+        service.submit(submission)
+    with pytest.raises(refusal):
+        service.requeue(waiting, "its job was lost")
+    with pytest.raises(refusal):
+        finish_experiment(client, rq_connection, service.experiment_id, "local", "DONE", fence=service.store.fence)
+
+    assert service.store.read() == log_before
+    assert trial_queue("local", rq_connection).count == 0
+    assert list(rq_connection.scan_iter("rq:job:*")) == []  # nor any job's hash, which a worker could run

@@ -61,3 +61,13 @@ def test_clean_up_reads_the_view_and_the_log_past_it(client: redis.Redis, monkey
     assert _ended_experiment(store) == (True, ELSEWHERE)
     store.append(ExperimentFinished(experiment_id=experiment_id, status="DONE"))
     assert _ended_experiment(store) == (False, ELSEWHERE)
+
+
+def test_a_clean_up_of_an_experiment_that_never_finished_finds_it_running(client: redis.Redis) -> None:
+    """A clean-up job queued with an ExperimentFinished the log refused (a superseded runner's: the MULTI ran on
+    past the refusal), taken by a worker before it was withdrawn: no view kept, no end in the log, nothing cleaned."""
+    experiment_id = f"clean{secrets.token_hex(4)}"
+    store = EventStore(client, experiment_id)
+    store.append(ExperimentCreated(experiment_id=experiment_id, config={}, working_directory="/w"))
+    store.append(ClusterMetadataSet(experiment_id=experiment_id, key=PLATFORM_CONFIG, value=LOCAL))
+    assert _ended_experiment(store) == (True, LOCAL)

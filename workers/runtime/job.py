@@ -94,9 +94,13 @@ def run_trial(
     # the submission read next is one that outlives a failover, not one that only a lost master held.
     try:
         submitted = load_submission(store, trial_id)
-    except LookupError:  # the runner's submit reached a master lost before replicating it: it sends it again
+    except LookupError as missing:
+        # An orphan: its submission was refused (a superseded runner's, an archived experiment's) in the MULTI that
+        # queued it (core.queueing.execute_enqueued), or reached a master lost before replicating it (the runner
+        # sends it again, with a job of its own). Nothing to run, nothing to record.
         lease.give_up(lambda pipe: None)
-        raise
+        log.warning("%s: its job is dropped", missing, extra={"experiment": experiment_id, "trial": trial_id})
+        return f"dropped: {missing}"
     submission = submitted.event
     assert isinstance(submission, TrialSubmitted)
     placed = attempt_platform(store, submitted, attempt)  # a hybrid experiment places each attempt anew
@@ -168,9 +172,9 @@ def clean_up_experiment(experiment_id: str) -> str:
     clean_up = getattr(runtime.platform, "clean_up", None)  # optional for third-party platforms
     if clean_up is None:
         return f"platform {runtime.platform.name} leaves nothing to clean up"
-    resumed, training_service = _ended_experiment(EventStore(runtime.client, experiment_id))
-    if resumed:
-        return "the experiment was resumed since it finished: nothing to clean up"
+    running, training_service = _ended_experiment(EventStore(runtime.client, experiment_id))
+    if running:
+        return "the experiment has not finished (or was resumed since): nothing to clean up"
     if training_service is None:
         return "no platform config in the log: nothing to clean up"
     secrets = experiment_secrets(runtime.client, experiment_id, [runtime.platform.name])
@@ -183,26 +187,27 @@ _ENDED_KINDS = frozenset({"ClusterMetadataSet", "ExperimentFinished", "Experimen
 
 
 def _ended_experiment(store: EventStore) -> tuple[bool, str | None]:
-    """(resumed since it last finished, its masked platform config) as of the log's end: from the experiment's
-    view and the entries past the view's position (one read of the view and, usually, an empty one of the log),
-    or from the whole log where no view is kept. The log of a long experiment is ~100 entries a trial, and a
-    clean-up needs two facts of it."""
+    """(running: never finished, or resumed since it last finished; its masked platform config) as of the log's
+    end: from the experiment's view and the entries past the view's position (one read of the view and, usually,
+    an empty one of the log), or from the whole log where no view is kept. The log of a long experiment is ~100
+    entries a trial, and a clean-up needs two facts of it. A clean-up job whose ExperimentFinished was refused
+    (core.queueing.execute_enqueued) finds the experiment running."""
     view_keys = keys.ViewKeys(store.experiment_id)
     with store.client.pipeline(transaction=True) as pipe:  # the view and its position agree
         pipe.hget(view_keys.position, "position")
         pipe.hget(view_keys.experiment, "view")
         position, raw = pipe.execute()
     view = ExperimentView.model_validate_json(raw) if position and raw else None
-    resumed = view is not None and view.status == "RUNNING"
+    running = view is None or view.status == "RUNNING"
     training_service = view.metadata.get(PLATFORM_CONFIG) if view is not None else None
     past = store.read(after=position if view is not None else "0-0", where=lambda f: f.get("type") in _ENDED_KINDS)
     for entry in past:
         match entry.event if isinstance(entry, StoredEvent) else None:
             case ExperimentFinished() | ExperimentResumed() as event:
-                resumed = isinstance(event, ExperimentResumed)
+                running = isinstance(event, ExperimentResumed)
             case ClusterMetadataSet(key=key, value=value) if key == PLATFORM_CONFIG:
                 training_service = value
-    return resumed, training_service
+    return running, training_service
 
 
 def _reattach(
