@@ -32,7 +32,7 @@ def register(trials: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _logs(args: argparse.Namespace, settings: Settings) -> int:
     stream: OutputStream = "stderr" if args.stderr else "stdout"
-    with opened(settings, args.experiment) as experiment:
+    with opened(settings, args.experiment, following=args.follow) as experiment:
         trial = experiment.trial(args.trial_id)
         if not has_started(trial):
             never = "never started" if trial.status.is_terminal else "has not started yet"
