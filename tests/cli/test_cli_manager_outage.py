@@ -405,3 +405,23 @@ def test_trials_logs_follow_gives_up_saying_what_it_printed(
     logs = f"trialstream --manager {trial.manager} trials logs {trial.trial_id} -e {trial.experiment_id} --follow"
     printed_up_to = f"this command printed trial {trial.trial_id}'s stdout up to byte {len(output)}: `{logs}`"
     assert printed_up_to in said, err
+
+
+@pytest.mark.parametrize("command", [("events", "exp", "--follow"), ("trials", "logs", "trial", "-e", "exp", "-f")])
+def test_ctrl_c_stops_a_follow_waiting_for_the_manager_quietly(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """^C is how a follow is stopped, whatever it is doing: 0 and nothing more said, as when it follows."""
+    manager = f"http://127.0.0.1:{free_port()}"
+    follower, printed, stderr = following(manager, command, tmp_path)
+
+    def waiting() -> bool:
+        assert follower.poll() is None, stderr.read_text()
+        return f"the manager at {manager} does not answer" in stderr.read_text()
+
+    try:
+        wait_until(waiting, 30, what="the command to wait for the manager")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0, stderr.read_text()
+    finally:
+        follower.kill()
+    assert printed.read_text() == ""
+    assert len(stderr.read_text().splitlines()) == 1, stderr.read_text()  # the note that it waits, alone
