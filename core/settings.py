@@ -101,8 +101,8 @@ class Settings(EnvironmentSettings):
     manager_wait_s: float = Field(
         default=60.0,
         ge=0,
-        description="`run`, `resume` and `events --follow` with --manager: how long to keep asking a manager that"
-        " does not answer",
+        description="`run`, `resume`, `events --follow` and `trials logs --follow` with --manager: how long to keep"
+        " asking a manager that does not answer",
     )
     archive_location: str | None = Field(
         default=None, description="where ended experiments are archived: a directory or s3://bucket/prefix"

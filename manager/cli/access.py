@@ -70,7 +70,7 @@ class ExperimentAccess(Protocol):
 @contextmanager
 def opened(settings: Settings, experiment_id: str | None, *, following: bool = False) -> Iterator[ExperimentAccess]:
     """The experiment (the newest one without an id), from the manager if one is given, else Redis. `following`:
-    the command goes on to follow it (`events --follow`), so what it reads of a manager before that rides out an
+    the command follows it (`events --follow`, `trials logs --follow`), so all it reads of a manager rides out an
     outage as following does."""
     if settings.manager_url is not None:
         yield ManagerExperiment(manager_client(settings), experiment_id, settings.manager_wait_s, following)
@@ -184,8 +184,9 @@ class ManagerExperiment:
 
     The experiment goes on there whether or not the manager answers this command, so a command that follows it
     asks a manager that does not answer again, for up to `wait_s` seconds: `follow` always, and, when
-    `following`, the reads before it too (the experiment, its trial, the log's head and history), which are
-    all safe to repeat. Other commands read once and fail at once."""
+    `following`, every read too (the experiment, its trial, the log's head and history, a trial's output), which
+    are all safe to repeat: `trials logs --follow` asks again from the byte it had printed up to. Other commands
+    read once and fail at once."""
 
     def __init__(self, client: ManagerClient, experiment_id: str | None, wait_s: float, following: bool) -> None:
         from manager.cli.patience import Patience
@@ -193,6 +194,7 @@ class ManagerExperiment:
         self.client = client
         self._following = following
         self._followed: str | None = None  # the last entry `follow` read: where a new follow goes on
+        self._printed: tuple[str, OutputStream, int] | None = None  # the trial output `output` was last asked from
         self._patience = Patience(client.url, wait_s, "this command goes on where it left off once it does", self._lost)
         self.experiment_id = self._read(partial(client.resolve, experiment_id))
 
@@ -201,10 +203,19 @@ class ManagerExperiment:
 
     def _lost(self) -> str:
         """How to go on from what this command printed."""
+        command = f"trialstream --manager {self.client.url}"
+        if self._printed is not None:  # `trials logs --follow`, which has no option to start at a byte
+            trial_id, stream, offset = self._printed
+            stderr = " --stderr" if stream == "stderr" else ""
+            logs = f"{command} trials logs {trial_id} -e {self.experiment_id}{stderr} --follow"
+            return (
+                f"this command printed trial {trial_id}'s {stream} up to byte {offset}: `{logs}` prints it"
+                " again from its start once the manager answers"
+            )
         after = self._followed
-        if after is None:  # not following yet: the history is printed once all of it is read
-            return "no event was printed yet: the same command prints them once the manager answers"
-        follow = f"trialstream --manager {self.client.url} events {self.experiment_id} --follow --since {after}"
+        if after is None:  # no output asked for, no follow yet (the history is printed once all of it is read)
+            return "nothing was printed yet: the same command prints it all once the manager answers"
+        follow = f"{command} events {self.experiment_id} --follow --since {after}"
         return f"the last event of experiment {self.experiment_id} this command read is {after}: `{follow}` goes on"
 
     def config(self) -> dict[str, Any]:
@@ -255,8 +266,10 @@ class ManagerExperiment:
                 self._patience.failed(error)
 
     def output(self, trial: TrialJobDetail, attempt: int, stream: OutputStream, offset: int) -> bytes:
-        """The manager reads the trial's latest started attempt, as `trials logs` follows it."""
-        return self.client.output(self.experiment_id, trial.id, stream, offset)
+        """The manager reads the trial's latest started attempt, as `trials logs` follows it. Output is asked
+        for from the byte printed up to, so `offset` is also what this command printed."""
+        self._printed = (trial.id, stream, offset)
+        return self._read(partial(self.client.output, self.experiment_id, trial.id, stream, offset))
 
 
 def _position(position: str, *, end: bool) -> tuple[int, int]:

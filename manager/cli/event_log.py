@@ -6,7 +6,6 @@ import argparse
 import json
 import shutil
 import sys
-from contextlib import suppress
 
 import redis
 
@@ -16,6 +15,7 @@ from core.settings import Settings
 from manager.archive.moves import ArchiveError, archived
 from manager.cli import render
 from manager.cli.access import opened, opened_experiment, redis_required
+from manager.cli.interrupts import ending_a_follow
 from manager.projector import Projector
 from manager.replay import (
     EntryLine,
@@ -79,7 +79,7 @@ def _events(args: argparse.Namespace, settings: Settings) -> int:
     until = parse_position(args.until, end=True) if args.until else "+"
     if args.follow and args.until:
         raise InvalidPosition("--follow prints events as they come, so it takes no --until")
-    with opened(settings, args.experiment, following=args.follow) as experiment:
+    with ending_a_follow(args.follow), opened(settings, args.experiment, following=args.follow) as experiment:
         if args.trial is not None:
             experiment.trial(args.trial)  # an unknown trial is an error, not an empty list
         if args.follow:
@@ -88,9 +88,8 @@ def _events(args: argparse.Namespace, settings: Settings) -> int:
         title = f"events of experiment {experiment.experiment_id}"
         _show_entries([describe(entry) for entry in history], title, args.trial is None, args.json)
         if args.follow:
-            with suppress(KeyboardInterrupt):  # ^C or SIGTERM: the way to stop following
-                for entry in experiment.follow(until, args.trial, types):
-                    _show_entries([describe(entry)], None, args.trial is None, args.json)
+            for entry in experiment.follow(until, args.trial, types):
+                _show_entries([describe(entry)], None, args.trial is None, args.json)
     return 0
 
 

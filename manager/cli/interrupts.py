@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -55,6 +55,13 @@ def announced(message: str) -> Iterator[None]:
         yield
     finally:
         install()
+
+
+def ending_a_follow(follow: bool) -> AbstractContextManager[None]:
+    """^C or SIGTERM is the way to stop a follow (`events --follow`, `trials logs --follow`), not a failure: at any
+    step, waiting for a manager as much as printing, it ends the command quietly with status 0. A command that
+    does not follow is interrupted (130 or 143, and a line saying so)."""
+    return suppress(KeyboardInterrupt) if follow else nullcontext()
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

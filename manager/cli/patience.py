@@ -1,6 +1,6 @@
 """Asking a manager that does not answer again, for a while: the commands that follow an experiment through a
-manager (`run`, `resume`, `events --follow`) ride out its pause or restart instead of ending on it, since the
-experiment goes on there meanwhile."""
+manager (`run`, `resume`, `events --follow`, `trials logs --follow`) ride out its pause or restart instead of
+ending on it, since the experiment goes on there meanwhile."""
 
 from __future__ import annotations
 

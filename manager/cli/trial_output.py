@@ -14,7 +14,7 @@ from core.platform import OutputStream, OutputUnavailable
 from core.settings import Settings
 from manager.cli import render
 from manager.cli.access import ExperimentAccess, opened
-from manager.cli.interrupts import Interrupted
+from manager.cli.interrupts import ending_a_follow
 from manager.trial_files import has_started, started_attempt
 from schemas.trial import TrialJobDetail
 
@@ -32,7 +32,7 @@ def register(trials: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _logs(args: argparse.Namespace, settings: Settings) -> int:
     stream: OutputStream = "stderr" if args.stderr else "stdout"
-    with opened(settings, args.experiment) as experiment:
+    with ending_a_follow(args.follow), opened(settings, args.experiment, following=args.follow) as experiment:
         trial = experiment.trial(args.trial_id)
         if not has_started(trial):
             never = "never started" if trial.status.is_terminal else "has not started yet"
@@ -43,8 +43,7 @@ def _logs(args: argparse.Namespace, settings: Settings) -> int:
         except OutputUnavailable as unavailable:
             render.print_error(str(unavailable))
             return 1
-        except KeyboardInterrupt as stop:  # Ctrl-C ends a follow: quietly, with the status that says so
-            return stop.exit_status if isinstance(stop, Interrupted) else 130
+    return 0  # the follow was stopped
 
 
 def _copy_output(experiment: ExperimentAccess, trial: TrialJobDetail, stream: OutputStream, follow: bool) -> int:

@@ -1,7 +1,7 @@
-"""`trialstream --manager URL run` and `events --follow` while the manager is away: a pause longer than uvicorn's
-keep-alive (5 s), after which it may reset the connection the CLI's poll waits on, and a restart (for `events
---follow`, one under way as it starts too) are ridden out; a manager gone for good ends the command within
-TRIALSTREAM_MANAGER_WAIT_S, saying the experiment may still run and how to follow it."""
+"""`trialstream --manager URL run`, `events --follow` and `trials logs --follow` while the manager is away: a
+pause longer than uvicorn's keep-alive (5 s), after which it may reset the connection the CLI's poll waits on, and
+a restart (for `events --follow`, one under way as it starts too) are ridden out; a manager gone for good ends the
+command within TRIALSTREAM_MANAGER_WAIT_S, saying how to take it up again."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -18,7 +20,7 @@ import pytest
 
 from simulators.waiting import wait_until
 from tests.cli.test_cli_manager import TRIAL, client_code, running_experiment
-from tests.conftest import REPO, Processes, ServiceFactory, free_port, stream_entries
+from tests.conftest import REPO, Processes, ServiceFactory, form, free_port, stream_entries, wait_for_status
 from tests.support import web
 
 PAUSE_S = 7.0  # past uvicorn's timeout_keep_alive (5 s), which the manager does not expose
@@ -152,23 +154,29 @@ def test_run_gives_up_on_a_manager_gone_for_good(tmp_path: Path, processes: Proc
     assert f"trialstream --manager {manager} events {experiment_id} --follow" in last
 
 
-def following_events(
-    manager: str, experiment_id: str, directory: Path, env: dict[str, str] | None = None
+def following(
+    manager: str, command: tuple[str, ...], directory: Path, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    """`events EXP --follow --json` through the manager, its stdout and stderr into files of `directory` (read
+    """`command` (one that follows) through the manager, its stdout and stderr into files of `directory` (read
     while it runs)."""
-    printed, stderr = directory / "followed.jsonl", directory / "follow.err"
+    printed, stderr = directory / "followed.out", directory / "follow.err"
     clean = {name: value for name, value in os.environ.items() if not name.startswith("TRIALSTREAM_")}
-    follow = ("--manager", manager, "events", experiment_id, "--follow", "--json")
     with printed.open("w") as out, stderr.open("w") as err:
         follower = subprocess.Popen(
-            [sys.executable, "-m", "manager.cli", *follow],
+            [sys.executable, "-m", "manager.cli", "--manager", manager, *command],
             cwd=REPO,
             env={**clean, **(env or {})},
             stdout=out,
             stderr=err,
         )
     return follower, printed, stderr
+
+
+def following_events(
+    manager: str, experiment_id: str, directory: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """`events EXP --follow --json` through the manager."""
+    return following(manager, ("events", experiment_id, "--follow", "--json"), directory, env)
 
 
 def printed_ids(printed: Path) -> list[str]:
@@ -293,4 +301,127 @@ def test_events_follow_gives_up_on_a_manager_that_never_answered(tmp_path: Path,
     noted, said = err.splitlines()
     assert noted.startswith(f"the manager at {manager} does not answer"), err
     assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
-    assert "; no event was printed yet: the same command prints them once the manager answers" in said, err
+    assert "; nothing was printed yet: the same command prints it all once the manager answers" in said, err
+
+
+COUNTING_TRIAL = """
+import pathlib, sys, time
+
+gate = pathlib.Path(sys.argv[1])
+line = 0
+while not gate.exists():
+    print(f"line {line}", flush=True)
+    line += 1
+    time.sleep(0.05)
+print("the end", flush=True)
+"""
+
+
+@dataclass
+class PrintingTrial:
+    """A running trial that prints a numbered line every 50 ms until `gate` exists, then `the end`."""
+
+    manager: str
+    experiment_id: str
+    trial_id: str
+    gate: Path
+    stdout: Path  # what it wrote, as its platform keeps it
+
+    def logs_follow(
+        self, directory: Path, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        """`trials logs TRIAL --follow` through the manager."""
+        return following(
+            self.manager, ("trials", "logs", self.trial_id, "-e", self.experiment_id, "--follow"), directory, env
+        )
+
+
+@pytest.fixture
+def printing_trial(
+    processes: Processes, make_service: ServiceFactory, code_dir: Path, tmp_path: Path
+) -> Iterator[PrintingTrial]:
+    """A worker, then a manager (the newest process), and a PrintingTrial running there; ended at teardown."""
+    processes.worker()
+    manager = processes.manager()
+    (code_dir / "trial.py").write_text(COUNTING_TRIAL)
+    gate = tmp_path / "gate"
+    service = make_service(f"{sys.executable} trial.py {gate}")
+    trial_id = service.submit_trial_job(form(0)).id
+    trial = wait_for_status(service, trial_id, "RUNNING")
+    yield PrintingTrial(manager, service.experiment_id, trial_id, gate, Path(trial.url or "") / "stdout")
+    gate.touch()  # the worker stops promptly at teardown
+
+
+def test_trials_logs_follow_goes_on_from_the_byte_it_printed_across_a_manager_restart(
+    tmp_path: Path, processes: Processes, printing_trial: PrintingTrial
+) -> None:
+    """The lines written before, during and after the outage are each printed once, in order: the follow asks
+    again from the byte it had printed up to."""
+    trial = printing_trial
+    follower, printed, stderr = trial.logs_follow(tmp_path)
+    try:
+        wait_until(lambda: b"line 3\n" in printed.read_bytes(), 30, what="the first lines, followed")
+        kill_noticed(processes, trial.manager, stderr)
+        away = len(printed.read_bytes())
+        wait_until(lambda: trial.stdout.stat().st_size > away, 30, what="a line written while the manager is away")
+        restart(processes, trial.manager)
+        back = trial.stdout.stat().st_size
+        wait_until(lambda: len(printed.read_bytes()) > back, 30, what="a line written since, followed")
+        trial.gate.touch()
+        assert follower.wait(30) == 0, stderr.read_text()
+    finally:
+        follower.kill()
+    output = printed.read_bytes()
+    assert output == trial.stdout.read_bytes()
+    lines = output.decode().splitlines()
+    assert lines == [f"line {number}" for number in range(len(lines) - 1)] + ["the end"]
+    err = stderr.read_text()
+    assert err.count(f"the manager at {trial.manager} does not answer") == 1, err
+    assert err.count(f"the manager at {trial.manager} answers again") == 1, err
+    assert "Traceback" not in err
+
+
+def test_trials_logs_follow_gives_up_saying_what_it_printed(
+    tmp_path: Path, processes: Processes, printing_trial: PrintingTrial
+) -> None:
+    trial = printing_trial
+    follower, printed, stderr = trial.logs_follow(tmp_path, env={"TRIALSTREAM_MANAGER_WAIT_S": "2"})
+    try:
+        wait_until(lambda: b"line 3\n" in printed.read_bytes(), 30, what="the first lines, followed")
+        processes.running[-1].kill()
+        started = time.monotonic()
+        follower.wait(60)
+        waited = time.monotonic() - started
+    finally:
+        follower.kill()
+    err = stderr.read_text()
+    assert follower.returncode == 1, err
+    assert waited < 20, waited
+    assert "Traceback" not in err and f"the manager at {trial.manager} does not answer" in err
+    output = printed.read_bytes()
+    assert output == trial.stdout.read_bytes()[: len(output)]
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
+    logs = f"trialstream --manager {trial.manager} trials logs {trial.trial_id} -e {trial.experiment_id} --follow"
+    printed_up_to = f"this command printed trial {trial.trial_id}'s stdout up to byte {len(output)}: `{logs}`"
+    assert printed_up_to in said, err
+
+
+@pytest.mark.parametrize("command", [("events", "exp", "--follow"), ("trials", "logs", "trial", "-e", "exp", "-f")])
+def test_ctrl_c_stops_a_follow_waiting_for_the_manager_quietly(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """^C is how a follow is stopped, whatever it is doing: 0 and nothing more said, as when it follows."""
+    manager = f"http://127.0.0.1:{free_port()}"
+    follower, printed, stderr = following(manager, command, tmp_path)
+
+    def waiting() -> bool:
+        assert follower.poll() is None, stderr.read_text()
+        return f"the manager at {manager} does not answer" in stderr.read_text()
+
+    try:
+        wait_until(waiting, 30, what="the command to wait for the manager")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0, stderr.read_text()
+    finally:
+        follower.kill()
+    assert printed.read_text() == ""
+    assert len(stderr.read_text().splitlines()) == 1, stderr.read_text()  # the note that it waits, alone
