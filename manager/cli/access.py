@@ -215,7 +215,8 @@ class ManagerExperiment:
         after = self._followed
         if after is None:  # no output asked for, no follow yet (the history is printed once all of it is read)
             return "nothing was printed yet: the same command prints it all once the manager answers"
-        follow = f"{command} events {self.experiment_id} --follow --since {after}"
+        milliseconds, sequence = stream_position(after)
+        follow = f"{command} events {self.experiment_id} --follow --since {milliseconds}-{sequence + 1}"  # inclusive
         return f"the last event of experiment {self.experiment_id} this command read is {after}: `{follow}` goes on"
 
     def config(self) -> dict[str, Any]:

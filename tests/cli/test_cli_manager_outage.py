@@ -241,7 +241,10 @@ def test_events_follow_gives_up_on_a_manager_gone_for_good(
     assert "Traceback" not in err and f"the manager at {manager} does not answer" in err
     said = err.strip().splitlines()[-1]
     assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
-    assert f"trialstream --manager {manager} events {service.experiment_id} --follow --since {last}" in said
+    assert f"is {last}: " in said  # --since is inclusive: the command named starts just after the last one read
+    milliseconds, sequence = last.split("-")
+    next_id = f"{milliseconds}-{int(sequence) + 1}"
+    assert f"trialstream --manager {manager} events {service.experiment_id} --follow --since {next_id}`" in said
 
 
 def test_events_follow_waits_for_a_manager_down_as_it_starts(
