@@ -6,12 +6,14 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import select
 import signal
 import struct
 import termios
 import threading
+import time
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -77,6 +79,8 @@ class LocalPlatform:
         own = settings.of(LocalSettings)
         self._client, self._machine_id, self._gpus = client, own.machine_id, gpu_source(settings)
         self.ledger = GpuLedger(client, own.machine_id, self._gpus)
+        self._record_ttl_s = own.gpu_record_ttl_s
+        self._recorded_at = -math.inf  # time.monotonic() of this worker's last record of its machine's GPUs
         self.kill_grace_s = settings.kill_grace_s
         self.keepers = Keepers(own.kill_wait_s)
         self.wakeups = TrialWakeups()
@@ -112,7 +116,14 @@ class LocalPlatform:
         """The zygote and the first trial's keeper, forked before a trial waits for them; this machine's GPUs
         recorded for the checks of the experiments it may serve."""
         self.keepers.replenish()
-        record(self._client, self._machine_id, self._gpus)
+        self.keep_alive()
+
+    def keep_alive(self) -> None:
+        """This machine's GPU record renewed every third of its TTL: it counts while a worker of the machine
+        lives, and lapses once none does."""
+        if time.monotonic() - self._recorded_at >= self._record_ttl_s / 3:
+            record(self._client, self._machine_id, self._gpus, self._record_ttl_s)
+            self._recorded_at = time.monotonic()
 
     def close(self) -> None:
         self.keepers.close()
