@@ -58,6 +58,9 @@ def test_an_embedded_run_counts_this_machine_s_gpus(tmp_path: Path) -> None:
     two = {**env, "TRIALSTREAM_FAKE_GPUS": fake_gpus(tmp_path / "gpus.json", 2)}
     indices = write_config_file(tmp_path, gpu_config(tmp_path / "code", 2, gpuIndices=[1, 2]), "indices.yml")
     refused(trialstream("run", str(indices), env=two, timeout=60), "trainingService.gpuIndices: ", "2 GPUs (0,1)")
+    # a worker gives no GPU where gpuIndices lists one its machine lacks: the trial would only wait for another
+    missing = write_config_file(tmp_path, gpu_config(tmp_path / "code", 1, gpuIndices=[0, 5]), "missing.yml")
+    refused(trialstream("run", str(missing), env=two, timeout=60), "trainingService.gpuIndices: 0,5 leaves at most 0")
 
     ran = trialstream("run", str(config), "--json", env=two, timeout=60)
     assert ran.returncode == 0, ran.stderr

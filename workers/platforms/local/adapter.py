@@ -35,7 +35,7 @@ from schemas.config import ExperimentConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
 from workers.platforms.local.config import LocalConfig
-from workers.platforms.local.gpus import gpu_problems, gpu_source, record
+from workers.platforms.local.gpus import gpu_problems, gpu_source, handed_back, record
 from workers.platforms.local.keeper import Keeper, Keepers
 from workers.platforms.local.settings import LocalSettings
 from workers.platforms.local.wakeups import TrialWakeups
@@ -145,8 +145,9 @@ class LocalPlatform:
                 return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
             cuda = cuda_visible_devices(policy, gpus)
             return _AttemptFollower(trial, control, cuda, self.kill_grace_s, self.keepers, self.wakeups).run(gpus)
-        except GpuRequestImpossible as error:
-            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
+        except GpuRequestImpossible as error:  # another machine serving the queue may have the GPUs: it waits
+            wanted = policy.gpu_number or 0
+            return Deferred(handed_back(self._client, self._machine_id, str(error), wanted, config.gpu_indices))
         finally:
             if policy.gpu_number:  # an outage now must not turn the trial's outcome into an error
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")

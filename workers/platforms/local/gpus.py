@@ -5,7 +5,10 @@ Where a trial runs decides where they are counted: with no shared Redis (`trials
 workers are this machine's, started with these settings, so this machine's GPUs are counted as they would count
 them; with a shared Redis they are the machines with a live worker serving it: each worker records its machine's
 GPUs in Redis when it starts and renews the record while it lives (`record`), so a machine whose workers are all
-gone stops counting once its record lapses."""
+gone stops counting once its record lapses.
+
+Within those machines a trial may still reach a worker whose machine has fewer GPUs than it asks for (several
+machines serve one queue): that worker hands it back (`handed_back`) for a worker of a machine that has them."""
 
 from __future__ import annotations
 
@@ -60,6 +63,24 @@ def live_machines(client: redis.Redis) -> dict[str, list[int]]:
     return machines
 
 
+def usable(gpus: list[int], listed: list[int] | None) -> int:
+    """How many GPUs a trial may be given on a machine with `gpus`, by `choose_gpus`'s rules: those gpuIndices lists,
+    and none where it lists one the machine lacks."""
+    if listed is None:
+        return len(gpus)
+    return len(set(listed)) if set(listed) <= set(gpus) else 0
+
+
+def handed_back(client: redis.Redis, machine_id: str, impossible: str, wanted: int, listed: list[int] | None) -> str:
+    """Why a trial that this machine can never run waits (its message): given back to the queue for a worker of
+    another machine that has the GPUs it asks for, or, while none with a live worker has, until one serves."""
+    here = f"machine {machine_id}: {impossible}"
+    others = [usable(gpus, listed) for machine, gpus in live_machines(client).items() if machine != machine_id]
+    if max(others, default=0) >= wanted:
+        return f"{here}; handed back for a worker of a machine with enough"
+    return f"{here}; no other machine with a live local worker has enough: waiting for a worker of one that has"
+
+
 def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Settings) -> dict[str, str]:
     """What to change when no machine a trial could run on has the GPUs it asks for: key path -> why and the fix.
     Nothing when the machines are not known (no live worker serves the shared Redis): trials wait for one."""
@@ -70,7 +91,7 @@ def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Se
     if machines is None:
         return {}
     listed = config.gpu_indices
-    most = max(len([index for index in gpus if listed is None or index in listed]) for gpus in machines.values())
+    most = max(usable(gpus, listed) for gpus in machines.values())
     if most >= wanted:
         return {}
     asked = f"{wanted} GPU" + ("" if wanted == 1 else "s")
