@@ -190,5 +190,9 @@ class Platform(Protocol[ConfigT]):
         """The worker is about to take jobs: start ahead what its first trial would otherwise wait for (local:
         the keepers' zygote). Optional."""
 
+    def keep_alive(self) -> None:
+        """Every housekeeping round of the worker (about a second apart): renew what says its machine still serves
+        (local: the record of its GPUs that an experiment's check counts, when due). Optional; cheap when not due."""
+
     def close(self) -> None:
         """The worker stops: close what __init__ opened."""

@@ -20,6 +20,7 @@ import pynvml
 import pytest
 import redis
 
+from workers.platforms.local.gpus import MACHINES, handed_back, live_machines, record
 from workers.platforms.shared import gpu
 from workers.platforms.shared.gpu import (
     FakeGpuSource,
@@ -463,3 +464,25 @@ def test_an_expiring_lock_never_leaves_gpus_held_by_a_failed_reservation(
     held = redisdb.hget("ts:gpu:host1:holders", "t1")
     assert (reserved, held and json.loads(held)) in ((None, None), ([0], [0]))  # an error leaves nothing held
     assert reserved == [0]
+
+
+# --- the local platform's machines (workers/platforms/local/gpus.py) ---------------------------------------------
+
+
+def test_a_machine_that_can_never_run_a_trial_says_whether_another_with_a_live_worker_can(
+    client: redis.Redis,
+) -> None:
+    impossible = "trial asks for 2 GPUs but this machine has none"
+    record(client, "cpu-box", StaticSource([]), 60)
+    alone = handed_back(client, "cpu-box", impossible, 2, None)
+    assert alone == (
+        f"machine cpu-box: {impossible}; no other machine with a live local worker has enough: waiting for a worker"
+        " of one that has"
+    )
+    record(client, "gpu-box", StaticSource(free(0, 1)), 60)
+    assert handed_back(client, "cpu-box", impossible, 2, None) == (
+        f"machine cpu-box: {impossible}; handed back for a worker of a machine with enough"
+    )
+    assert handed_back(client, "cpu-box", impossible, 2, [0, 5]) == alone  # a worker gives none where GPU 5 is missing
+    client.hset(MACHINES, "old-box", json.dumps([0, 1, 2]))  # an earlier version's record: never renewed, not counted
+    assert live_machines(client) == {"cpu-box": [], "gpu-box": [0, 1]}

@@ -1,7 +1,7 @@
 """A local experiment asking for more GPUs than the machines its trials would run on have is refused before
 anything runs, as a bad config (exit 2, a 422 from the manager), naming the key; one those machines can serve runs.
 The machines are this one (no GPU here, unless TRIALSTREAM_FAKE_GPUS says otherwise) for an embedded run, and those
-of the workers serving a shared Redis, as each recorded them when it started."""
+with a live worker serving a shared Redis, as its workers record them (tests/platforms/test_gpu_machines.py)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,9 @@ def test_an_embedded_run_counts_this_machine_s_gpus(tmp_path: Path) -> None:
     two = {**env, "TRIALSTREAM_FAKE_GPUS": fake_gpus(tmp_path / "gpus.json", 2)}
     indices = write_config_file(tmp_path, gpu_config(tmp_path / "code", 2, gpuIndices=[1, 2]), "indices.yml")
     refused(trialstream("run", str(indices), env=two, timeout=60), "trainingService.gpuIndices: ", "2 GPUs (0,1)")
+    # a worker gives no GPU where gpuIndices lists one its machine lacks: the trial would only wait for another
+    missing = write_config_file(tmp_path, gpu_config(tmp_path / "code", 1, gpuIndices=[0, 5]), "missing.yml")
+    refused(trialstream("run", str(missing), env=two, timeout=60), "trainingService.gpuIndices: 0,5 leaves at most 0")
 
     ran = trialstream("run", str(config), "--json", env=two, timeout=60)
     assert ran.returncode == 0, ran.stderr
@@ -68,7 +71,7 @@ def test_a_run_on_a_shared_redis_counts_its_workers_machines(tmp_path: Path, ser
     env = {"TRIALSTREAM_REDIS_URL": served.redis_url, "TRIALSTREAM_FAKE_GPUS": fake_gpus(tmp_path / "here.json", 4)}
     config = write_config_file(tmp_path, gpu_config(tmp_path / "code", 1))
     result = trialstream("run", str(config), env=env, timeout=60)  # this machine's (fake) GPUs are not the worker's
-    refused(result, "trialGpuNumber: ", "the machine of the local workers on this Redis has no GPU")
+    refused(result, "trialGpuNumber: ", "the one machine with a live local worker on this Redis has no GPU")
     listed = trialstream("experiments", "list", "--json", env=env)
     assert json.loads(listed.stdout) == [], listed.stderr
 
@@ -86,7 +89,7 @@ def test_the_manager_refuses_what_its_workers_machines_cannot_serve(tmp_path: Pa
     processes.worker(env={"TRIALSTREAM_MACHINE_ID": "gpu-box", "TRIALSTREAM_FAKE_GPUS": fake_gpus(tmp_path / "g", 2)})
     answer = web.post(f"{manager}/api/v1/experiments", json={"config": gpu_config(tmp_path / "code", 3)})
     assert answer.status_code == 422, answer.text
-    assert "the 2 machines of the local workers on this Redis have at most 2 GPUs each" in answer.json()["error"]
+    assert "the 2 machines with a live local worker on this Redis have at most 2 GPUs each" in answer.json()["error"]
     answer = web.post(f"{manager}/api/v1/experiments", json={"config": config})
     assert answer.status_code == 201, answer.text
     web.post(f"{manager}/api/v1/experiments/{answer.json()['id']}/stop")

@@ -105,15 +105,6 @@ def test_a_gpu_used_by_another_program_is_skipped_unless_use_active_gpu(
     release(service)
 
 
-def test_asking_for_more_gpus_than_exist_fails_at_once(make_service, processes: Processes, code_dir, tmp_path):
-    fake = gpu_file(tmp_path, [0, 0])
-    service = gpu_service(make_service, code_dir, 3, useActiveGpu=True)
-    processes.worker(env={"TRIALSTREAM_FAKE_GPUS": str(fake)})
-    trial = wait_for_status(service, service.submit_trial_job(form(0)).id, "FAILED", "SUCCEEDED", timeout=10)
-    assert trial.status is TrialJobStatus.FAILED
-    assert "asks for 3 GPUs but this machine has 2" in (trial.message or "")
-
-
 def can_set_host_name() -> bool:
     """A new UTS namespace per worker is how two containers of one machine differ here (needs root)."""
     try:

@@ -1,5 +1,5 @@
-"""A trial that cannot start yet (its GPUs are busy) is parked, not re-queued in a loop, and starts
-as soon as what it waits for is freed."""
+"""A trial that cannot start yet (its GPUs are busy, or no machine serving its queue has enough) is parked, not
+re-queued in a loop, and starts as soon as what it waits for is freed."""
 
 from __future__ import annotations
 
@@ -72,3 +72,27 @@ def test_a_waiting_trial_backs_off_then_starts_when_the_gpu_is_freed(
     started = events_of(service, waiting, TrialStarted)[0]
     last_requeue = [e for e in events_of(service, waiting, TrialRequeued) if e.time <= started.time][-1]
     assert last_requeue.reason == "a trial ended"
+
+
+def test_a_trial_no_machine_has_the_gpus_for_waits_parked_saying_why(
+    make_service: ServiceFactory, processes: Processes, code_dir: Path, tmp_path: Path, rq_connection
+) -> None:
+    """The check before an experiment refuses one asking for more GPUs than the machines serving it have; a trial
+    that gets here all the same (the machine that had them went away) waits for one, without failing or looping."""
+    (code_dir / "gpu_trial.py").write_text(textwrap.dedent(GPU_TRIAL))
+    service = make_service(
+        f"{sys.executable} gpu_trial.py", platform_config={"platform": "local", "useActiveGpu": True}, gpu_number=3
+    )
+    processes.worker(env={"TRIALSTREAM_FAKE_GPUS": str(gpu_file(tmp_path, [0, 0])), "TRIALSTREAM_MACHINE_ID": "box"})
+    waiting = service.submit_trial_job(form(0)).id
+    message = wait_until(lambda: service.get_trial_job(waiting).message, 10, what="a deferral message")
+    assert message == (
+        "machine box: trial asks for 3 GPUs but this machine has 2 (GPUs: 0,1); no other machine with a live local"
+        " worker has enough: waiting for a worker of one that has"
+    )
+    rechecks = lambda: [e for e in events_of(service, waiting, TrialRequeued) if e.reason == "re-check"]  # noqa: E731
+    wait_until(lambda: len(rechecks()) >= 2, 10 + recheck_delay_s(1) + recheck_delay_s(2))
+    wait_until(lambda: parked(service, waiting), 30, what="the waiting trial parked again after its re-check")
+    assert deliveries(rq_connection, service, waiting) <= 2 + 2
+    assert len(events_of(service, waiting, TrialDeferred)) == 1
+    assert service.get_trial_job(waiting).status is TrialJobStatus.WAITING

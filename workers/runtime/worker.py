@@ -160,12 +160,16 @@ class TrialWorker(SimpleWorker):
 
 
 def _housekeeping(runtime: WorkerRuntime, stop: threading.Event) -> None:
-    """Every REAP_INTERVAL_S: declare lost the attempts of dead workers, and queue again the parked
-    trials of this platform whose re-check time has come. Redis outages are waited out."""
+    """Every REAP_INTERVAL_S: declare lost the attempts of dead workers, queue again the parked trials
+    of this platform whose re-check time has come, and let the platform say its machine still serves
+    (`keep_alive`). Redis outages are waited out."""
+    keep_alive = getattr(runtime.platform, "keep_alive", None)  # optional for third-party platforms
     while not stop.wait(REAP_INTERVAL_S):
         try:
             reap_lost_attempts(runtime.client, runtime.rq_connection, runtime.name, runtime.settings.trial_lease_s)
             wake_parked(runtime.client, runtime.rq_connection, runtime.platform.name, "re-check", True)
+            if keep_alive is not None:
+                keep_alive()
         except redis.RedisError as error:
             log.warning("housekeeping: %s; retrying", error)
 

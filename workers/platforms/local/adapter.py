@@ -6,12 +6,14 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import select
 import signal
 import struct
 import termios
 import threading
+import time
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -33,7 +35,7 @@ from schemas.config import ExperimentConfig
 from schemas.events import TrialLaunchSpec
 from schemas.trial import TrialJobStatus
 from workers.platforms.local.config import LocalConfig
-from workers.platforms.local.gpus import gpu_problems, gpu_source, record
+from workers.platforms.local.gpus import gpu_problems, gpu_source, handed_back, record
 from workers.platforms.local.keeper import Keeper, Keepers
 from workers.platforms.local.settings import LocalSettings
 from workers.platforms.local.wakeups import TrialWakeups
@@ -77,6 +79,8 @@ class LocalPlatform:
         own = settings.of(LocalSettings)
         self._client, self._machine_id, self._gpus = client, own.machine_id, gpu_source(settings)
         self.ledger = GpuLedger(client, own.machine_id, self._gpus)
+        self._record_ttl_s = own.gpu_record_ttl_s
+        self._recorded_at = -math.inf  # time.monotonic() of this worker's last record of its machine's GPUs
         self.kill_grace_s = settings.kill_grace_s
         self.keepers = Keepers(own.kill_wait_s)
         self.wakeups = TrialWakeups()
@@ -112,7 +116,14 @@ class LocalPlatform:
         """The zygote and the first trial's keeper, forked before a trial waits for them; this machine's GPUs
         recorded for the checks of the experiments it may serve."""
         self.keepers.replenish()
-        record(self._client, self._machine_id, self._gpus)
+        self.keep_alive()
+
+    def keep_alive(self) -> None:
+        """This machine's GPU record renewed every third of its TTL: it counts while a worker of the machine
+        lives, and lapses once none does."""
+        if time.monotonic() - self._recorded_at >= self._record_ttl_s / 3:
+            record(self._client, self._machine_id, self._gpus, self._record_ttl_s)
+            self._recorded_at = time.monotonic()
 
     def close(self) -> None:
         self.keepers.close()
@@ -134,8 +145,9 @@ class LocalPlatform:
                 return Deferred(f"waiting for {count} free GPU{'s' if count != 1 else ''}")
             cuda = cuda_visible_devices(policy, gpus)
             return _AttemptFollower(trial, control, cuda, self.kill_grace_s, self.keepers, self.wakeups).run(gpus)
-        except GpuRequestImpossible as error:
-            return TrialOutcome(TrialJobStatus.FAILED, message=str(error))
+        except GpuRequestImpossible as error:  # another machine serving the queue may have the GPUs: it waits
+            wanted = policy.gpu_number or 0
+            return Deferred(handed_back(self._client, self._machine_id, str(error), wanted, config.gpu_indices))
         finally:
             if policy.gpu_number:  # an outage now must not turn the trial's outcome into an error
                 until_redis_answers(lambda: self.ledger.release(ledger_key), f"trial {trial.trial_id}")

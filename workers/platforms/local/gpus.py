@@ -3,8 +3,12 @@ more GPUs than any of those machines has is refused then, naming the key, instea
 
 Where a trial runs decides where they are counted: with no shared Redis (`trialstream run`'s embedded stack) its
 workers are this machine's, started with these settings, so this machine's GPUs are counted as they would count
-them; with a shared Redis they are the machines of the workers serving it, each of which records its GPUs in
-Redis when it starts (`record`)."""
+them; with a shared Redis they are the machines with a live worker serving it: each worker records its machine's
+GPUs in Redis when it starts and renews the record while it lives (`record`), so a machine whose workers are all
+gone stops counting once its record lapses.
+
+Within those machines a trial may still reach a worker whose machine has fewer GPUs than it asks for (several
+machines serve one queue): that worker hands it back (`handed_back`) for a worker of a machine that has them."""
 
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from workers.platforms.local.settings import LocalSettings
 from workers.platforms.shared.gpu import FakeGpuSource, GpuQueryError, GpuSource, detect_gpu_source
 
 MACHINES = f"{keys.LOG_PREFIX}:gpu:local-machines"
-"""Hash: machine id -> the GPU indices its local workers found there (JSON), written by each worker as it starts."""
+"""Hash: machine id -> JSON {"gpus": the GPU indices its local workers found there, "until": when the record lapses,
+in seconds of Redis's clock}, renewed by each of the machine's workers while it lives."""
 
 NONE_FOUND = "no NVIDIA driver or nvidia-smi found"
 
@@ -32,19 +37,53 @@ def gpu_source(settings: Settings) -> GpuSource:
     return FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
 
 
-def record(client: redis.Redis, machine_id: str, source: GpuSource) -> None:
-    """This machine's GPUs, for the checks of experiments started elsewhere (none when its GPU tools fail: they
-    may work by the time a trial asks, so nothing is refused on their word)."""
+def record(client: redis.Redis, machine_id: str, source: GpuSource, ttl_s: float) -> None:
+    """This machine's GPUs, for the checks of experiments started elsewhere, counted for `ttl_s` from now on
+    Redis's clock (the machines' own clocks may disagree). None when its GPU tools fail: they may work by the time
+    a trial asks, so nothing is refused on their word."""
     try:
         indices = [gpu.index for gpu in source.gpus()]
     except GpuQueryError:
         return
-    client.hset(MACHINES, machine_id, json.dumps(indices))
+    seconds, _ = client.time()
+    client.hset(MACHINES, machine_id, json.dumps({"gpus": indices, "until": seconds + ttl_s}))
+
+
+def live_machines(client: redis.Redis) -> dict[str, list[int]]:
+    """Each machine with a live local worker (its record not lapsed): its GPU indices."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.hgetall(MACHINES)
+        (seconds, _), recorded = pipe.execute()
+    machines = {}
+    for machine, raw in recorded.items():
+        entry = json.loads(raw)
+        if isinstance(entry, dict) and entry["until"] > seconds:  # a bare list: an earlier version's, never renewed
+            machines[str(machine)] = [int(index) for index in entry["gpus"]]
+    return machines
+
+
+def usable(gpus: list[int], listed: list[int] | None) -> int:
+    """How many GPUs a trial may be given on a machine with `gpus`, by `choose_gpus`'s rules: those gpuIndices lists,
+    and none where it lists one the machine lacks."""
+    if listed is None:
+        return len(gpus)
+    return len(set(listed)) if set(listed) <= set(gpus) else 0
+
+
+def handed_back(client: redis.Redis, machine_id: str, impossible: str, wanted: int, listed: list[int] | None) -> str:
+    """Why a trial that this machine can never run waits (its message): given back to the queue for a worker of
+    another machine that has the GPUs it asks for, or, while none with a live worker has, until one serves."""
+    here = f"machine {machine_id}: {impossible}"
+    others = [usable(gpus, listed) for machine, gpus in live_machines(client).items() if machine != machine_id]
+    if max(others, default=0) >= wanted:
+        return f"{here}; handed back for a worker of a machine with enough"
+    return f"{here}; no other machine with a live local worker has enough: waiting for a worker of one that has"
 
 
 def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Settings) -> dict[str, str]:
     """What to change when no machine a trial could run on has the GPUs it asks for: key path -> why and the fix.
-    Nothing when the machines are not known yet (no worker has served the shared Redis): trials wait for one."""
+    Nothing when the machines are not known (no live worker serves the shared Redis): trials wait for one."""
     wanted = experiment.trial_gpu_number or 0
     if wanted == 0:
         return {}
@@ -52,7 +91,7 @@ def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Se
     if machines is None:
         return {}
     listed = config.gpu_indices
-    most = max(len([index for index in gpus if listed is None or index in listed]) for gpus in machines.values())
+    most = max(usable(gpus, listed) for gpus in machines.values())
     if most >= wanted:
         return {}
     asked = f"{wanted} GPU" + ("" if wanted == 1 else "s")
@@ -71,8 +110,8 @@ def gpu_problems(config: LocalConfig, experiment: ExperimentConfig, settings: Se
 
 
 def _machines(settings: Settings) -> dict[str, list[int]] | None:
-    """Each machine's GPU indices, None when unknown: this machine's where trials would run here, else those the
-    shared Redis's workers recorded."""
+    """Each machine's GPU indices, None when unknown: this machine's where trials would run here, else those of
+    the machines with a live worker on the shared Redis."""
     if settings.redis_url is None:
         try:
             return {"this machine": [gpu.index for gpu in gpu_source(settings).gpus()]}
@@ -80,10 +119,9 @@ def _machines(settings: Settings) -> dict[str, list[int]] | None:
             return None
     client = connect(settings.redis_url, options=settings.redis_options())
     try:
-        recorded = client.hgetall(MACHINES)
+        return live_machines(client) or None
     finally:
         client.close()
-    return {str(machine): list(json.loads(indices)) for machine, indices in recorded.items()} or None
 
 
 def _found(machines: dict[str, list[int]], settings: Settings) -> str:
@@ -93,8 +131,8 @@ def _found(machines: dict[str, list[int]], settings: Settings) -> str:
         return f"this machine has {_gpus(gpus)}" if gpus else f"this machine has no GPU ({NONE_FOUND})"
     counts = sorted(len(gpus) for gpus in machines.values())
     if len(counts) == 1:
-        return f"the machine of the local workers on this Redis has {_gpus(next(iter(machines.values())))}"
-    return f"the {len(counts)} machines of the local workers on this Redis have at most {counts[-1]} GPUs each"
+        return f"the one machine with a live local worker on this Redis has {_gpus(next(iter(machines.values())))}"
+    return f"the {len(counts)} machines with a live local worker on this Redis have at most {counts[-1]} GPUs each"
 
 
 def _gpus(indices: list[int]) -> str:

@@ -1,5 +1,5 @@
 """The local platform's own settings (`TRIALSTREAM_MACHINE_ID`, `TRIALSTREAM_FAKE_GPUS`,
-`TRIALSTREAM_KILL_WAIT_S`)."""
+`TRIALSTREAM_KILL_WAIT_S`, `TRIALSTREAM_GPU_RECORD_TTL_S`)."""
 
 from __future__ import annotations
 
@@ -31,4 +31,10 @@ class LocalSettings(EnvironmentSettings):
     fake_gpus: Path | None = Field(default=None, description="a JSON file of GPUs, for tests on machines without any")
     kill_wait_s: float = Field(
         default=10.0, gt=0, description="what a trial left that SIGKILL has not ended by then is stuck: left, named"
+    )
+    gpu_record_ttl_s: float = Field(
+        default=60.0,
+        ge=3,  # renewed on the worker's housekeeping rounds, a second apart: a shorter one would lapse in between
+        description="how long a machine's recorded GPUs count in an experiment's check after a worker of it renewed"
+        " them (its live workers do every third of this): a machine whose workers are gone stops counting then",
     )

@@ -192,7 +192,8 @@ class GpuPolicy:
 
 
 class GpuRequestImpossible(Exception):
-    """The request can never be met on this host, so the trial must fail instead of waiting forever."""
+    """The request can never be met on this host (too few GPUs, or gpuIndices names one it lacks), busy or not:
+    the trial must go to another host (local: another machine's worker; remote: another listed machine)."""
 
 
 def _occupancy(holders: Mapping[str | bytes, str | bytes]) -> dict[int, int]:
