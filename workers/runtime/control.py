@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 
 import redis
@@ -156,7 +157,7 @@ class LogTrialControl:
             source=self._worker,
             reason=reason,
         )
-        self._commit(lambda pipe: self._appends.append(event, pipeline=pipe))
+        self._append(event, self._report_key("unreachable"))
 
     def rejected(self, reason: str) -> None:
         self._log.warning("trial %s: %s", self._trial_id, reason)
@@ -164,12 +165,12 @@ class LogTrialControl:
             TrialMetricRejected(
                 experiment_id=self._store.experiment_id, trial_id=self._trial_id, source=self._worker, reason=reason
             ),
-            None,
+            self._report_key("rejected"),
         )
 
     def waiting(self, reason: str) -> None:
         event = TrialDeferred(experiment_id=self._store.experiment_id, trial_id=self._trial_id, reason=reason)
-        self._commit(lambda pipe: self._appends.append(event, pipeline=pipe))
+        self._append(event, self._report_key("deferred"))
 
     # what the platform asks
 
@@ -259,8 +260,13 @@ class LogTrialControl:
         (workers.runtime.group_commit); sent again while Redis cannot be reached, up to the local deadline."""
         until_redis_answers(lambda: self._links.commits.write(fill), f"trial {self._trial_id}", self._cut_off)
 
-    def _append(self, event: TrialStarted | TrialMetricRejected, key: str | None) -> None:
+    def _append(self, event: Event, key: str) -> None:
         self._commit(lambda pipe: self._appends.append(event, idempotency_key=key, pipeline=pipe))
+
+    def _report_key(self, kind: str) -> str:
+        """The idempotency key of one report the platform makes (unreachable, deferred, a metric rejected): a
+        commit sent again after its answer was lost appends it once, while the same report made later is new."""
+        return f"{kind}:{self._trial_id}:{self._attempt}:{uuid.uuid4().hex}"
 
     @property
     def _deadline_s(self) -> float:
