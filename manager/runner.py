@@ -218,7 +218,7 @@ class ExperimentRunner:
         experiment_id = create_experiment(client, spec.as_event_config, root, experiment_id, spec.secrets)
         runner = cls(spec, client, rq_connection, root / experiment_id, experiment_id, on_progress, settings=settings)
         runner._take_claim(wait_s=0)
-        with runner._stopping_when_fenced():
+        with runner._setting_up():
             trial_config = TrialConfig(
                 command=spec.config.trial_command,
                 code_directory=str(spec.code_directory),
@@ -284,7 +284,7 @@ class ExperimentRunner:
             settings,
         )
         runner._take_claim(wait_s=runner._claim.lease_s + 1)  # a crashed runner's claim lapses within its lease
-        with runner._stopping_when_fenced():
+        with runner._setting_up():
             if changes is not None:
                 runner.service.store.append(ExperimentUpdated(experiment_id=experiment_id, changes=changes))
             if experiment.imported:
@@ -303,7 +303,7 @@ class ExperimentRunner:
         self._detach.set()
 
     def run(self) -> ExperimentResult:
-        with self._stopping_when_fenced():
+        with self._stopping_when_fenced(self._stalled):
             return self._run()
 
     def _run(self) -> ExperimentResult:
@@ -370,23 +370,41 @@ class ExperimentRunner:
 
     def _keep_claim(self) -> None:
         if not self._claim.keep():
-            raise self._claim_lost()
+            raise self._claim_lost(self._stalled)
+
+    @property
+    def _stalled(self) -> str:
+        return f"it stalled past its {self._claim.lease_s:g} s lease"
 
     @contextmanager
-    def _stopping_when_fenced(self) -> Iterator[None]:
+    def _setting_up(self) -> Iterator[None]:
+        """What `create` and `resume` do once the claim is taken, fenced as `run` is; if it fails, the tuner it
+        started is closed and its dispatcher.log let go here, as no `run` will (a manager lives on after it)."""
+        try:
+            with self._stopping_when_fenced("another runner took it while this one was starting"):
+                yield
+        except BaseException:
+            if self._tuner is not None:
+                self._tuner.close()
+            stop_nni_logging(self.experiment_dir / "log" / "dispatcher.log")
+            raise
+
+    @contextmanager
+    def _stopping_when_fenced(self, how: str) -> Iterator[None]:
         """An append refused by its fence stops the runner as a lost claim does: another runner took the claim
-        while this one stalled between keep() (which answers from memory between renewals) and the append."""
+        while this one stalled between keep() (which answers from memory between renewals) and the append, or
+        while it was starting (`how` says which)."""
         try:
             yield
         except AppendFenced as refused:
-            raise self._claim_lost() from refused
+            raise self._claim_lost(how) from refused
 
-    def _claim_lost(self) -> ClaimLost:
+    def _claim_lost(self, how: str) -> ClaimLost:
         holder = self._claim.holder()
         now = f"{holder} runs it now" if holder else f"run `trialstream resume {self.experiment_id}` to go on"
         return ClaimLost(
-            f"this runner of experiment {self.experiment_id} lost its claim (it stalled past its "
-            f"{self._claim.lease_s:g} s lease) and stopped, submitting nothing more; {now}"
+            f"this runner of experiment {self.experiment_id} lost its claim ({how}) and stopped, submitting nothing"
+            f" more; {now}"
         )
 
     def _start_tuner(self, replay: list[LogEntry]) -> None:

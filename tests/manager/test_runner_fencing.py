@@ -16,6 +16,7 @@ import redis
 from core import keys
 from core.event_store import EventStore, StoredEvent
 from core.queueing import trial_queue
+from core.settings import Settings
 from manager.config import load_experiment_config
 from manager.runner import ClaimLost, ExperimentRunner
 from manager.runner_claim import RunnerClaim
@@ -209,3 +210,73 @@ def test_a_runner_superseded_after_its_last_keep_is_refused_by_the_log_and_stops
     assert [job.args for job in queued] == [[experiment_id, first.trial_id, 1]]  # no job of a refused submission
     assert len(list(rq_connection.scan_iter("rq:job:*"))) == 1
     assert client.get(keys.runner(experiment_id)) == "runner:resumed"
+
+
+TAKER = """
+import pathlib, redis
+from nni.tuner import Tuner
+
+
+class Taker(Tuner):
+    '''Random enough for the test; the second time it is built (the resume), another runner takes the claim.'''
+
+    def __init__(self, url, claim, epoch, built):
+        self.takes = pathlib.Path(built).exists()
+        pathlib.Path(built).touch()
+        self.claim, self.epoch, self.client = claim, epoch, redis.Redis.from_url(url)
+
+    def update_search_space(self, search_space):
+        if self.takes:
+            self.client.set(self.claim, "runner:elsewhere")
+            self.client.incr(self.epoch)
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        return {"x": 0.5}
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        pass
+"""
+
+
+def test_a_resume_taken_over_as_it_starts_stops_and_leaves_no_tuner_running(
+    tmp_path: Path, redis_url: str, client: redis.Redis, rq_connection: redis.Redis
+) -> None:
+    """Another runner takes the claim while a resumed one builds its tuner: the resumed one's first append
+    (ExperimentResumed) is refused, it stops with ClaimLost saying so, and the tuner it started does not live on
+    (a manager runs many experiments in one process)."""
+    (tmp_path / "algorithms").mkdir()
+    (tmp_path / "algorithms" / "taker.py").write_text(TAKER)
+    config = {
+        "trialCommand": "true",
+        "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 1,
+        "maxTrialNumber": 1,
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"codeDirectory": str(tmp_path / "algorithms"), "className": "taker.Taker", "classArgs": {}},
+        "trainingService": {"platform": "local"},
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+    }
+
+    def tuners() -> int:
+        return sum(1 for thread in threading.enumerate() if thread.name == "tuner" and thread.is_alive())
+
+    experiment_id = "taken"
+    claim, epoch = keys.runner(experiment_id), keys.runner_epoch(experiment_id)
+    class_args = {"url": redis_url, "claim": claim, "epoch": epoch, "built": str(tmp_path / "built")}
+    config["tuner"]["classArgs"] = class_args  # type: ignore[index]
+    (tmp_path / "config.yml").write_text(json.dumps(config))
+    spec = load_experiment_config(tmp_path / "config.yml")
+    created = ExperimentRunner.create(spec, client, rq_connection, experiment_id=experiment_id)
+    assert created._tuner is not None
+    created._tuner.close()  # the first runner crashed: its claim is gone, its tuner with it
+    client.delete(claim)
+    before = tuners()
+    store = EventStore(client, experiment_id)
+    head = store.head()
+
+    with pytest.raises(ClaimLost) as lost:
+        ExperimentRunner.resume(client, rq_connection, experiment_id, settings=Settings(runner_lease_s=3))
+    assert "another runner took it while this one was starting" in str(lost.value), lost.value
+    assert "runner:elsewhere runs it now" in str(lost.value), lost.value
+    assert store.read(after=head) == []  # nothing of the resumed runner's is in the log
+    assert tuners() == before, "the resumed runner's tuner lives on"
