@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from core import keys
 from core.connections import connect
 from core.event_store import StoredEvent
 from core.platform import ParsedMetric
@@ -56,6 +57,9 @@ def test_each_report_whose_answer_was_lost_lands_once(make_service: ServiceFacto
         if isinstance(entry, StoredEvent) and getattr(entry.event, "trial_id", None) == trial_id
     )
     assert {kind: logged[kind] for kind, _ in reports} == Counter(kind for kind, _ in reports)
+    held: Any = client.hkeys(keys.idempotency(service.experiment_id))
+    reports_held = [key for key in held if key.split(":")[0] in ("unreachable", "deferred", "rejected")]
+    assert len(reports_held) == 1, held  # each report's key goes with the next: one is kept, the last
     client.close()
 
 

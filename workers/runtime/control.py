@@ -75,6 +75,7 @@ class LogTrialControl:
         # again (re-attached ones resume past the offsets written with it; local trials are never re-attached),
         # so a running trial holds a batch's keys, not one per metric it ever reported.
         self.metric_keys: list[str] = []
+        self._reported: str | None = None  # the idempotency key of the last report (`_report`)
         self.offsets_key = keys.read_offsets(store.experiment_id, self._trial_id, lease.ref.attempt)
         self._cancel: TrialCancelRequested | None = None
         self._lease_lost = False
@@ -157,20 +158,18 @@ class LogTrialControl:
             source=self._worker,
             reason=reason,
         )
-        self._append(event, self._report_key("unreachable"))
+        self._report(event, "unreachable")
 
     def rejected(self, reason: str) -> None:
         self._log.warning("trial %s: %s", self._trial_id, reason)
-        self._append(
-            TrialMetricRejected(
-                experiment_id=self._store.experiment_id, trial_id=self._trial_id, source=self._worker, reason=reason
-            ),
-            self._report_key("rejected"),
+        event = TrialMetricRejected(
+            experiment_id=self._store.experiment_id, trial_id=self._trial_id, source=self._worker, reason=reason
         )
+        self._report(event, "rejected")
 
     def waiting(self, reason: str) -> None:
         event = TrialDeferred(experiment_id=self._store.experiment_id, trial_id=self._trial_id, reason=reason)
-        self._append(event, self._report_key("deferred"))
+        self._report(event, "deferred")
 
     # what the platform asks
 
@@ -260,13 +259,23 @@ class LogTrialControl:
         (workers.runtime.group_commit); sent again while Redis cannot be reached, up to the local deadline."""
         until_redis_answers(lambda: self._links.commits.write(fill), f"trial {self._trial_id}", self._cut_off)
 
-    def _append(self, event: Event, key: str) -> None:
+    def _append(self, event: TrialStarted, key: str) -> None:
         self._commit(lambda pipe: self._appends.append(event, idempotency_key=key, pipeline=pipe))
 
-    def _report_key(self, kind: str) -> str:
-        """The idempotency key of one report the platform makes (unreachable, deferred, a metric rejected): a
-        commit sent again after its answer was lost appends it once, while the same report made later is new."""
-        return f"{kind}:{self._trial_id}:{self._attempt}:{uuid.uuid4().hex}"
+    def _report(self, event: TrialUnreachable | TrialDeferred | TrialMetricRejected, kind: str) -> None:
+        """Append a report the platform makes (unreachable, deferred, a metric rejected) under a key made for it:
+        a commit sent again after its answer was lost appends it once, while the same report made later is new.
+        The previous report's key goes in the same commit: that one returned, so nothing sends it again, and an
+        attempt holds one such key however many reports it makes."""
+        key, landed = f"{kind}:{self._trial_id}:{self._attempt}:{uuid.uuid4().hex}", self._reported
+
+        def fill(pipe: Pipeline) -> None:
+            self._appends.append(event, idempotency_key=key, pipeline=pipe)
+            if landed is not None:
+                pipe.hdel(keys.idempotency(self._store.experiment_id), landed)
+
+        self._commit(fill)
+        self._reported = key
 
     @property
     def _deadline_s(self) -> float:
