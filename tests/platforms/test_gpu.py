@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import threading
 import time
@@ -476,12 +477,13 @@ def test_a_machine_that_can_never_run_a_trial_says_whether_another_with_a_live_w
     record(client, "cpu-box", StaticSource([]), 60)
     alone = handed_back(client, "cpu-box", impossible, 2, None)
     assert alone == (
-        f"machine cpu-box: {impossible}; no other machine with a live local worker has enough: waiting for a worker"
+        f"host {socket.gethostname()}: {impossible}; no other machine with a live local worker has enough:"
+        " waiting for a worker"
         " of one that has"
     )
     record(client, "gpu-box", StaticSource(free(0, 1)), 60)
     assert handed_back(client, "cpu-box", impossible, 2, None) == (
-        f"machine cpu-box: {impossible}; handed back for a worker of a machine with enough"
+        f"host {socket.gethostname()}: {impossible}; handed back for a worker of a machine with enough"
     )
     assert handed_back(client, "cpu-box", impossible, 2, [0, 5]) == alone  # a worker gives none where GPU 5 is missing
     client.hset(MACHINES, "old-box", json.dumps([0, 1, 2]))  # an earlier version's record: never renewed, not counted

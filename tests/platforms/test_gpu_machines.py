@@ -5,8 +5,10 @@ counts in an experiment's GPU check only while a worker of it lives."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
+from core.connections import connect
 from core.event_store import StoredEvent
 from core.settings import Settings
 from manager.config import experiment_spec
@@ -18,6 +20,7 @@ from tests.conftest import Processes, ServiceFactory, form, wait_for_status, wai
 from tests.platforms.test_gpu_preflight import gpu_config
 from tests.platforms.test_gpu_scheduling import cuda_of, gpu_service, release
 from tests.platforms.test_parking import events_of
+from workers.platforms.local.gpus import live_machines
 
 
 def machine(tmp_path: Path, name: str, gpus: int, **env: str) -> dict[str, str]:
@@ -35,7 +38,8 @@ def test_a_trial_a_machine_has_too_few_gpus_for_is_handed_back_to_one_with_enoug
     trial_id = service.submit_trial_job(form(0)).id
     first = wait_until(lambda: events_of(service, trial_id, TrialDeferred), 20, what="cpu-box to hand it back")[0]
     assert first.reason == (
-        "machine cpu-box: trial asks for 2 GPUs but this machine has none; no other machine with a live local"
+        f"host {socket.gethostname()}: trial asks for 2 GPUs but this machine has none;"
+        " no other machine with a live local"
         " worker has enough: waiting for a worker of one that has"
     )
     wait_until(lambda: service.get_trial_job(trial_id).message == first.reason, 10, what="it in the trial's message")
@@ -69,6 +73,8 @@ def test_a_machine_counts_in_the_gpu_check_only_while_a_worker_of_it_lives(
             return str(error)
         return ""
 
+    client = connect(processes.redis_url)
+    wait_until(lambda: {"cpu-box", "gpu-box"} <= live_machines(client).keys(), 20, what="both machines recorded")
     assert refusal() == ""  # gpu-box has the 2 GPUs
     gpu_box.terminate()
     gpu_box.wait(20)

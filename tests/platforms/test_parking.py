@@ -4,6 +4,7 @@ re-queued in a loop, and starts as soon as what it waits for is freed."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -87,7 +88,8 @@ def test_a_trial_no_machine_has_the_gpus_for_waits_parked_saying_why(
     waiting = service.submit_trial_job(form(0)).id
     message = wait_until(lambda: service.get_trial_job(waiting).message, 10, what="a deferral message")
     assert message == (
-        "machine box: trial asks for 3 GPUs but this machine has 2 (GPUs: 0,1); no other machine with a live local"
+        f"host {socket.gethostname()}: trial asks for 3 GPUs but this machine has 2 (GPUs: 0,1);"
+        " no other machine with a live local"
         " worker has enough: waiting for a worker of one that has"
     )
     rechecks = lambda: [e for e in events_of(service, waiting, TrialRequeued) if e.reason == "re-check"]  # noqa: E731

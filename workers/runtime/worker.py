@@ -172,6 +172,8 @@ def _housekeeping(runtime: WorkerRuntime, stop: threading.Event) -> None:
                 keep_alive()
         except redis.RedisError as error:
             log.warning("housekeeping: %s; retrying", error)
+        except Exception:  # a platform's keep_alive, say: the next round must still come
+            log.exception("housekeeping failed; retrying")
 
 
 def alive_here(settings: Settings) -> bool:

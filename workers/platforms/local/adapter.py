@@ -121,9 +121,9 @@ class LocalPlatform:
     def keep_alive(self) -> None:
         """This machine's GPU record renewed every third of its TTL: it counts while a worker of the machine
         lives, and lapses once none does."""
-        if time.monotonic() - self._recorded_at >= self._record_ttl_s / 3:
-            record(self._client, self._machine_id, self._gpus, self._record_ttl_s)
-            self._recorded_at = time.monotonic()
+        due = time.monotonic() - self._recorded_at >= self._record_ttl_s / 3
+        if due and record(self._client, self._machine_id, self._gpus, self._record_ttl_s):
+            self._recorded_at = time.monotonic()  # else tried again next round, before the record lapses
 
     def close(self) -> None:
         self.keepers.close()

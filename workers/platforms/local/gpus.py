@@ -13,6 +13,7 @@ machines serve one queue): that worker hands it back (`handed_back`) for a worke
 from __future__ import annotations
 
 import json
+import socket
 
 import redis
 
@@ -37,16 +38,17 @@ def gpu_source(settings: Settings) -> GpuSource:
     return FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
 
 
-def record(client: redis.Redis, machine_id: str, source: GpuSource, ttl_s: float) -> None:
+def record(client: redis.Redis, machine_id: str, source: GpuSource, ttl_s: float) -> bool:
     """This machine's GPUs, for the checks of experiments started elsewhere, counted for `ttl_s` from now on
-    Redis's clock (the machines' own clocks may disagree). None when its GPU tools fail: they may work by the time
-    a trial asks, so nothing is refused on their word."""
+    Redis's clock (the machines' own clocks may disagree); whether they were recorded. Not when its GPU tools
+    fail: they may work by the time a trial asks, so nothing is refused on their word."""
     try:
         indices = [gpu.index for gpu in source.gpus()]
     except GpuQueryError:
-        return
+        return False
     seconds, _ = client.time()
     client.hset(MACHINES, machine_id, json.dumps({"gpus": indices, "until": seconds + ttl_s}))
+    return True
 
 
 def live_machines(client: redis.Redis) -> dict[str, list[int]]:
@@ -74,7 +76,7 @@ def usable(gpus: list[int], listed: list[int] | None) -> int:
 def handed_back(client: redis.Redis, machine_id: str, impossible: str, wanted: int, listed: list[int] | None) -> str:
     """Why a trial that this machine can never run waits (its message): given back to the queue for a worker of
     another machine that has the GPUs it asks for, or, while none with a live worker has, until one serves."""
-    here = f"machine {machine_id}: {impossible}"
+    here = f"host {socket.gethostname()}: {impossible}"  # not the machine id: machine-id(5) keeps it private
     others = [usable(gpus, listed) for machine, gpus in live_machines(client).items() if machine != machine_id]
     if max(others, default=0) >= wanted:
         return f"{here}; handed back for a worker of a machine with enough"
