@@ -109,9 +109,10 @@ _REFUSALS: dict[str, type[AppendRefused]] = {"ARCHIVED": ExperimentArchived, "FE
 
 
 def append_refusal(error: redis.ResponseError) -> AppendRefused | None:
-    """The append script's refusal in `error` (as Redis answered it, not as a raising pipeline rewords it), as
+    """The append script's refusal in `error` (as Redis answered it, or as a pipeline that raised it put it), as
     its exception; None for any other error."""
-    code, _, message = str(error).partition(" ")
+    _, _, answered = str(error).rpartition(" of pipeline caused error: ")  # redis-py's annotation, if any
+    code, _, message = answered.partition(" ")
     refusal = _REFUSALS.get(code)
     return refusal(message) if refusal is not None else None
 
@@ -324,10 +325,10 @@ class EventStore:
             for start in range(0, len(events), _APPEND_BATCH):
                 batch = slice(start, start + _APPEND_BATCH)
                 self._run_script(self._arguments(events[batch], keys_[batch]), pipe)
-            replies = pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, redis.ResponseError):
-                raise append_refusal(reply) or reply
+            try:
+                replies = pipe.execute()
+            except redis.ResponseError as error:
+                raise append_refusal(error) or error from None
         return [str(entry_id) for ids in replies for entry_id in ids]
 
     def append_entries(self, entries: list[tuple[str, dict[str, str]]], pipeline: Pipeline) -> None:

@@ -129,19 +129,18 @@ def execute_enqueued(pipe: Pipeline, queued: Sequence[Job]) -> None:
     first would cost every submission a round trip, each waiting for an fsync under `appendfsync always`. So the
     refusing side deletes the jobs again, a round trip that only a refusal pays, and best effort: a worker that
     took such a job first finds no submission for its trial and drops it (workers.runtime.job.run_trial); a
-    re-queued attempt's is a needless delivery, which claims nothing (only one delivery claims an attempt); a
+    re-queued attempt's is one delivery more of an attempt that had lost its job (only one delivery claims it); a
     clean-up job finds the experiment not finished and cleans nothing (workers.runtime.job.clean_up_experiment)."""
-    replies = pipe.execute(raise_on_error=False)
-    failed = next((reply for reply in replies if isinstance(reply, redis.ResponseError)), None)
-    if failed is None:
-        return
-    refusal = append_refusal(failed)
-    if refusal is None:
-        raise failed
-    for job in queued:
-        with contextlib.suppress(redis.RedisError):  # left queued, it runs nothing (see above)
-            job.delete()
-    raise refusal
+    try:
+        pipe.execute()  # raising what EXEC answered: a master demoted meanwhile is sent it again (core.replication)
+    except redis.ResponseError as error:
+        refusal = append_refusal(error)
+        if refusal is None:
+            raise
+        for job in queued:
+            with contextlib.suppress(redis.RedisError):  # left queued, it runs nothing (see above)
+                job.delete()
+        raise refusal from None
 
 
 def attempt_job_prefix(experiment_id: str, trial_id: str, attempt: int) -> str:
