@@ -21,7 +21,7 @@ import pynvml
 import pytest
 import redis
 
-from workers.platforms.local.gpus import MACHINES, handed_back, live_machines, record
+from workers.platforms.local.gpus import _FORGET_UNCHANGED, MACHINES, handed_back, live_machines, record
 from workers.platforms.shared import gpu
 from workers.platforms.shared.gpu import (
     FakeGpuSource,
@@ -488,3 +488,19 @@ def test_a_machine_that_can_never_run_a_trial_says_whether_another_with_a_live_w
     assert handed_back(client, "cpu-box", impossible, 2, [0, 5]) == alone  # a worker gives none where GPU 5 is missing
     client.hset(MACHINES, "old-box", json.dumps([0, 1, 2]))  # an earlier version's record: never renewed, not counted
     assert live_machines(client) == {"cpu-box": [], "gpu-box": [0, 1]}
+
+
+def test_a_worker_recording_its_machine_lets_lapsed_records_go_but_not_one_renewed_meanwhile(
+    client: redis.Redis,
+) -> None:
+    record(client, "gpu-box", StaticSource(free(0, 1)), 60)
+    client.hset(MACHINES, "gone-box", json.dumps({"gpus": [0], "until": 1}))  # its workers went long ago
+    client.hset(MACHINES, "old-box", json.dumps([0, 1, 2]))  # an earlier version's record, never renewed
+    record(client, "cpu-box", StaticSource([]), 60)
+    assert sorted(client.hkeys(MACHINES)) == ["cpu-box", "gpu-box"]
+
+    # read as lapsed, then renewed by its worker before the delete: the delete leaves the new record alone
+    stale, renewed = json.dumps({"gpus": [0], "until": 1}), json.dumps({"gpus": [0], "until": 2**40})
+    client.hset(MACHINES, "late-box", renewed)
+    client.register_script(_FORGET_UNCHANGED)(keys=[MACHINES], args=["late-box", stale])
+    assert client.hget(MACHINES, "late-box") == renewed

@@ -38,31 +38,56 @@ def gpu_source(settings: Settings) -> GpuSource:
     return FakeGpuSource(own.fake_gpus) if own.fake_gpus else detect_gpu_source()
 
 
+# KEYS: the machines hash. ARGV: machine, record, ...: each deleted only if it still holds the record read, so a
+# machine whose worker renewed it meanwhile keeps its new one.
+_FORGET_UNCHANGED = """
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
+end
+"""
+
+
 def record(client: redis.Redis, machine_id: str, source: GpuSource, ttl_s: float) -> bool:
     """This machine's GPUs, for the checks of experiments started elsewhere, counted for `ttl_s` from now on
     Redis's clock (the machines' own clocks may disagree); whether they were recorded. Not when its GPU tools
-    fail: they may work by the time a trial asks, so nothing is refused on their word."""
+    fail: they may work by the time a trial asks, so nothing is refused on their word. The records that lapsed
+    go meanwhile: workers come and go with hosts (a container's name is its host's), and the hash is read whole."""
     try:
         indices = [gpu.index for gpu in source.gpus()]
     except GpuQueryError:
         return False
-    seconds, _ = client.time()
-    client.hset(MACHINES, machine_id, json.dumps({"gpus": indices, "until": seconds + ttl_s}))
+    seconds, recorded = _read(client)
+    lapsed = [part for machine, raw in recorded.items() if _live_gpus(raw, seconds) is None for part in (machine, raw)]
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hset(MACHINES, machine_id, json.dumps({"gpus": indices, "until": seconds + ttl_s}))
+        if lapsed:
+            client.register_script(_FORGET_UNCHANGED)(keys=[MACHINES], args=lapsed, client=pipe)
+        pipe.execute()
     return True
 
 
 def live_machines(client: redis.Redis) -> dict[str, list[int]]:
     """Each machine with a live local worker (its record not lapsed): its GPU indices."""
+    seconds, recorded = _read(client)
+    return {str(machine): gpus for machine, raw in recorded.items() if (gpus := _live_gpus(raw, seconds)) is not None}
+
+
+def _read(client: redis.Redis) -> tuple[int, dict[str, str]]:
+    """Redis's clock (seconds) and every machine's record."""
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         pipe.hgetall(MACHINES)
         (seconds, _), recorded = pipe.execute()
-    machines = {}
-    for machine, raw in recorded.items():
-        entry = json.loads(raw)
-        if isinstance(entry, dict) and entry["until"] > seconds:  # a bare list: an earlier version's, never renewed
-            machines[str(machine)] = [int(index) for index in entry["gpus"]]
-    return machines
+    return int(seconds), recorded
+
+
+def _live_gpus(raw: str, seconds: int) -> list[int] | None:
+    """A record's GPU indices while it has not lapsed; None once it has, or for a bare list: an earlier version's,
+    never renewed."""
+    entry = json.loads(raw)
+    if isinstance(entry, dict) and entry["until"] > seconds:
+        return [int(index) for index in entry["gpus"]]
+    return None
 
 
 def usable(gpus: list[int], listed: list[int] | None) -> int:
