@@ -212,10 +212,7 @@ def test_events_follow_goes_on_from_its_last_event_across_a_manager_restart(
         follower.kill()
     notes = [json.loads(line)["event"].get("value") for line in printed.read_text().splitlines()]
     assert notes[-3:] == ["before the outage", "during the outage", "after the outage"]
-    err = stderr.read_text()
-    assert err.count(f"the manager at {manager} does not answer") == 1, err
-    assert err.count(f"the manager at {manager} answers again") == 1, err
-    assert "Traceback" not in err
+    _noted_once_each_way(stderr, manager)
 
 
 def test_events_follow_gives_up_on_a_manager_gone_for_good(
@@ -266,10 +263,7 @@ def test_events_follow_waits_for_a_manager_down_as_it_starts(
     finally:
         follower.kill()
     assert json.loads(printed.read_text().splitlines()[-1])["event"].get("value") == "after the wait"
-    err = stderr.read_text()
-    assert err.count(f"the manager at {manager} does not answer") == 1, err
-    assert err.count(f"the manager at {manager} answers again") == 1, err
-    assert "Traceback" not in err
+    _noted_once_each_way(stderr, manager)
 
 
 def test_events_follow_gives_up_on_a_manager_that_never_answered(tmp_path: Path, make_service: ServiceFactory) -> None:
@@ -366,10 +360,7 @@ def test_trials_logs_follow_goes_on_from_the_byte_it_printed_across_a_manager_re
     assert output == trial.stdout.read_bytes()
     lines = output.decode().splitlines()
     assert lines == [f"line {number}" for number in range(len(lines) - 1)] + ["the end"]
-    err = stderr.read_text()
-    assert err.count(f"the manager at {trial.manager} does not answer") == 1, err
-    assert err.count(f"the manager at {trial.manager} answers again") == 1, err
-    assert "Traceback" not in err
+    _noted_once_each_way(stderr, trial.manager)
 
 
 def test_trials_logs_follow_gives_up_saying_what_it_printed(
@@ -425,3 +416,11 @@ def _gives_up_once_the_manager_is_gone(
     said = err.strip().splitlines()[-1]
     assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
     return said
+
+
+def _noted_once_each_way(stderr: Path, manager: str) -> None:
+    """A follow that rode out one outage said so once as it began and once as it ended, with no traceback."""
+    err = stderr.read_text()
+    assert err.count(f"the manager at {manager} does not answer") == 1, err
+    assert err.count(f"the manager at {manager} answers again") == 1, err
+    assert "Traceback" not in err
