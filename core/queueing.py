@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
@@ -30,7 +31,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from core import keys
-from core.event_store import EventStore, StoredEvent, append_refusal
+from core.event_store import AppendRefused, EventStore, StoredEvent, append_refusal
 from schemas.events import ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
 
 RUN_TRIAL = "workers.runtime.job.run_trial"  # by name: the core never imports the workers that execute it
@@ -39,6 +40,8 @@ CLEAN_UP_EXPERIMENT = "workers.runtime.job.clean_up_experiment"
 SERIALIZER = JSONSerializer  # never pickle: whoever can write a job must not run code on the workers
 RECHECK_FIRST_S = 1.0
 RECHECK_CAP_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 def queue_name(platform: str) -> str:
@@ -194,7 +197,8 @@ def park(pipe: Pipeline, job: TrialJob, now_ms: int) -> None:
 def wake_parked(client: redis.Redis, rq_connection: redis.Redis, platform: str, reason: str, due_only: bool) -> int:
     """Queue again the parked attempts of `platform` (only those whose re-check time has come, with
     `due_only`), each with a TrialRequeued record; returns how many. Safe to run anywhere, any time:
-    an attempt is taken out of the set by one ZREM, so only one waker queues it."""
+    an attempt is taken out of the set by one ZREM, so only one waker queues it. One whose experiment was
+    archived meanwhile is dropped, its job withdrawn, and the others are woken all the same."""
     key = keys.parked(platform)
     high: int | str = "+inf"  # every trial end wakes the parked: no clock read on that path
     if due_only:
@@ -211,8 +215,11 @@ def wake_parked(client: redis.Redis, rq_connection: redis.Redis, platform: str, 
         record = TrialRequeued(experiment_id=experiment_id, trial_id=trial_id, attempt=attempt, reason=reason)
         with client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            enqueue(pipe, rq_connection, store, record, [job])
-            pipe.execute()
+            try:
+                execute_enqueued(pipe, enqueue(pipe, rq_connection, store, record, [job]))
+            except AppendRefused as refused:  # archived since it was parked: nothing of it runs any more
+                log.info("parked trial %s not woken: %s", trial_id, refused, extra={"experiment": experiment_id})
+                continue
         woken += 1
     return woken
 

@@ -21,10 +21,11 @@ from typing import Any
 
 import redis
 from redis.client import Pipeline
+from rq.job import Job
 
 from core import keys
 from core.connections import RETRY_CAP_S
-from core.event_store import EventStore, StoredEvent
+from core.event_store import AppendRefused, EventStore, StoredEvent
 from core.leases import LOST, ORPHANED, AttemptRef, worker_of
 from core.placement import attempt_platform, listed_platforms, place
 from core.queueing import (
@@ -32,6 +33,7 @@ from core.queueing import (
     TrialJob,
     attempt_job_prefix,
     enqueue,
+    execute_enqueued,
     load_submission,
     parked_attempts,
     queued_attempts,
@@ -102,6 +104,9 @@ def reap_lost_attempts(
             verdict = _declare_lost(client, rq_connection, AttemptRef.parse(member), reaper, lease_s)
         except redis.RedisError:
             raise
+        except AppendRefused as refused:  # archived meanwhile: its MULTI ended the lease, its jobs are withdrawn
+            log.info("reaper: lease %r ended unjudged: %s", member, refused)
+            continue
         except Exception:  # poison: one bad lease must not stop every reaper; the log keeps it
             log.exception("reaper: cannot judge lease %r; dropping it", member)
             client.zrem(keys.LEASES, member)
@@ -160,12 +165,11 @@ def _declare_lost(
                 platform = attempt_platform(store, submitted, ref.attempt)
                 pipe.multi()
                 if platform_class(platform).trials_outlive_worker:
-                    verdict: TrialAttemptLost | TrialRequeued = _orphan(
-                        pipe, rq_connection, store, platform, ref, holder
-                    )
+                    verdict: TrialAttemptLost | TrialRequeued
+                    verdict, queued = _orphan(pipe, rq_connection, store, platform, ref, holder)
                 else:
-                    verdict = lose_attempt(pipe, rq_connection, store, submitted, ref, holder, reaper)
-                pipe.execute()
+                    verdict, queued = lose_attempt(pipe, rq_connection, store, submitted, ref, holder, reaper)
+                execute_enqueued(pipe, queued)
                 return verdict
             except redis.WatchError:
                 continue
@@ -180,10 +184,11 @@ def lose_attempt(
     holder: str | None,
     reaper: str,
     reason: str | None = None,
-) -> TrialAttemptLost:
+) -> tuple[TrialAttemptLost, list[Job]]:
     """Queue on `pipe` (in MULTI) the end of a lost attempt: TrialAttemptLost, the release of what it
     held (where it ran), its retry when maxTrialRetries allows one (placed anew in a hybrid experiment:
-    maybe on another listed platform), and the end of its lease."""
+    maybe on another listed platform), and the end of its lease; the verdict and the jobs, for
+    `execute_enqueued`."""
     assert isinstance(submitted.event, TrialSubmitted)
     verdict = _verdict(store, submitted, ref, holder, reaper, reason)
     platform = attempt_platform(store, submitted, ref.attempt)
@@ -195,9 +200,9 @@ def lose_attempt(
                 update={"retry_platform": place(store.client, rq_connection, ref.experiment_id, listed)}
             )
         jobs.append(TrialJob(verdict.retry_platform or platform, ref.experiment_id, ref.trial_id, ref.attempt + 1))
-    enqueue(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
+    queued = enqueue(pipe, rq_connection, store, verdict, jobs, idempotency_key=ref.ended_key)
     ref.release(pipe, LOST)
-    return verdict
+    return verdict, queued
 
 
 def _orphan(
@@ -207,7 +212,7 @@ def _orphan(
     platform: str,
     ref: AttemptRef,
     holder: str | None,
-) -> TrialRequeued:
+) -> tuple[TrialRequeued, list[Job]]:
     """The trial runs on without its worker (on a remote host, in a pod): hand the attempt to another
     worker of its platform, which re-attaches to it (or, finding nothing of it, declares it lost)."""
     who = f"worker {holder}" if holder else "its worker"
@@ -218,9 +223,9 @@ def _orphan(
         reason=f"{who} stopped renewing the lease of attempt {ref.attempt}; another worker takes it up",
     )
     job = TrialJob(platform, ref.experiment_id, ref.trial_id, ref.attempt, reattach=True)
-    enqueue(pipe, rq_connection, store, record, [job])
+    queued = enqueue(pipe, rq_connection, store, record, [job])
     ref.release(pipe, ORPHANED)
-    return record
+    return record, queued
 
 
 def _verdict(

@@ -13,7 +13,9 @@ from rq import Queue
 
 from core import keys
 from core.event_store import AppendFenced, AppendRefused, ExperimentArchived, Fence
-from core.queueing import queue_name, trial_queue
+from core.leases import AttemptRef, Lease
+from core.queueing import TrialJob, park, queue_name, trial_queue, wake_parked
+from core.reaper import reap_lost_attempts
 from manager.experiments import finish_experiment
 from manager.projector import Projector
 from manager.training_service import MissingClusterMetadata, TrainingService, TrialNotFound
@@ -238,3 +240,38 @@ def test_a_refused_submission_or_requeue_leaves_no_job(
     assert service.store.read() == log_before
     assert trial_queue("local", rq_connection).count == 0
     assert list(rq_connection.scan_iter("rq:job:*")) == []  # nor any job's hash, which a worker could run
+
+
+def test_the_workers_enqueues_withdraw_the_jobs_of_an_archived_experiment(
+    client: redis.Redis, rq_connection: redis.Redis, make_service: ServiceFactory
+) -> None:
+    """A parked trial's wake-up and a lost attempt's retry go through the one enqueue path: archived meanwhile, they
+    leave no job and nothing in the log, and the other parked trials are woken all the same."""
+    archived, live = make_service(max_retries=1), make_service()
+    parked = [archived.submit_trial_job(form(0)).id, live.submit_trial_job(form(0)).id]
+    lost = archived.submit_trial_job(form(1)).id
+    trial_queue("local", rq_connection).empty()  # as if workers had taken them: only what comes next is queued
+    with client.pipeline(transaction=True) as pipe:
+        for service, trial_id in zip((archived, live), parked, strict=True):
+            park(pipe, TrialJob("local", service.experiment_id, trial_id, 1), 0)
+        pipe.execute()
+    lease = Lease(client, AttemptRef(archived.experiment_id, lost, 1), "gone:1", seconds=0.2)
+    assert lease.acquire()
+    log_before = archived.store.read()
+    _refuse_appends(client, archived, ExperimentArchived)
+
+    assert wake_parked(client, rq_connection, "local", "a trial ended", due_only=False) == 1
+    assert [job.args[:2] for job in trial_queue("local", rq_connection).jobs] == [[live.experiment_id, parked[1]]]
+    assert client.zcard(keys.parked("local")) == 0
+    # The expired lease's retry is refused in the reaper's transaction, which ends the lease all the same.
+    wait_until(
+        lambda: (
+            not reap_lost_attempts(client, rq_connection, "reaper", 0.2)
+            and client.zscore(keys.LEASES, lease.ref.member) is None
+        ),
+        10,
+        what="the reaper to end the archived experiment's lease",
+    )
+    assert archived.store.read() == log_before
+    assert trial_queue("local", rq_connection).count == 1
+    assert [key for key in rq_connection.scan_iter("rq:job:*") if archived.experiment_id.encode() in key] == []

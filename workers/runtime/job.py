@@ -18,7 +18,7 @@ from core.event_store import EventStore, StoredEvent
 from core.leases import AttemptRef, Lease
 from core.placement import attempt_platform
 from core.platform import Abandoned, Deferred, Lost, Platform, TrialAssignment, TrialOutcome
-from core.queueing import TrialJob, load_submission, park, wake_parked, worker_name
+from core.queueing import TrialJob, execute_enqueued, load_submission, park, wake_parked, worker_name
 from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
@@ -245,9 +245,11 @@ def _lose(runtime: WorkerRuntime, store: EventStore, submitted: StoredEvent, lea
     def commit() -> None:
         with store.client.pipeline(transaction=True) as pipe:
             pipe.multi()
-            lose_attempt(pipe, runtime.rq_connection, store, submitted, ref, lease.worker, runtime.name, reason)
+            _, queued = lose_attempt(
+                pipe, runtime.rq_connection, store, submitted, ref, lease.worker, runtime.name, reason
+            )
             pipe.delete(keys.read_offsets(ref.experiment_id, ref.trial_id, ref.attempt))
-            pipe.execute()
+            execute_enqueued(pipe, queued)
 
     until_redis_answers(commit, f"trial {ref.trial_id}")  # safe to repeat: keyed append, absolute writes
 
