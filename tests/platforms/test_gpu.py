@@ -21,6 +21,10 @@ import pynvml
 import pytest
 import redis
 
+from core.settings import Settings
+from tests.conftest import wait_until
+from workers.platforms.local import adapter as local_adapter
+from workers.platforms.local.adapter import LocalPlatform
 from workers.platforms.local.gpus import _FORGET_UNCHANGED, MACHINES, handed_back, live_machines, record
 from workers.platforms.shared import gpu
 from workers.platforms.shared.gpu import (
@@ -474,14 +478,14 @@ def test_a_machine_that_can_never_run_a_trial_says_whether_another_with_a_live_w
     client: redis.Redis,
 ) -> None:
     impossible = "trial asks for 2 GPUs but this machine has none"
-    record(client, "cpu-box", StaticSource([]), 60)
+    record(client, "cpu-box", [], 60)
     alone = handed_back(client, "cpu-box", impossible, 2, None)
     assert alone == (
         f"host {socket.gethostname()}: {impossible}; no other machine with a live local worker has enough:"
         " waiting for a worker"
         " of one that has"
     )
-    record(client, "gpu-box", StaticSource(free(0, 1)), 60)
+    record(client, "gpu-box", [0, 1], 60)
     assert handed_back(client, "cpu-box", impossible, 2, None) == (
         f"host {socket.gethostname()}: {impossible}; handed back for a worker of a machine with enough"
     )
@@ -493,10 +497,10 @@ def test_a_machine_that_can_never_run_a_trial_says_whether_another_with_a_live_w
 def test_a_worker_recording_its_machine_lets_lapsed_records_go_but_not_one_renewed_meanwhile(
     client: redis.Redis,
 ) -> None:
-    record(client, "gpu-box", StaticSource(free(0, 1)), 60)
+    record(client, "gpu-box", [0, 1], 60)
     client.hset(MACHINES, "gone-box", json.dumps({"gpus": [0], "until": 1}))  # its workers went long ago
     client.hset(MACHINES, "old-box", json.dumps([0, 1, 2]))  # an earlier version's record, never renewed
-    record(client, "cpu-box", StaticSource([]), 60)
+    record(client, "cpu-box", [], 60)
     assert sorted(client.hkeys(MACHINES)) == ["cpu-box", "gpu-box"]
 
     # read as lapsed, then renewed by its worker before the delete: the delete leaves the new record alone
@@ -504,3 +508,46 @@ def test_a_worker_recording_its_machine_lets_lapsed_records_go_but_not_one_renew
     client.hset(MACHINES, "late-box", renewed)
     client.register_script(_FORGET_UNCHANGED)(keys=[MACHINES], args=["late-box", stale])
     assert client.hget(MACHINES, "late-box") == renewed
+
+
+class AnswersLate:
+    """GPU tools that fail `failures` times, then answer; counting the calls."""
+
+    def __init__(self, failures: int, gpus: list[GpuInfo]) -> None:
+        self.failures, self.answer, self.calls = failures, gpus, 0
+
+    def gpus(self) -> list[GpuInfo]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise GpuQueryError("nvidia-smi did not answer within 15 s")
+        return list(self.answer)
+
+
+def test_a_worker_asks_for_its_machines_gpus_until_they_answer_then_renews_what_they_said(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each renewal asking nvidia-smi again could hold the worker's housekeeping for its whole timeout."""
+    source = AnswersLate(1, free(0, 1))
+    monkeypatch.setattr(local_adapter, "gpu_source", lambda settings: source)
+    environment = {"TRIALSTREAM_MACHINE_ID": "late-box", "TRIALSTREAM_GPU_RECORD_TTL_S": "3"}
+    platform = LocalPlatform(Settings.from_environment(environment), client)
+
+    def until() -> int:
+        return int(json.loads(client.hget(MACHINES, "late-box") or "{}").get("until", 0))
+
+    def renewed_since(before: int) -> bool:
+        platform.keep_alive()  # as the worker's housekeeping does, each round
+        return until() > before
+
+    try:
+        platform.keep_alive()
+        assert "late-box" not in live_machines(client)  # the tools failed: nothing said on their word
+        platform.keep_alive()  # asked again on the next round, not a third of the TTL later
+        assert live_machines(client)["late-box"] == [0, 1]
+        first = until()
+        source.answer = free(0)  # were the tools asked again, they would say otherwise
+        wait_until(lambda: renewed_since(first), 10, what="the record renewed")
+        assert live_machines(client)["late-box"] == [0, 1]
+        assert source.calls == 2
+    finally:
+        platform.close()

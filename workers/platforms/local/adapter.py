@@ -42,6 +42,7 @@ from workers.platforms.local.wakeups import TrialWakeups
 from workers.platforms.shared.gpu import (
     GpuLedger,
     GpuPolicy,
+    GpuQueryError,
     GpuRequestImpossible,
     cuda_visible_devices,
 )
@@ -81,6 +82,7 @@ class LocalPlatform:
         self.ledger = GpuLedger(client, own.machine_id, self._gpus)
         self._record_ttl_s = own.gpu_record_ttl_s
         self._recorded_at = -math.inf  # time.monotonic() of this worker's last record of its machine's GPUs
+        self._indices: list[int] | None = None  # its GPUs, once its tools have answered
         self.kill_grace_s = settings.kill_grace_s
         self.keepers = Keepers(own.kill_wait_s)
         self.wakeups = TrialWakeups()
@@ -120,10 +122,17 @@ class LocalPlatform:
 
     def keep_alive(self) -> None:
         """This machine's GPU record renewed every third of its TTL: it counts while a worker of the machine
-        lives, and lapses once none does."""
-        due = time.monotonic() - self._recorded_at >= self._record_ttl_s / 3
-        if due and record(self._client, self._machine_id, self._gpus, self._record_ttl_s):
-            self._recorded_at = time.monotonic()  # else tried again next round, before the record lapses
+        lives, and lapses once none does. Its GPUs are asked for until the tools answer once, then renewed as
+        read: a machine's GPUs stay while its worker runs, and nvidia-smi may take seconds of every round."""
+        if time.monotonic() - self._recorded_at < self._record_ttl_s / 3:
+            return
+        if self._indices is None:
+            try:
+                self._indices = [gpu.index for gpu in self._gpus.gpus()]
+            except GpuQueryError:  # nothing refused on their word: they may work by the time a trial asks
+                return  # asked again next round, before the record lapses
+        record(self._client, self._machine_id, self._indices, self._record_ttl_s)
+        self._recorded_at = time.monotonic()
 
     def close(self) -> None:
         self.keepers.close()

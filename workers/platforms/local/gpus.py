@@ -47,15 +47,10 @@ end
 """
 
 
-def record(client: redis.Redis, machine_id: str, source: GpuSource, ttl_s: float) -> bool:
-    """This machine's GPUs, for the checks of experiments started elsewhere, counted for `ttl_s` from now on
-    Redis's clock (the machines' own clocks may disagree); whether they were recorded. Not when its GPU tools
-    fail: they may work by the time a trial asks, so nothing is refused on their word. The records that lapsed
-    go meanwhile: workers come and go with hosts (a container's name is its host's), and the hash is read whole."""
-    try:
-        indices = [gpu.index for gpu in source.gpus()]
-    except GpuQueryError:
-        return False
+def record(client: redis.Redis, machine_id: str, indices: list[int], ttl_s: float) -> None:
+    """This machine's GPUs (`indices`), for the checks of experiments started elsewhere, counted for `ttl_s` from
+    now on Redis's clock (the machines' own clocks may disagree). The records that lapsed go meanwhile: workers come
+    and go with hosts (a container's name is its host's), and the hash is read whole."""
     seconds, recorded = _read(client)
     lapsed = [part for machine, raw in recorded.items() if _live_gpus(raw, seconds) is None for part in (machine, raw)]
     with client.pipeline(transaction=False) as pipe:
@@ -63,7 +58,6 @@ def record(client: redis.Redis, machine_id: str, source: GpuSource, ttl_s: float
         if lapsed:
             client.register_script(_FORGET_UNCHANGED)(keys=[MACHINES], args=lapsed, client=pipe)
         pipe.execute()
-    return True
 
 
 def live_machines(client: redis.Redis) -> dict[str, list[int]]:
