@@ -18,10 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from manager.api_client import PAGE
+from manager.training_service import TrainingService
+from schemas.events import ClusterMetadataSet
 from simulators.waiting import wait_until
 from tests.cli.test_cli_manager import TRIAL, client_code, running_experiment
 from tests.conftest import REPO, Processes, ServiceFactory, form, free_port, stream_entries, wait_for_status
 from tests.support import web
+from tests.support.http_outage import HttpOutage
 
 PAUSE_S = 7.0  # past uvicorn's timeout_keep_alive (5 s), which the manager does not expose
 pytestmark = pytest.mark.xdist_group("cli-manager")
@@ -185,6 +189,13 @@ def printed_ids(printed: Path) -> list[str]:
     return [json.loads(line)["id"] for line in lines if line.endswith("\n")]
 
 
+def printed_whole_log(printed: Path, service: TrainingService) -> bool:
+    """Whether the ids printed are those of the experiment's log, each once, in its order."""
+    return printed_ids(printed) == [
+        entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)
+    ]
+
+
 def test_events_follow_goes_on_from_its_last_event_across_a_manager_restart(
     tmp_path: Path, processes: Processes, make_service: ServiceFactory
 ) -> None:
@@ -194,18 +205,14 @@ def test_events_follow_goes_on_from_its_last_event_across_a_manager_restart(
     manager = processes.manager()
     follower, printed, stderr = following_events(manager, service.experiment_id, tmp_path)
 
-    def printed_all() -> bool:
-        logged = [entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)]
-        return printed_ids(printed) == logged
-
     try:
         service.set_cluster_metadata("note", "before the outage")
-        wait_until(printed_all, 30, what="the history and a new event, followed")
+        wait_until(lambda: printed_whole_log(printed, service), 30, what="the history and a new event, followed")
         kill_noticed(processes, manager, stderr)
         service.set_cluster_metadata("note", "during the outage")
         restart(processes, manager)
         service.set_cluster_metadata("note", "after the outage")
-        wait_until(printed_all, 30, what="every event, followed once")
+        wait_until(lambda: printed_whole_log(printed, service), 30, what="every event, followed once")
         follower.send_signal(signal.SIGINT)
         assert follower.wait(30) == 0, stderr.read_text()
     finally:
@@ -247,23 +254,48 @@ def test_events_follow_waits_for_a_manager_down_as_it_starts(
         assert follower.poll() is None, stderr.read_text()
         return f"the manager at {manager} does not answer" in stderr.read_text()
 
-    def printed_all() -> bool:
-        logged = [entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)]
-        return printed_ids(printed) == logged
-
     try:
         wait_until(waiting, 30, what="the command to wait for the manager")
         assert printed.read_text() == ""
         restart(processes, manager)
-        wait_until(printed_all, 30, what="the history, once the manager answers")
+        wait_until(lambda: printed_whole_log(printed, service), 30, what="the history, once the manager answers")
         service.set_cluster_metadata("note", "after the wait")
-        wait_until(printed_all, 30, what="a new event, followed")
+        wait_until(lambda: printed_whole_log(printed, service), 30, what="a new event, followed")
         follower.send_signal(signal.SIGINT)
         assert follower.wait(30) == 0, stderr.read_text()
     finally:
         follower.kill()
     assert json.loads(printed.read_text().splitlines()[-1])["event"].get("value") == "after the wait"
     _noted_once_each_way(stderr, manager)
+
+
+def test_events_follow_rides_out_a_manager_lost_between_two_pages_of_its_history(
+    tmp_path: Path, processes: Processes, make_service: ServiceFactory
+) -> None:
+    """The history is read a page at a time: lost after the first page, the follow asks for the next one again once
+    the manager answers, and prints each event once, in log order."""
+    service = make_service()
+    notes = [ClusterMetadataSet(experiment_id=service.experiment_id, key="note", value=str(n)) for n in range(PAGE)]
+    service.store.append_all(notes, [None] * len(notes))
+    logged = [entry_id for entry_id, _ in stream_entries(service.store.client, service.store.stream)]
+    assert len(logged) > PAGE
+    manager = processes.manager()
+    outage = HttpOutage(int(manager.rsplit(":", 1)[1]), f"after={logged[PAGE - 1]}&".encode())  # the second page
+    follower, printed, stderr = following_events(outage.url, service.experiment_id, tmp_path)
+
+    try:
+        wait_until(lambda: f"the manager at {outage.url} does not answer" in stderr.read_text(), 30, what="the outage")
+        assert outage.tripped and follower.poll() is None
+        outage.up()
+        wait_until(lambda: printed_whole_log(printed, service), 30, what="the whole history, once the manager answers")
+        service.set_cluster_metadata("note", "after the outage")
+        wait_until(lambda: printed_whole_log(printed, service), 30, what="a new event, followed")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0, stderr.read_text()
+    finally:
+        follower.kill()
+        outage.close()
+    _noted_once_each_way(stderr, outage.url)
 
 
 def test_events_follow_gives_up_on_a_manager_that_never_answered(tmp_path: Path, make_service: ServiceFactory) -> None:
