@@ -14,6 +14,7 @@ script checks `ARCHIVED`) until `restore` brings it back for good; `resume` does
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -37,9 +38,11 @@ from manager.archive.segments import (
     segment_name,
     unpacked,
 )
-from manager.archive.stores import ArchiveStore, open_store
+from manager.archive.stores import ArchiveStore, ArchiveStoreError, open_store
 from manager.projector import Projector
 from manager.views import ViewStore
+
+log = logging.getLogger(__name__)
 
 Checkpoint = Callable[[str], None]
 """Called after each step of a move, with its name: tests stop the process there."""
@@ -89,41 +92,16 @@ def archive(
     Projector(client).catch_up(experiment_id)
     owned = sorted(_owned(client, experiment_id))
     kept = ViewKeys(experiment_id).kept_when_archived
-    raw = same_server(client, decode=False)
     with client.pipeline() as watcher:
         watcher.watch(keys.ARCHIVED, keys.runner(experiment_id), *owned)  # any write to them voids the move
         _refuse_running(watcher, experiment_id)
-        log = EventStore(client, experiment_id)
         archive_id = f"{int(time.time() * 1000)}-{secrets.token_hex(4)}"
-        segments = []
-        for index, (data, count) in enumerate(packed(_dumps(raw, owned), segment_bytes)):
-            name = segment_name(experiment_id, archive_id, index)
-            store.put(name, data)
-            segments.append(Segment(name=name, sha256=digest(data), size=len(data), keys=count))
-            checkpoint("segment")
-        info: Any = client.info("server")
-        manifest = Manifest(
-            experiment_id=experiment_id,
-            archive_id=archive_id,
-            created_ms=int(time.time() * 1000),
-            redis_version=str(info["redis_version"]),
-            log_head=log.head(),
-            log_entries=log.length(),
-            keys=owned,
-            segments=segments,
-        ).model_dump_json()
-        store.put(manifest_name(experiment_id, archive_id), manifest.encode())
-        checkpoint("manifest")
-        record = ArchiveRecord(
-            location=store.location,
-            endpoint_url=store.endpoint_url,
-            archive_id=archive_id,
-            manifest_sha256=digest(manifest.encode()),
-            archived_ms=int(time.time() * 1000),
-            size=sum(segment.size for segment in segments) + len(manifest),
-            keys=len(owned),
-            thaw_s=thaw_s,
-        )
+        written: list[str] = []
+        try:
+            record = _write(client, store, experiment_id, archive_id, owned, written, thaw_s, checkpoint, segment_bytes)
+        except BaseException:  # nothing moved: what this move wrote goes now (a full disk gets its room back)
+            _discard(store, experiment_id, written)
+            raise
         watcher.multi()
         gone = [key for key in owned if key not in kept]
         for start in range(0, len(gone), 1000):
@@ -133,12 +111,59 @@ def archive(
         try:
             watcher.execute()
         except redis.WatchError:
-            store.delete(store.names(f"{experiment_id}/{archive_id}/"))
+            _discard(store, experiment_id, written)
             raise ArchiveError(f"experiment {experiment_id} changed while it was archived; try again") from None
     checkpoint("switched")
     _delete_other_archives(store, experiment_id, keep=archive_id)
     checkpoint("cleaned")
     return record
+
+
+def _write(
+    client: redis.Redis,
+    store: ArchiveStore,
+    experiment_id: str,
+    archive_id: str,
+    owned: list[str],
+    written: list[str],
+    thaw_s: float,
+    checkpoint: Checkpoint,
+    segment_bytes: int,
+) -> ArchiveRecord:
+    """Write the experiment's keys to the store as archive `archive_id`: its segments, then its manifest (each
+    named in `written` once it is)."""
+    log = EventStore(client, experiment_id)
+    segments = []
+    for index, (data, count) in enumerate(packed(_dumps(same_server(client, decode=False), owned), segment_bytes)):
+        name = segment_name(experiment_id, archive_id, index)
+        store.put(name, data)
+        written.append(name)
+        segments.append(Segment(name=name, sha256=digest(data), size=len(data), keys=count))
+        checkpoint("segment")
+    info: Any = client.info("server")
+    manifest = Manifest(
+        experiment_id=experiment_id,
+        archive_id=archive_id,
+        created_ms=int(time.time() * 1000),
+        redis_version=str(info["redis_version"]),
+        log_head=log.head(),
+        log_entries=log.length(),
+        keys=owned,
+        segments=segments,
+    ).model_dump_json()
+    store.put(manifest_name(experiment_id, archive_id), manifest.encode())
+    written.append(manifest_name(experiment_id, archive_id))
+    checkpoint("manifest")
+    return ArchiveRecord(
+        location=store.location,
+        endpoint_url=store.endpoint_url,
+        archive_id=archive_id,
+        manifest_sha256=digest(manifest.encode()),
+        archived_ms=int(time.time() * 1000),
+        size=sum(segment.size for segment in segments) + len(manifest),
+        keys=len(owned),
+        thaw_s=thaw_s,
+    )
 
 
 def restore(client: redis.Redis, experiment_id: str, checkpoint: Checkpoint = lambda step: None) -> int:
@@ -318,3 +343,14 @@ def _delete_other_archives(store: ArchiveStore, experiment_id: str, keep: str | 
     stale = [name for name in store.names(f"{experiment_id}/") if kept is None or not name.startswith(kept)]
     if stale:
         store.delete(stale)
+
+
+def _discard(store: ArchiveStore, experiment_id: str, written: list[str]) -> None:
+    """Delete what a move that failed before it took effect wrote, as far as the store lets it (the next move
+    deletes the rest)."""
+    if not written:
+        return
+    try:
+        store.delete(written)
+    except ArchiveStoreError as error:
+        log.warning("experiment %s: what its failed archive wrote stays for now: %s", experiment_id, error)

@@ -5,7 +5,8 @@
                                             ~/.aws), an endpoint URL for servers other than AWS (MinIO, ...)
 
 An object is written whole or not at all (a directory's through a renamed temporary file, fsynced), so a
-crash never leaves a half-written one under its name.
+crash never leaves a half-written one under its name. A store that fails (a full disk, a read-only one)
+raises ArchiveStoreError, naming the object.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class ArchiveStore(Protocol):
     def delete(self, names: list[str]) -> None: ...
 
 
+_WRITABLE = "; TRIALSTREAM_ARCHIVE_LOCATION names a directory this user may write, on a disk with room"
+
+
 class DirectoryStore:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser()
@@ -46,38 +50,36 @@ class DirectoryStore:
 
     def put(self, name: str, data: bytes) -> None:
         path = self.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
         try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
+            with self._errors(path, "cannot be written", _WRITABLE):
+                _write(path, data)
+        except ArchiveStoreError:
+            for folder in (path.parent, path.parent.parent):  # the folders it made, while nothing is in them
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
             raise
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a power cut
-        finally:
-            os.close(directory)
 
     def get(self, name: str) -> bytes:
         try:
             return (self.root / name).read_bytes()
         except FileNotFoundError:
             raise ArchiveStoreError(f"{self.root / name} is missing from the archive") from None
+        except OSError as error:
+            raise ArchiveStoreError(f"{self.root / name} cannot be read: {error.strerror or error}") from None
 
     def names(self, prefix: str) -> list[str]:
         folder = self.root / prefix
-        files = folder.rglob("*") if folder.is_dir() else []
-        return sorted(str(path.relative_to(self.root)) for path in files if path.is_file() and _finished(path))
+        with self._errors(folder, "cannot be listed"):
+            files = folder.rglob("*") if folder.is_dir() else []
+            return sorted(str(path.relative_to(self.root)) for path in files if path.is_file() and _finished(path))
 
     def delete(self, names: list[str]) -> None:
         folders = set()
         for name in names:
-            (self.root / name).unlink(missing_ok=True)
+            with self._errors(self.root / name, "cannot be deleted"):
+                (self.root / name).unlink(missing_ok=True)
             folders.add((self.root / name).parent)
         for folder in folders:  # an archive's folder, then its experiment's, once empty
             for empty in (folder, folder.parent):
@@ -85,6 +87,34 @@ class DirectoryStore:
                     empty.rmdir()
                 except OSError:
                     break
+
+    @staticmethod
+    @contextmanager
+    def _errors(path: Path, what: str, fix: str = "") -> Iterator[None]:
+        """The file system's errors (a full disk, a read-only one, no permission) as one that names the file."""
+        try:
+            yield
+        except OSError as error:
+            raise ArchiveStoreError(f"{path} {what}: {error.strerror or error}{fix}") from None
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
 
 
 def _finished(path: Path) -> bool:

@@ -1,0 +1,90 @@
+"""The archive when its store fails: a directory that cannot be written, a write that fails half way (a full
+disk). Each is one clear line naming the file or the setting to fix, never a traceback, and leaves the
+experiment whole in Redis or in its archive."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+from manager.archive.moves import archive, archived
+from manager.archive.stores import open_store
+from tests.cli.test_cli import trialstream
+from tests.manager.test_archive import REPO, ended, owned
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The error a failed command printed: one `trialstream: error:` line, no traceback."""
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trialstream: error: "), done.stderr
+    return lines[0]
+
+
+def test_a_directory_that_cannot_be_written_is_named_and_nothing_moves(
+    client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    ended(client, "blocked", trials=3)
+    before = owned(client, "blocked")
+    (tmp_path / "a-file").write_text("not a directory")
+    location = tmp_path / "a-file" / "archive"
+    done = trialstream(
+        "experiments",
+        "archive",
+        "blocked",
+        env={"TRIALSTREAM_REDIS_URL": redis_url, "TRIALSTREAM_ARCHIVE_LOCATION": str(location)},
+    )
+    line = _one_error_line(done)
+    assert str(location) in line and "TRIALSTREAM_ARCHIVE_LOCATION" in line, line
+    assert archived(client, "blocked") is None and owned(client, "blocked") == before
+
+
+_FILLED = """
+import resource, signal, sys
+from core.connections import connect
+from manager.archive import moves
+from manager.archive.stores import ArchiveStoreError, open_store
+
+url, experiment_id, location = sys.argv[1:]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) as on a full disk
+written = []
+
+
+def checkpoint(step: str) -> None:
+    written.append(step)
+    if len(written) == 2:  # two segments are on disk: no file may grow past 16 bytes from now on
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+try:
+    moves.archive(connect(url), experiment_id, open_store(location), checkpoint=checkpoint, segment_bytes=1024)
+except ArchiveStoreError as error:
+    print(error)
+    sys.exit(7)
+"""
+
+
+def test_a_write_that_fails_half_way_leaves_no_part_of_the_archive(
+    client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    ended(client, "full", trials=6)
+    before = owned(client, "full")
+    location = tmp_path / "archive"
+    done = subprocess.run(
+        [sys.executable, "-c", _FILLED, redis_url, "full", str(location)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 7, done.stderr
+    assert "File too large" in done.stdout and str(location / "full") in done.stdout, done.stdout
+    assert archived(client, "full") is None and owned(client, "full") == before
+    assert not (location / "full").exists()  # neither its segments nor their folders: a full disk gets its space back
+
+    record = archive(client, "full", open_store(str(location)))  # the next try, with room
+    assert [path.name for path in (location / "full").iterdir()] == [record.archive_id]
