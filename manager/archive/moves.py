@@ -114,7 +114,7 @@ def archive(
             _discard(store, experiment_id, written)
             raise ArchiveError(f"experiment {experiment_id} changed while it was archived; try again") from None
     checkpoint("switched")
-    _delete_other_archives(store, experiment_id, keep=archive_id)
+    _clean_up(store, experiment_id, keep=archive_id)
     checkpoint("cleaned")
     return record
 
@@ -195,7 +195,7 @@ def restore(client: redis.Redis, experiment_id: str, checkpoint: Checkpoint = la
             _drop(client, staged)
             return restore(client, experiment_id, checkpoint)  # another move came first: see what it left
     checkpoint("switched")
-    _delete_other_archives(store, experiment_id, keep=None)
+    _clean_up(store, experiment_id, keep=None)
     checkpoint("cleaned")
     return len(manifest.keys)
 
@@ -253,7 +253,7 @@ def _thaw(client: redis.Redis, experiment_id: str, record: ArchiveRecord) -> Non
 
 def forget(record: ArchiveRecord, experiment_id: str) -> None:
     """Delete an experiment's archive (after the experiment was deleted from Redis)."""
-    _delete_other_archives(record.store(), experiment_id, keep=None)
+    _clean_up(record.store(), experiment_id, keep=None)
 
 
 def _refuse_running(client: Any, experiment_id: str) -> None:
@@ -343,6 +343,24 @@ def _delete_other_archives(store: ArchiveStore, experiment_id: str, keep: str | 
     stale = [name for name in store.names(f"{experiment_id}/") if kept is None or not name.startswith(kept)]
     if stale:
         store.delete(stale)
+
+
+def _clean_up(store: ArchiveStore, experiment_id: str, keep: str | None) -> None:
+    """`_delete_other_archives` once a move took effect in Redis: a store that fails now (read-only, credentials
+    that may not list or delete) leaves files that the next move deletes, and the move stands; said so."""
+    try:
+        _delete_other_archives(store, experiment_id, keep)
+    except ArchiveStoreError as error:
+        log.warning(
+            "experiment %s: its archive in %s could not be deleted (%s); the next archive of it deletes it, or "
+            "delete %s/%s/ by hand",
+            experiment_id,
+            store.location,
+            error,
+            store.location,
+            experiment_id,
+            extra={"experiment": experiment_id},
+        )
 
 
 def _discard(store: ArchiveStore, experiment_id: str, written: list[str]) -> None:

@@ -1,6 +1,6 @@
 """The archive when its store fails: a directory that cannot be written, a write that fails half way (a full
-disk). Each is one clear line naming the file or the setting to fix, never a traceback, and leaves the
-experiment whole in Redis or in its archive."""
+disk), a clean-up that fails once a move took effect. Each is one clear line naming the file or the setting to
+fix, never a traceback, and leaves the experiment whole in Redis or in its archive."""
 
 from __future__ import annotations
 
@@ -88,3 +88,46 @@ def test_a_write_that_fails_half_way_leaves_no_part_of_the_archive(
 
     record = archive(client, "full", open_store(str(location)))  # the next try, with room
     assert [path.name for path in (location / "full").iterdir()] == [record.archive_id]
+
+
+_CLEAN_UP_FAILS = """
+import logging, resource, sys
+from core.connections import connect
+from manager.archive import moves
+
+url, experiment_id = sys.argv[1:]
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+
+
+def checkpoint(step: str) -> None:
+    if step == "switched":  # the move took effect: opening anything (the archive's folder) fails from now on
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+print(moves.restore(connect(url), experiment_id, checkpoint=checkpoint))
+"""
+
+
+def test_a_restore_whose_archive_cannot_be_deleted_is_done_and_says_what_is_left(
+    client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    ended(client, "kept", trials=3)
+    before = owned(client, "kept")
+    store = open_store(str(tmp_path / "archive"))
+    record = archive(client, "kept", store)
+    done = subprocess.run(
+        [sys.executable, "-c", _CLEAN_UP_FAILS, redis_url, "kept"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(record.keys)
+    assert "Traceback" not in done.stderr
+    assert f"WARNING experiment kept: its archive in {store.location} could not be deleted" in done.stderr
+    assert archived(client, "kept") is None and owned(client, "kept") == before
+    assert all(client.pttl(name) == -1 for name in before)
+    assert store.names("kept/")  # left behind, said so; the next archive of it deletes them
+    again = archive(client, "kept", store)
+    assert {name.split("/")[1] for name in store.names("kept/")} == {again.archive_id}
