@@ -98,10 +98,20 @@ class DirectoryStore:
             raise ArchiveStoreError(f"{path} {what}: {error.strerror or error}{fix}") from None
 
 
+def _umask() -> int:
+    mask = os.umask(0o077)  # read by setting it (the most private one meanwhile), then set back at once
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # an archive's files, as any file this process makes
+
+
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
     try:
+        os.fchmod(handle, _FILE_MODE)  # not mkstemp's 0600: the other users that read the experiment read it
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()

@@ -4,6 +4,7 @@ fix, never a traceback, and leaves the experiment whole in Redis or in its archi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,34 @@ def test_a_restore_whose_archive_cannot_be_deleted_is_done_and_says_what_is_left
     assert store.names("kept/")  # left behind, said so; the next archive of it deletes them
     again = archive(client, "kept", store)
     assert {name.split("/")[1] for name in store.names("kept/")} == {again.archive_id}
+
+
+def test_archived_files_are_readable_as_the_umask_allows(client: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    """Every process that reads the experiment reads its archive: the manager's user, not only the archiving one."""
+    ended(client, "shared", trials=2)
+    done = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'umask 022 && exec "$@"',
+            "sh",
+            sys.executable,
+            "-m",
+            "manager.cli",
+            "experiments",
+            "archive",
+            "shared",
+        ],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "TRIALSTREAM_REDIS_URL": redis_url,
+            "TRIALSTREAM_ARCHIVE_LOCATION": str(tmp_path / "archive"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    files = [path for path in (tmp_path / "archive").rglob("*") if path.is_file()]
+    assert files and {path.stat().st_mode & 0o777 for path in files} == {0o644}
