@@ -30,6 +30,7 @@ from core.event_store import EventStore
 from core.keys import ViewKeys
 from manager.archive.segments import (
     SEGMENT_BYTES,
+    CorruptArchive,
     Manifest,
     Segment,
     digest,
@@ -306,11 +307,15 @@ Records = list[tuple[str, bytes]]
 
 
 def _fetched(store: ArchiveStore, experiment_id: str, record: ArchiveRecord) -> tuple[Manifest, Records]:
-    data = store.get(manifest_name(experiment_id, record.archive_id))
+    name = manifest_name(experiment_id, record.archive_id)
+    data = store.get(name)
     if digest(data) != record.manifest_sha256:
-        raise ArchiveError(f"{store.location}: the manifest of {experiment_id}'s archive is not the one written")
+        raise CorruptArchive(f"{store.location}/{name}: its SHA-256 is not the one recorded; the archive is damaged")
     manifest = Manifest.model_validate_json(data)
-    records = [record for segment in manifest.segments for record in unpacked(segment, store.get(segment.name))]
+    try:
+        records = [record for segment in manifest.segments for record in unpacked(segment, store.get(segment.name))]
+    except CorruptArchive as damaged:
+        raise CorruptArchive(f"{store.location}/{damaged}") from None
     if [key for key, _ in records] != manifest.keys:
         raise ArchiveError(f"{store.location}: {experiment_id}'s archive holds other keys than its manifest says")
     return manifest, records

@@ -1,6 +1,7 @@
 """The archive when its store fails: a directory that cannot be written, a write that fails half way (a full
-disk), a clean-up that fails once a move took effect. Each is one clear line naming the file or the setting to
-fix, never a traceback, and leaves the experiment whole in Redis or in its archive."""
+disk), a clean-up that fails once a move took effect, a damaged segment or manifest. Each is one clear line
+naming the file or the setting to fix, never a traceback, and leaves the experiment whole in Redis or in its
+archive."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
+from core import keys
 from manager.archive.moves import archive, archived
 from manager.archive.stores import open_store
 from tests.cli.test_cli import trialstream
@@ -163,3 +166,25 @@ def test_archived_files_are_readable_as_the_umask_allows(client: redis.Redis, re
     assert done.returncode == 0, done.stderr
     files = [path for path in (tmp_path / "archive").rglob("*") if path.is_file()]
     assert files and {path.stat().st_mode & 0o777 for path in files} == {0o644}
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "manifest"])
+def test_a_damaged_archive_names_its_file_and_nothing_comes_back(
+    client: redis.Redis, redis_url: str, tmp_path: Path, damage: str
+) -> None:
+    ended(client, "hurt", trials=3)
+    location = tmp_path / "archive"
+    record = archive(client, "hurt", open_store(str(location)))
+    kept = owned(client, "hurt")
+    folder = location / "hurt" / record.archive_id
+    damaged = folder / ("manifest.json" if damage == "manifest" else "segment-00000.zz")
+    data = damaged.read_bytes()
+    damaged.write_bytes(
+        data[: len(data) // 2] if damage == "truncated" else data[:10] + bytes([data[10] ^ 0xFF]) + data[11:]
+    )
+    env = {"TRIALSTREAM_REDIS_URL": redis_url}
+    for command in (("trials", "list", "-e", "hurt"), ("experiments", "restore", "hurt")):
+        line = _one_error_line(trialstream(*command, env=env))
+        assert f"{damaged}: its SHA-256" in line and "damaged" in line, line
+        assert archived(client, "hurt") == record and owned(client, "hurt") == kept  # nothing half restored
+        assert not list(client.scan_iter(match=f"{keys.staging('hurt', '*')}*"))
