@@ -5,8 +5,8 @@
                                             ~/.aws), an endpoint URL for servers other than AWS (MinIO, ...)
 
 An object is written whole or not at all (a directory's through a renamed temporary file, fsynced), so a
-crash never leaves a half-written one under its name. A store that fails (a full disk, a read-only one)
-raises ArchiveStoreError, naming the object.
+crash never leaves a half-written one under its name. A store that fails (a full disk, a read-only one, a
+bucket that is not there, credentials it refuses) raises ArchiveStoreError, naming the object and what to fix.
 """
 
 from __future__ import annotations
@@ -142,7 +142,10 @@ class S3Store:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.endpoint_url = endpoint_url
-        self._client: Any = boto3.client("s3", endpoint_url=endpoint_url)
+        try:
+            self._client: Any = boto3.client("s3", endpoint_url=endpoint_url)
+        except ValueError as error:  # an endpoint that is not a URL
+            raise ArchiveStoreError(f"{self.location}: {error}; {_ENDPOINT_URL}") from None
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -172,15 +175,52 @@ class S3Store:
 
     @contextmanager
     def _errors(self, name: str) -> Iterator[None]:
-        """boto3's errors (a missing object, no credentials, no answer) as one that names the object."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        """boto3's errors (a missing object, no credentials, no answer) as one that names the object and, where
+        the store is set up wrong, the setting that fixes it. None of them holds a secret."""
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
         try:
             yield
         except self._client.exceptions.NoSuchKey:
             raise ArchiveStoreError(f"{self.location}/{name} is missing from the archive") from None
-        except (BotoCoreError, ClientError) as error:
+        except NoCredentialsError:
+            raise ArchiveStoreError(f"{self.location}: no S3 credentials; {_CREDENTIALS}") from None
+        except EndpointConnectionError:
+            server = self.endpoint_url or "AWS"
+            raise ArchiveStoreError(
+                f"{self.location}: the S3 server {server} does not answer; {_ENDPOINT_URL}"
+            ) from None
+        except ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            if code == "NoSuchBucket":
+                raise ArchiveStoreError(
+                    f"{self.location}: there is no bucket {self.bucket} on {self.endpoint_url or 'AWS'}: create it, "
+                    "or set TRIALSTREAM_ARCHIVE_LOCATION to s3://BUCKET/prefix of one that is there"
+                ) from None
+            if code in _REFUSED:
+                raise ArchiveStoreError(
+                    f"{self.location}/{name}: the S3 server refused these credentials ({code} on "
+                    f"{error.operation_name}); {_CREDENTIALS}, and that they may read, write, list and delete there"
+                ) from None
             raise ArchiveStoreError(f"{self.location}/{name}: {error}") from None
+        except BotoCoreError as error:
+            raise ArchiveStoreError(f"{self.location}/{name}: {error}") from None
+
+
+_ENDPOINT_URL = (
+    "TRIALSTREAM_ARCHIVE_ENDPOINT_URL names an S3-compatible server's URL (http://host:port), or none for AWS"
+)
+_CREDENTIALS = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws) of this process"
+_REFUSED = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "InvalidToken",
+        "ExpiredToken",
+        "InvalidClientTokenId",
+    }
+)
 
 
 def open_store(location: str, endpoint_url: str | None = None) -> ArchiveStore:

@@ -1,10 +1,11 @@
 """The archive when its store fails: a directory that cannot be written, a write that fails half way (a full
-disk), a clean-up that fails once a move took effect, a damaged segment or manifest. Each is one clear line
-naming the file or the setting to fix, never a traceback, and leaves the experiment whole in Redis or in its
-archive."""
+disk), a clean-up that fails once a move took effect, a damaged segment or manifest, and an S3 store set up
+wrong (no bucket, no server, no or wrong credentials). Each is one clear line naming the file or the setting
+to fix, never a traceback, and leaves the experiment whole in Redis or in its archive."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,10 +15,14 @@ import pytest
 import redis
 
 from core import keys
-from manager.archive.moves import archive, archived
+from manager.archive.moves import archive, archived, restore
 from manager.archive.stores import open_store
 from tests.cli.test_cli import trialstream
 from tests.manager.test_archive import REPO, ended, owned
+from tests.support.ports import free_port
+from tests.support.s3_setup import S3Server
+
+SECRET = "wrong-secret-Zq81xKp"
 
 
 def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -188,3 +193,71 @@ def test_a_damaged_archive_names_its_file_and_nothing_comes_back(
         assert f"{damaged}: its SHA-256" in line and "damaged" in line, line
         assert archived(client, "hurt") == record and owned(client, "hurt") == kept  # nothing half restored
         assert not list(client.scan_iter(match=f"{keys.staging('hurt', '*')}*"))
+
+
+def _s3_env(redis_url: str, location: str, endpoint: str, **credentials: str) -> dict[str, str]:
+    """A command's environment: this S3 archive, only these credentials (no ~/.aws, no instance metadata)."""
+    return {
+        "TRIALSTREAM_REDIS_URL": redis_url,
+        "TRIALSTREAM_ARCHIVE_LOCATION": location,
+        "TRIALSTREAM_ARCHIVE_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+        "AWS_CONFIG_FILE": "/nonexistent/config",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        **credentials,
+    }
+
+
+def test_an_s3_archive_set_up_wrong_says_which_setting_to_fix(
+    client: redis.Redis,
+    redis_url: str,
+    s3_server: S3Server,
+    s3_server_with_auth: S3Server,
+    s3_credentials: dict[str, str],
+) -> None:
+    ended(client, "cloud", trials=2)
+    before = owned(client, "cloud")
+    good = {name: s3_credentials[name] for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    bucket = s3_server.bucket("cloud")
+    cases = {
+        "no such bucket": (
+            _s3_env(redis_url, "s3://no-such-bucket/archive", s3_server.endpoint_url, **good),
+            ["no-such-bucket", "TRIALSTREAM_ARCHIVE_LOCATION", "create it"],
+        ),
+        "no server there": (
+            _s3_env(redis_url, bucket, f"http://127.0.0.1:{free_port()}", **good),
+            ["TRIALSTREAM_ARCHIVE_ENDPOINT_URL", "does not answer"],
+        ),
+        "not a URL": (
+            _s3_env(redis_url, bucket, "s3.example", **good),
+            ["TRIALSTREAM_ARCHIVE_ENDPOINT_URL", "s3.example", "http"],
+        ),
+        "no credentials": (
+            _s3_env(redis_url, bucket, s3_server.endpoint_url),
+            ["no S3 credentials", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+        ),
+        "wrong credentials": (
+            _s3_env(
+                redis_url,
+                "s3://any-bucket/archive",
+                s3_server_with_auth.endpoint_url,
+                AWS_ACCESS_KEY_ID="AKIAWRONGWRONGWRONG1",
+                AWS_SECRET_ACCESS_KEY=SECRET,
+            ),
+            ["refused", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+        ),
+    }
+    for case, (env, named) in cases.items():
+        line = _one_error_line(trialstream("experiments", "archive", "cloud", env=env, timeout=120))
+        assert all(part in line for part in named), (case, line)
+        assert SECRET not in line and good["AWS_SECRET_ACCESS_KEY"] not in line, case
+        assert archived(client, "cloud") is None and owned(client, "cloud") == before, case
+
+    working = _s3_env(redis_url, bucket, s3_server.endpoint_url, **good)
+    done = trialstream("experiments", "archive", "cloud", env=working)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(trialstream("trials", "list", "-e", "cloud", "--json", env=working).stdout)
+    assert restore(client, "cloud") == len(before)
