@@ -33,7 +33,7 @@ from tests.support.kube_setup import kube_cluster, kubeconfig  # noqa: F401  (si
 from tests.support.ports import free_port
 from tests.support.redis_process import killed, started, stopped
 from tests.support.remote_setup import remote, remote_workers, shared_tmp_path  # noqa: F401  (remote platform fixtures)
-from tests.support.s3_setup import s3_credentials, s3_server  # noqa: F401  (the S3-compatible server: moto)
+from tests.support.s3_setup import s3_credentials, s3_server, s3_server_with_auth  # noqa: F401  (the S3-compatible server: moto)
 from tests.support.sentinel import sentinel_set  # noqa: F401  (a master, replicas and sentinels)
 from tests.support.sshd_setup import mute_host, ssh_environment, ssh_hosts, ssh_user  # noqa: F401  (sshd host fixtures)
 

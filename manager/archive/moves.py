@@ -14,6 +14,7 @@ script checks `ARCHIVED`) until `restore` brings it back for good; `resume` does
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -29,6 +30,7 @@ from core.event_store import EventStore
 from core.keys import ViewKeys
 from manager.archive.segments import (
     SEGMENT_BYTES,
+    CorruptArchive,
     Manifest,
     Segment,
     digest,
@@ -37,9 +39,11 @@ from manager.archive.segments import (
     segment_name,
     unpacked,
 )
-from manager.archive.stores import ArchiveStore, open_store
+from manager.archive.stores import ArchiveStore, ArchiveStoreError, open_store
 from manager.projector import Projector
 from manager.views import ViewStore
+
+log = logging.getLogger(__name__)
 
 Checkpoint = Callable[[str], None]
 """Called after each step of a move, with its name: tests stop the process there."""
@@ -89,41 +93,16 @@ def archive(
     Projector(client).catch_up(experiment_id)
     owned = sorted(_owned(client, experiment_id))
     kept = ViewKeys(experiment_id).kept_when_archived
-    raw = same_server(client, decode=False)
     with client.pipeline() as watcher:
         watcher.watch(keys.ARCHIVED, keys.runner(experiment_id), *owned)  # any write to them voids the move
         _refuse_running(watcher, experiment_id)
-        log = EventStore(client, experiment_id)
         archive_id = f"{int(time.time() * 1000)}-{secrets.token_hex(4)}"
-        segments = []
-        for index, (data, count) in enumerate(packed(_dumps(raw, owned), segment_bytes)):
-            name = segment_name(experiment_id, archive_id, index)
-            store.put(name, data)
-            segments.append(Segment(name=name, sha256=digest(data), size=len(data), keys=count))
-            checkpoint("segment")
-        info: Any = client.info("server")
-        manifest = Manifest(
-            experiment_id=experiment_id,
-            archive_id=archive_id,
-            created_ms=int(time.time() * 1000),
-            redis_version=str(info["redis_version"]),
-            log_head=log.head(),
-            log_entries=log.length(),
-            keys=owned,
-            segments=segments,
-        ).model_dump_json()
-        store.put(manifest_name(experiment_id, archive_id), manifest.encode())
-        checkpoint("manifest")
-        record = ArchiveRecord(
-            location=store.location,
-            endpoint_url=store.endpoint_url,
-            archive_id=archive_id,
-            manifest_sha256=digest(manifest.encode()),
-            archived_ms=int(time.time() * 1000),
-            size=sum(segment.size for segment in segments) + len(manifest),
-            keys=len(owned),
-            thaw_s=thaw_s,
-        )
+        written: list[str] = []
+        try:
+            record = _write(client, store, experiment_id, archive_id, owned, written, thaw_s, checkpoint, segment_bytes)
+        except BaseException:  # nothing moved: what this move wrote goes now (a full disk gets its room back)
+            _discard(store, experiment_id, written)
+            raise
         watcher.multi()
         gone = [key for key in owned if key not in kept]
         for start in range(0, len(gone), 1000):
@@ -133,12 +112,59 @@ def archive(
         try:
             watcher.execute()
         except redis.WatchError:
-            store.delete(store.names(f"{experiment_id}/{archive_id}/"))
+            _discard(store, experiment_id, written)
             raise ArchiveError(f"experiment {experiment_id} changed while it was archived; try again") from None
     checkpoint("switched")
-    _delete_other_archives(store, experiment_id, keep=archive_id)
+    _clean_up(store, experiment_id, keep=archive_id)
     checkpoint("cleaned")
     return record
+
+
+def _write(
+    client: redis.Redis,
+    store: ArchiveStore,
+    experiment_id: str,
+    archive_id: str,
+    owned: list[str],
+    written: list[str],
+    thaw_s: float,
+    checkpoint: Checkpoint,
+    segment_bytes: int,
+) -> ArchiveRecord:
+    """Write the experiment's keys to the store as archive `archive_id`: its segments, then its manifest (each
+    named in `written` once it is)."""
+    log = EventStore(client, experiment_id)
+    segments = []
+    for index, (data, count) in enumerate(packed(_dumps(same_server(client, decode=False), owned), segment_bytes)):
+        name = segment_name(experiment_id, archive_id, index)
+        store.put(name, data)
+        written.append(name)
+        segments.append(Segment(name=name, sha256=digest(data), size=len(data), keys=count))
+        checkpoint("segment")
+    info: Any = client.info("server")
+    manifest = Manifest(
+        experiment_id=experiment_id,
+        archive_id=archive_id,
+        created_ms=int(time.time() * 1000),
+        redis_version=str(info["redis_version"]),
+        log_head=log.head(),
+        log_entries=log.length(),
+        keys=owned,
+        segments=segments,
+    ).model_dump_json()
+    store.put(manifest_name(experiment_id, archive_id), manifest.encode())
+    written.append(manifest_name(experiment_id, archive_id))
+    checkpoint("manifest")
+    return ArchiveRecord(
+        location=store.location,
+        endpoint_url=store.endpoint_url,
+        archive_id=archive_id,
+        manifest_sha256=digest(manifest.encode()),
+        archived_ms=int(time.time() * 1000),
+        size=sum(segment.size for segment in segments) + len(manifest),
+        keys=len(owned),
+        thaw_s=thaw_s,
+    )
 
 
 def restore(client: redis.Redis, experiment_id: str, checkpoint: Checkpoint = lambda step: None) -> int:
@@ -170,7 +196,7 @@ def restore(client: redis.Redis, experiment_id: str, checkpoint: Checkpoint = la
             _drop(client, staged)
             return restore(client, experiment_id, checkpoint)  # another move came first: see what it left
     checkpoint("switched")
-    _delete_other_archives(store, experiment_id, keep=None)
+    _clean_up(store, experiment_id, keep=None)
     checkpoint("cleaned")
     return len(manifest.keys)
 
@@ -228,7 +254,7 @@ def _thaw(client: redis.Redis, experiment_id: str, record: ArchiveRecord) -> Non
 
 def forget(record: ArchiveRecord, experiment_id: str) -> None:
     """Delete an experiment's archive (after the experiment was deleted from Redis)."""
-    _delete_other_archives(record.store(), experiment_id, keep=None)
+    _clean_up(record.store(), experiment_id, keep=None)
 
 
 def _refuse_running(client: Any, experiment_id: str) -> None:
@@ -281,11 +307,15 @@ Records = list[tuple[str, bytes]]
 
 
 def _fetched(store: ArchiveStore, experiment_id: str, record: ArchiveRecord) -> tuple[Manifest, Records]:
-    data = store.get(manifest_name(experiment_id, record.archive_id))
+    name = manifest_name(experiment_id, record.archive_id)
+    data = store.get(name)
     if digest(data) != record.manifest_sha256:
-        raise ArchiveError(f"{store.location}: the manifest of {experiment_id}'s archive is not the one written")
+        raise CorruptArchive(f"{store.location}/{name}: its SHA-256 is not the one recorded; the archive is damaged")
     manifest = Manifest.model_validate_json(data)
-    records = [record for segment in manifest.segments for record in unpacked(segment, store.get(segment.name))]
+    try:
+        records = [record for segment in manifest.segments for record in unpacked(segment, store.get(segment.name))]
+    except CorruptArchive as damaged:
+        raise CorruptArchive(f"{store.location}/{damaged}") from None
     if [key for key, _ in records] != manifest.keys:
         raise ArchiveError(f"{store.location}: {experiment_id}'s archive holds other keys than its manifest says")
     return manifest, records
@@ -318,3 +348,32 @@ def _delete_other_archives(store: ArchiveStore, experiment_id: str, keep: str | 
     stale = [name for name in store.names(f"{experiment_id}/") if kept is None or not name.startswith(kept)]
     if stale:
         store.delete(stale)
+
+
+def _clean_up(store: ArchiveStore, experiment_id: str, keep: str | None) -> None:
+    """`_delete_other_archives` once a move took effect in Redis: a store that fails now (read-only, credentials
+    that may not list or delete) leaves files that the next move deletes, and the move stands; said so."""
+    try:
+        _delete_other_archives(store, experiment_id, keep)
+    except ArchiveStoreError as error:
+        log.warning(
+            "experiment %s: its archive in %s could not be deleted (%s); the next archive of it deletes it, or "
+            "delete %s/%s/ by hand",
+            experiment_id,
+            store.location,
+            error,
+            store.location,
+            experiment_id,
+            extra={"experiment": experiment_id},
+        )
+
+
+def _discard(store: ArchiveStore, experiment_id: str, written: list[str]) -> None:
+    """Delete what a move that failed before it took effect wrote, as far as the store lets it (the next move
+    deletes the rest)."""
+    if not written:
+        return
+    try:
+        store.delete(written)
+    except ArchiveStoreError as error:
+        log.warning("experiment %s: what its failed archive wrote stays for now: %s", experiment_id, error)

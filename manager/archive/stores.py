@@ -5,7 +5,8 @@
                                             ~/.aws), an endpoint URL for servers other than AWS (MinIO, ...)
 
 An object is written whole or not at all (a directory's through a renamed temporary file, fsynced), so a
-crash never leaves a half-written one under its name.
+crash never leaves a half-written one under its name. A store that fails (a full disk, a read-only one, a
+bucket that is not there, credentials it refuses) raises ArchiveStoreError, naming the object and what to fix.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class ArchiveStore(Protocol):
     def delete(self, names: list[str]) -> None: ...
 
 
+_WRITABLE = "; TRIALSTREAM_ARCHIVE_LOCATION names a directory this user may write, on a disk with room"
+
+
 class DirectoryStore:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser()
@@ -46,38 +50,36 @@ class DirectoryStore:
 
     def put(self, name: str, data: bytes) -> None:
         path = self.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
         try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
+            with self._errors(path, "cannot be written", _WRITABLE):
+                _write(path, data)
+        except ArchiveStoreError:
+            for folder in (path.parent, path.parent.parent):  # the folders it made, while nothing is in them
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
             raise
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a power cut
-        finally:
-            os.close(directory)
 
     def get(self, name: str) -> bytes:
         try:
             return (self.root / name).read_bytes()
         except FileNotFoundError:
             raise ArchiveStoreError(f"{self.root / name} is missing from the archive") from None
+        except OSError as error:
+            raise ArchiveStoreError(f"{self.root / name} cannot be read: {error.strerror or error}") from None
 
     def names(self, prefix: str) -> list[str]:
         folder = self.root / prefix
-        files = folder.rglob("*") if folder.is_dir() else []
-        return sorted(str(path.relative_to(self.root)) for path in files if path.is_file() and _finished(path))
+        with self._errors(folder, "cannot be listed"):
+            files = folder.rglob("*") if folder.is_dir() else []
+            return sorted(str(path.relative_to(self.root)) for path in files if path.is_file() and _finished(path))
 
     def delete(self, names: list[str]) -> None:
         folders = set()
         for name in names:
-            (self.root / name).unlink(missing_ok=True)
+            with self._errors(self.root / name, "cannot be deleted"):
+                (self.root / name).unlink(missing_ok=True)
             folders.add((self.root / name).parent)
         for folder in folders:  # an archive's folder, then its experiment's, once empty
             for empty in (folder, folder.parent):
@@ -85,6 +87,44 @@ class DirectoryStore:
                     empty.rmdir()
                 except OSError:
                     break
+
+    @staticmethod
+    @contextmanager
+    def _errors(path: Path, what: str, fix: str = "") -> Iterator[None]:
+        """The file system's errors (a full disk, a read-only one, no permission) as one that names the file."""
+        try:
+            yield
+        except OSError as error:
+            raise ArchiveStoreError(f"{path} {what}: {error.strerror or error}{fix}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)  # read by setting it (the most private one meanwhile), then set back at once
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # an archive's files, as any file this process makes
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+    try:
+        os.fchmod(handle, _FILE_MODE)  # not mkstemp's 0600: the other users that read the experiment read it
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
 
 
 def _finished(path: Path) -> bool:
@@ -102,7 +142,10 @@ class S3Store:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.endpoint_url = endpoint_url
-        self._client: Any = boto3.client("s3", endpoint_url=endpoint_url)
+        try:
+            self._client: Any = boto3.client("s3", endpoint_url=endpoint_url)
+        except ValueError as error:  # an endpoint that is not a URL
+            raise ArchiveStoreError(f"{self.location}: {error}; {_ENDPOINT_URL}") from None
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -132,15 +175,52 @@ class S3Store:
 
     @contextmanager
     def _errors(self, name: str) -> Iterator[None]:
-        """boto3's errors (a missing object, no credentials, no answer) as one that names the object."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        """boto3's errors (a missing object, no credentials, no answer) as one that names the object and, where
+        the store is set up wrong, the setting that fixes it. None of them holds a secret."""
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
         try:
             yield
         except self._client.exceptions.NoSuchKey:
             raise ArchiveStoreError(f"{self.location}/{name} is missing from the archive") from None
-        except (BotoCoreError, ClientError) as error:
+        except NoCredentialsError:
+            raise ArchiveStoreError(f"{self.location}: no S3 credentials; {_CREDENTIALS}") from None
+        except EndpointConnectionError:
+            server = self.endpoint_url or "AWS"
+            raise ArchiveStoreError(
+                f"{self.location}: the S3 server {server} does not answer; {_ENDPOINT_URL}"
+            ) from None
+        except ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            if code == "NoSuchBucket":
+                raise ArchiveStoreError(
+                    f"{self.location}: there is no bucket {self.bucket} on {self.endpoint_url or 'AWS'}: create it, "
+                    "or set TRIALSTREAM_ARCHIVE_LOCATION to s3://BUCKET/prefix of one that is there"
+                ) from None
+            if code in _REFUSED:
+                raise ArchiveStoreError(
+                    f"{self.location}/{name}: the S3 server refused these credentials ({code} on "
+                    f"{error.operation_name}); {_CREDENTIALS}, and that they may read, write, list and delete there"
+                ) from None
             raise ArchiveStoreError(f"{self.location}/{name}: {error}") from None
+        except BotoCoreError as error:
+            raise ArchiveStoreError(f"{self.location}/{name}: {error}") from None
+
+
+_ENDPOINT_URL = (
+    "TRIALSTREAM_ARCHIVE_ENDPOINT_URL names an S3-compatible server's URL (http://host:port), or none for AWS"
+)
+_CREDENTIALS = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws) of this process"
+_REFUSED = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "InvalidToken",
+        "ExpiredToken",
+        "InvalidClientTokenId",
+    }
+)
 
 
 def open_store(location: str, endpoint_url: str | None = None) -> ArchiveStore:

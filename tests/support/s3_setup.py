@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import subprocess
@@ -42,12 +43,26 @@ def _keys() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
+    yield from _served({})
+
+
+@pytest.fixture(scope="session")
+def s3_server_with_auth() -> Iterator[S3Server]:
+    """One that checks every request's credentials (moto's IAM, which knows none): any key is refused, as a
+    real server refuses wrong ones. Its buckets are named, never created."""
+    yield from _served({"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
+
+
+def _served(env: dict[str, str]) -> Iterator[S3Server]:
     binary = shutil.which("moto_server")
     if binary is None:
         pytest.fail("moto_server is not installed: pip install -e '.[test]'")
     port = free_port()
     process = subprocess.Popen(
-        [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [binary, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_DEADLINE_S
