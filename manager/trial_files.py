@@ -8,14 +8,14 @@ outside it (`..`, an absolute path, a symlink out) is refused. The bytes are the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from core.assignments import load_assignment
-from core.platform import OutputStream, OutputUnavailable, Platform
+from core.platform import OutputStream, OutputUnavailable, Platform, TrialAssignment
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
 from schemas.trial import TrialJobDetail
@@ -58,14 +58,29 @@ def output_chunks(
 def _read_all(
     platform: Platform[Any], client: redis.Redis, trial: TrialJobDetail, stream: OutputStream, offset: int
 ) -> Iterator[bytes]:
-    read_output = getattr(platform, "read_output", None)  # optional for third-party platforms
-    if read_output is None:
-        raise OutputUnavailable(f"platform {platform.name} does not offer its trials' output")
-    assignment = load_assignment(client, platform, trial.experiment_id, trial.id, started_attempt(trial))
+    read_output, assignment = output_reader(platform, client, trial, started_attempt(trial))
     url = trial.url or trial.working_directory
     while chunk := read_output(assignment, url, stream, offset):
         offset += len(chunk)
         yield chunk
+
+
+ReadOutput = Callable[[TrialAssignment[Any], str, OutputStream, int], bytes]
+
+
+def output_reader(
+    platform: Platform[Any], client: redis.Redis, trial: TrialJobDetail, attempt: int
+) -> tuple[ReadOutput, TrialAssignment[Any]]:
+    """The platform's `read_output` and the assignment of the trial's `attempt` it reads with; OutputUnavailable
+    where either is missing."""
+    read_output = getattr(platform, "read_output", None)  # optional for third-party platforms
+    if read_output is None:
+        raise OutputUnavailable(f"platform {platform.name} does not offer its trials' output")
+    try:
+        assignment = load_assignment(client, platform, trial.experiment_id, trial.id, attempt)
+    except LookupError as missing:  # a log imported from elsewhere may lack the key that finds the submission
+        raise OutputUnavailable(f"{missing}: where its output is cannot be told") from None
+    return read_output, assignment
 
 
 def output_tail(chunks: Iterable[bytes], limit: int = OUTPUT_TAIL) -> dict[str, Any]:

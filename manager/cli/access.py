@@ -12,10 +12,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from core.assignments import load_assignment
 from core.connections import connect
 from core.event_store import LogEntry, StoredEvent, stream_position
-from core.platform import OutputStream, OutputUnavailable, Platform, TrialAssignment
+from core.platform import OutputStream, Platform, TrialAssignment
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
 from core.variables import REDIS_URL_ENV
@@ -24,6 +23,7 @@ from manager.replay import follow_log, read_log
 from manager.runner import RunnerError
 from manager.stack import experiment_dir, experiments_root, served_data
 from manager.training_service import TrainingService
+from manager.trial_files import ReadOutput, output_reader
 from schemas.trial import MetricRecord, TrialJobDetail
 
 if TYPE_CHECKING:  # httpx and the client load only for --manager
@@ -130,7 +130,7 @@ class RedisExperiment:
         self.experiment_id = service.experiment_id
         self._settings = settings
         self._platform: Platform[Any] | None = None
-        self._assignments: dict[tuple[str, int], TrialAssignment[Any]] = {}
+        self._readers: dict[tuple[str, int], tuple[ReadOutput, TrialAssignment[Any]]] = {}
 
     def config(self) -> dict[str, Any]:
         return self.service.experiment_view().config
@@ -165,14 +165,11 @@ class RedisExperiment:
         if self._platform is None:
             add_platforms(self._settings.platforms)
             self._platform = platform_class(trial.platform)(self._settings, self.service.store.client)
-        read_output = getattr(self._platform, "read_output", None)  # optional for third-party platforms
-        if read_output is None:
-            raise OutputUnavailable(f"platform {self._platform.name} does not offer its trials' output")
         key = (trial.id, attempt)
-        if key not in self._assignments:
-            client = self.service.store.client
-            self._assignments[key] = load_assignment(client, self._platform, self.experiment_id, trial.id, attempt)
-        return bytes(read_output(self._assignments[key], trial.url or trial.working_directory, stream, offset))
+        if key not in self._readers:
+            self._readers[key] = output_reader(self._platform, self.service.store.client, trial, attempt)
+        read_output, assignment = self._readers[key]
+        return bytes(read_output(assignment, trial.url or trial.working_directory, stream, offset))
 
     def close(self) -> None:
         if self._platform is not None:

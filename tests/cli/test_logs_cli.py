@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from core import keys
+from core.queueing import submission_key
 from core.registry import add_platforms
+from schemas.events import TrialStarted
 from schemas.trial import TrialJobStatus
 from tests.conftest import REPO, Processes, ServiceFactory, form, wait_for_status, wait_until
 
@@ -181,3 +184,21 @@ def test_logs_of_a_trial_on_a_plugged_in_platform(
     env = {"TRIALSTREAM_REDIS_URL": processes.redis_url, "TRIALSTREAM_PLATFORMS": platforms}
     stderr = trialstream("trials", "logs", trial_id, "--stderr", env=env)
     assert (stderr.returncode, stderr.stdout) == (0, STDERR), stderr.stderr
+
+
+def test_a_trial_whose_log_lacks_its_submission_key_says_its_output_cannot_be_found(
+    redis_url: str, make_service: ServiceFactory, trial_script: str
+) -> None:
+    """A log imported from elsewhere may lack the key that finds a trial's submission, and with it where it ran."""
+    service = make_service(f"{trial_script} write")
+    trial_id = service.submit_trial_job(form(0)).id
+    started = TrialStarted(
+        experiment_id=service.experiment_id, trial_id=trial_id, attempt=1, source="elsewhere", working_directory="/w"
+    )
+    service.store.append(started)
+    service.store.client.hdel(keys.idempotency(service.experiment_id), submission_key(trial_id))
+    env = {"TRIALSTREAM_REDIS_URL": redis_url}
+    fails(
+        trialstream("trials", "logs", trial_id, env=env),
+        "has no submission in the log: where its output is cannot be told",
+    )
