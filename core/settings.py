@@ -106,7 +106,7 @@ class Settings(EnvironmentSettings):
     )
     archive_location: str | None = Field(
         default=None, description="where ended experiments are archived: a directory or s3://bucket/prefix"
-    )  # default: <experiments_dir>/archive
+    )  # default: <experiments_dir>/.archive
     archive_endpoint_url: str | None = Field(default=None, description="an S3-compatible server, for s3:// archives")
     archive_after_h: float | None = Field(
         default=None, ge=0, description="archive an experiment this many hours after it ended; default: by hand only"

@@ -11,15 +11,16 @@ import redis
 from core import keys
 from core.settings import Settings
 from manager.archive.moves import ArchiveError, archive
-from manager.archive.stores import ArchiveStore, open_store
+from manager.archive.stores import ArchiveStore, ArchiveStoreError, open_store
 from manager.views import ViewStore
 
 log = logging.getLogger(__name__)
 
 
 def store_of(settings: Settings) -> ArchiveStore:
-    """The archive the settings name; `<experiments_dir>/archive` by default."""
-    location = settings.archive_location or str(settings.experiments_dir.expanduser() / "archive")
+    """The archive the settings name; `<experiments_dir>/.archive` by default: a name no experiment can have (an
+    embedded experiment's directory is its id there, and deleting one deletes its directory)."""
+    location = settings.archive_location or str(settings.experiments_dir.expanduser() / ".archive")
     return open_store(location, settings.archive_endpoint_url)
 
 
@@ -64,6 +65,8 @@ def run_policy(client: redis.Redis, settings: Settings, stop: threading.Event) -
     while not stop.wait(settings.archive_check_s):
         try:
             archive_due(client, settings)
+        except ArchiveStoreError as error:  # set up wrong, or out of room: the error says what to fix
+            log.warning("archiving failed this round: %s; trying again in %gs", error, settings.archive_check_s)
         except Exception:
             log.exception("archiving failed this round; trying again in %gs", settings.archive_check_s)
 

@@ -6,17 +6,23 @@ to fix, never a traceback, and leaves the experiment whole in Redis or in its ar
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import redis
 
 from core import keys
+from core.event_store import InvalidExperimentId, check_experiment_id
+from core.settings import Settings
 from manager.archive.moves import archive, archived, restore
+from manager.archive.policy import run_policy, store_of
 from manager.archive.stores import open_store
+from simulators.waiting import wait_until
 from tests.cli.test_cli import trialstream
 from tests.manager.test_archive import REPO, ended, owned
 from tests.support.ports import free_port
@@ -261,3 +267,28 @@ def test_an_s3_archive_set_up_wrong_says_which_setting_to_fix(
     assert done.returncode == 0, done.stderr
     assert json.loads(trialstream("trials", "list", "-e", "cloud", "--json", env=working).stdout)
     assert restore(client, "cloud") == len(before)
+
+
+def test_the_default_archive_is_where_no_experiment_can_be_and_a_failing_one_is_a_line_a_round(
+    client: redis.Redis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An embedded experiment's directory is its id under the experiments dir, and deleting the experiment deletes
+    it: the archive's default, `.archive`, is a name no id can have. A store the policy cannot write is one warning
+    a round, saying what to fix, not a traceback."""
+    settings = Settings(experiments_dir=tmp_path, archive_after_h=0, archive_check_s=0.05)
+    assert store_of(settings).location == str(tmp_path / ".archive")
+    with pytest.raises(InvalidExperimentId):
+        check_experiment_id(".archive")
+    ended(client, "due", trials=1)
+    (tmp_path / ".archive").write_text("a file where the archive's directory would be")
+    stop = threading.Event()
+    policy = threading.Thread(target=run_policy, args=(client, settings, stop))
+    with caplog.at_level(logging.WARNING, logger="manager.archive.policy"):
+        policy.start()
+        try:
+            said = wait_until(lambda: caplog.records, 20, what="the policy's round")
+        finally:
+            stop.set()
+            policy.join(20)
+    assert said[0].exc_info is None and "TRIALSTREAM_ARCHIVE_LOCATION" in said[0].getMessage(), said[0].getMessage()
+    assert archived(client, "due") is None
