@@ -21,7 +21,7 @@ import redis
 
 from core import keys
 from core.connections import same_server
-from core.event_store import EventStore, LogEntry, RawEntry
+from core.event_store import EventStore, LogEntry, PeriodicalMetric, RawEntry
 from core.keys import ViewKeys
 from manager.timeline import Timeline
 from schemas.trial import ExperimentView, TrialJobDetail
@@ -82,7 +82,10 @@ class TimelineBatch:
         return cls(view_keys, timeline, states, ended)
 
     def fold(
-        self, entries: list[RawEntry], decoded: list[LogEntry], views_after: Mapping[str, TrialJobDetail | None]
+        self,
+        entries: list[RawEntry],
+        decoded: list[LogEntry | PeriodicalMetric],
+        views_after: Mapping[str, TrialJobDetail | None],
     ) -> None:
         """The batch's entries, as the projector decoded them and folded its trial views (by entry id)."""
         self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded, views_after)
