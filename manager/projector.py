@@ -49,6 +49,18 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0
 SCRATCH_PREFIX = "ts-replay-"
 _ERROR_CHARS = 500
+# KEYS: trials' metric lists; ARGV: for each, how many records, then those records (RPUSHed up to 1000 at a time: Lua's
+# unpack has a limit). One call for a batch's trials: a command each cost the projector more than their folds.
+_PUSH_RECORDS = """
+local at = 1
+for _, key in ipairs(KEYS) do
+  local last = at + tonumber(ARGV[at])
+  for first = at + 1, last, 1000 do
+    redis.call('RPUSH', key, unpack(ARGV, first, math.min(first + 999, last)))
+  end
+  at = last + 1
+end
+"""
 
 
 def _why(error: BaseException) -> str:
@@ -463,8 +475,11 @@ class Projector:
         by_trial: dict[str, list[str]] = {}
         for trial_id, record in new_metrics.values():
             by_trial.setdefault(trial_id, []).append(record)
-        for trial_id, records in by_trial.items():
-            pipe.rpush(view_keys.metrics(trial_id), *records)
+        names = [view_keys.metrics(trial_id) for trial_id in by_trial]
+        counted: list[int | str] = []
+        for records in by_trial.values():
+            counted += (len(records), *records)
+        pipe.eval(_PUSH_RECORDS, len(names), *names, *counted)
 
     @staticmethod
     def _write_unreadable(pipe: redis.client.Pipeline, view_keys: ViewKeys, unreadable: dict[str, str]) -> None:
