@@ -40,7 +40,7 @@ from manager.timeline_views import TimelineBatch
 from manager.views import ViewStore
 from schemas.compact import compact_record
 from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
-from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus, metric_score
+from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
 def _rank_score(trial: TrialJobDetail) -> float | None:
     """The trial's place in the ranking: its final metric's score, if finite (Redis refuses a NaN score,
     and a diverged trial's NaN or inf is no result to rank by)."""
-    score = metric_score(trial.final_metric)
+    score = trial.final_score
     return score if score is not None and math.isfinite(score) else None
 
 

@@ -52,7 +52,7 @@ from schemas.events import (
     TunerDataImported,
     TunerNoMoreTrials,
 )
-from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus, metric_score
+from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus
 
 MAX_ATTEMPTS = 2000  # a window with more attempts than this is sent as clusters
 MAX_MARKERS = 5000  # trial markers (metrics, cancels) sent for one window at most
@@ -205,7 +205,7 @@ class _Trial:
         starts an attempt again, makes a new list; its other changes keep the list)."""
         finals = self.view.final_metric_data
         if self.scored is None or self.scored[0] is not finals:
-            self.scored = (finals, metric_score(self.view.final_metric))
+            self.scored = (finals, self.view.final_score)
         return self.scored[1]
 
     def record(self, position: tuple[int, int], metric_attempt: int = 0) -> None:
