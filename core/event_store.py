@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import redis
 from pydantic import ValidationError
@@ -22,6 +22,7 @@ from core.connections import same_server
 from core.replication import acknowledge_after
 from schemas.compact import METRIC, METRIC_VERSION, compact_metric, expanded
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand, TrialMetricReported
+from schemas.trial import metric_dedup_key
 from schemas.upcasters import upcast
 
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
@@ -209,6 +210,52 @@ def _current_metric(fields: dict[str, str], experiment_id: str) -> TrialMetricRe
     return event
 
 
+class PeriodicalMetric(NamedTuple):
+    """An intermediate metric in compact form at the current version, read without building its event: most of a
+    log's entries, which a projector only lists. It holds what its TrialMetricReported would hold."""
+
+    id: str
+    trial_id: str
+    time: int
+    attempt: int
+    parameter_id: str
+    sequence: int
+    data: str
+
+    @property
+    def metric_type(self) -> str:
+        return "PERIODICAL"
+
+    @property
+    def dedup_key(self) -> str:
+        return metric_dedup_key(self.attempt, self.parameter_id, "PERIODICAL", self.sequence)
+
+
+def _periodical(entry_id: str, fields: dict[str, str]) -> PeriodicalMetric | None:
+    """The entry as a PeriodicalMetric when each of its values has exactly its field's type, so that its event
+    validates as it is (pydantic's lax mode only widens what is accepted); None for any other entry, which the
+    general path reads, or rejects with its reason."""
+    raw = fields.get("json", "")
+    if fields.get("type") != METRIC or not raw.startswith("["):
+        return None
+    try:
+        values = from_json(raw)
+    except ValueError:
+        return None
+    trial_id = fields.get("trial")
+    if type(values) is not list or len(values) != 8 or type(trial_id) is not str:
+        return None
+    version, time, source, attempt, parameter_id, code, sequence, data = values
+    if (
+        code == "P"
+        and type(version) is type(time) is type(attempt) is type(sequence) is int
+        and version == METRIC_VERSION
+        and type(source) is type(parameter_id) is type(data) is str
+    ):
+        return PeriodicalMetric(entry_id, trial_id, time, attempt, parameter_id, sequence, data)
+    return None
+
+
 def _reason(error: Exception) -> str:
     """One line: for a validation error, its first error and where (`TrialStarted.v: Input should be 2`)."""
     if isinstance(error, ValidationError) and error.errors():
@@ -232,6 +279,12 @@ class RawEntry:
         if self.not_utf8 is not None:
             return UnreadableEvent(self.id, self.fields, self.not_utf8)
         return decode_entry(self.id, self.fields, self.experiment_id)
+
+    def listed(self) -> PeriodicalMetric | LogEntry:
+        """For a reader that only lists intermediate metrics (the projector): those read without their event."""
+        if self.not_utf8 is None and (metric := _periodical(self.id, self.fields)) is not None:
+            return metric
+        return self.decode()
 
 
 def _from_bytes(entry_id: bytes, fields: dict[bytes, bytes], experiment_id: str) -> RawEntry:

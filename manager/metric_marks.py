@@ -56,6 +56,8 @@ def new_metrics(pipe: Any, view_keys: ViewKeys, candidates: Candidates) -> NewMe
             low, high = mark.split()
             ranges[stream] = [int(low), int(high)]
     outside = [key for key, (stream, sequence) in split.items() if not _within(ranges.get(stream), sequence)]
+    if outside and not pipe.scard(view_keys.metric_keys):  # none outside a range (a log delivered in order): no look-up
+        outside = []
     members = {
         key
         for key, known in zip(outside, pipe.smismember(view_keys.metric_keys, outside) if outside else [], strict=True)

@@ -24,7 +24,15 @@ import redis
 
 from core import keys
 from core.connections import same_server
-from core.event_store import EventStore, RawEntry, StoredEvent, UnreadableEvent, stream_position
+from core.event_store import (
+    EventStore,
+    LogEntry,
+    PeriodicalMetric,
+    RawEntry,
+    StoredEvent,
+    UnreadableEvent,
+    stream_position,
+)
 from core.keys import ViewKeys
 from manager import metric_marks
 from manager.projection import apply_to_experiment, apply_to_trial
@@ -32,7 +40,7 @@ from manager.timeline_views import TimelineBatch
 from manager.views import ViewStore
 from schemas.compact import compact_record
 from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
-from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus, metric_score
+from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,18 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0
 SCRATCH_PREFIX = "ts-replay-"
 _ERROR_CHARS = 500
+# KEYS: trials' metric lists; ARGV: for each, how many records, then those records (RPUSHed up to 1000 at a time: Lua's
+# unpack has a limit). One call for a batch's trials: a command each cost the projector more than their folds.
+_PUSH_RECORDS = """
+local at = 1
+for _, key in ipairs(KEYS) do
+  local last = at + tonumber(ARGV[at])
+  for first = at + 1, last, 1000 do
+    redis.call('RPUSH', key, unpack(ARGV, first, math.min(first + 999, last)))
+  end
+  at = last + 1
+end
+"""
 
 
 def _why(error: BaseException) -> str:
@@ -72,7 +92,7 @@ def _names(view_keys: ViewKeys, trial_ids: Iterable[str]) -> set[str]:
 def _rank_score(trial: TrialJobDetail) -> float | None:
     """The trial's place in the ranking: its final metric's score, if finite (Redis refuses a NaN score,
     and a diverged trial's NaN or inf is no result to rank by)."""
-    score = metric_score(trial.final_metric)
+    score = trial.final_score
     return score if score is not None and math.isfinite(score) else None
 
 
@@ -115,12 +135,25 @@ def _drop(client: redis.Redis, view_keys: ViewKeys) -> None:
         client.delete(*stale)
 
 
-def _listed(trials: dict[str, TrialJobDetail | None], event: TrialMetricReported) -> tuple[str, tuple[str, str]]:
+def _listed(
+    trials: dict[str, TrialJobDetail | None], event: TrialMetricReported | PeriodicalMetric
+) -> tuple[str, tuple[str, str]]:
     """A metric as a candidate for its trial's list: `trial|dedup key` -> (trial, its record), late when the trial
     had ended before it (as the views stand before the event is folded)."""
     before = trials.get(event.trial_id)
     record = compact_record(event, late=before is not None and before.status.is_terminal)
     return f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record)
+
+
+def _trial_ids(entries: list[PeriodicalMetric | LogEntry]) -> list[str]:
+    """The trials the entries' events are of, sorted: the views a batch folds onto."""
+    found: set[str] = set()
+    for entry in entries:
+        if isinstance(entry, PeriodicalMetric):
+            found.add(entry.trial_id)
+        elif isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
+            found.add(entry.event.trial_id)
+    return sorted(found)
 
 
 class Projector:
@@ -327,10 +360,8 @@ class Projector:
         An event whose fold raises changes nothing (nor do its metrics): it is recorded as
         unreadable with the error, like an entry that does not decode.
         """
-        entries = [entry.decode() for entry in raw]
-        stored = [entry for entry in entries if isinstance(entry, StoredEvent)]
-        trial_ids = sorted({entry.event.trial_id for entry in stored if isinstance(entry.event, TrialEvent)})
-        trials = self._load_trials(pipe, view_keys, trial_ids)
+        entries = [entry.listed() for entry in raw]
+        trials = self._load_trials(pipe, view_keys, _trial_ids(entries))
         loaded = dict(trials)
         raw_experiment = pipe.hget(view_keys.experiment, "view")
         experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
@@ -341,9 +372,12 @@ class Projector:
         views_after: dict[str, TrialJobDetail | None] = {}  # entry id -> its trial's view after it, for the timeline
         attempts = Counter[str]()  # attempts `lost`, and of those `retried`
 
-        for entry in stored:
+        for entry in [entry for entry in entries if isinstance(entry, StoredEvent | PeriodicalMetric)]:
+            if isinstance(entry, PeriodicalMetric):  # most entries: listed only
+                candidates.setdefault(*_listed(trials, entry))
+                continue
             event = entry.event
-            if type(event) is TrialMetricReported and event.metric_type != "FINAL":  # most entries: listed only
+            if type(event) is TrialMetricReported and event.metric_type != "FINAL":
                 candidates.setdefault(*_listed(trials, event))  # (apply_to_trial returns the view unchanged)
                 continue
             try:
@@ -441,8 +475,11 @@ class Projector:
         by_trial: dict[str, list[str]] = {}
         for trial_id, record in new_metrics.values():
             by_trial.setdefault(trial_id, []).append(record)
-        for trial_id, records in by_trial.items():
-            pipe.rpush(view_keys.metrics(trial_id), *records)
+        names = [view_keys.metrics(trial_id) for trial_id in by_trial]
+        counted: list[int | str] = []
+        for records in by_trial.values():
+            counted += (len(records), *records)
+        pipe.eval(_PUSH_RECORDS, len(names), *names, *counted)
 
     @staticmethod
     def _write_unreadable(pipe: redis.client.Pipeline, view_keys: ViewKeys, unreadable: dict[str, str]) -> None:

@@ -26,7 +26,7 @@ from itertools import repeat
 from typing import Any
 from urllib.parse import urlsplit
 
-from core.event_store import LogEntry, StoredEvent, decode_entry, stream_position
+from core.event_store import LogEntry, PeriodicalMetric, StoredEvent, decode_entry, stream_position
 from manager.algorithms import optimize_mode_of
 from manager.projection import apply_to_experiment, apply_to_trial
 from schemas.compact import periodical_attempt
@@ -52,7 +52,7 @@ from schemas.events import (
     TunerDataImported,
     TunerNoMoreTrials,
 )
-from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus, metric_score
+from schemas.trial import ExperimentView, MetricRecord, TrialJobDetail, TrialJobStatus
 
 MAX_ATTEMPTS = 2000  # a window with more attempts than this is sent as clusters
 MAX_MARKERS = 5000  # trial markers (metrics, cancels) sent for one window at most
@@ -205,7 +205,7 @@ class _Trial:
         starts an attempt again, makes a new list; its other changes keep the list)."""
         finals = self.view.final_metric_data
         if self.scored is None or self.scored[0] is not finals:
-            self.scored = (finals, metric_score(self.view.final_metric))
+            self.scored = (finals, self.view.final_score)
         return self.scored[1]
 
     def record(self, position: tuple[int, int], metric_attempt: int = 0) -> None:
@@ -312,7 +312,7 @@ class Timeline:
     def feed(
         self,
         entries: Iterable[tuple[str, dict[str, str]]],
-        decoded: Iterable[LogEntry] | None = None,
+        decoded: Iterable[LogEntry | PeriodicalMetric] | None = None,
         views_after: Mapping[str, TrialJobDetail | None] | None = None,
     ) -> int:
         """Fold entries that follow the head (others are skipped: a re-read overlap is harmless). When the caller
@@ -320,7 +320,7 @@ class Timeline:
         folded onto the views this fold holds, by entry id (the projector's own fold, not done twice)."""
         count = 0
         head = stream_position(self.head)
-        known: Iterable[LogEntry | None] = repeat(None) if decoded is None else decoded
+        known: Iterable[LogEntry | PeriodicalMetric | None] = repeat(None) if decoded is None else decoded
         views_after = views_after or {}
         for (entry_id, fields), entry in zip(entries, known, strict=False):
             ms, _, seq = entry_id.partition("-")
@@ -340,12 +340,14 @@ class Timeline:
         entry_id: str,
         position: tuple[int, int],
         fields: dict[str, str],
-        entry: LogEntry | None,
+        entry: LogEntry | PeriodicalMetric | None,
         views_after: Mapping[str, TrialJobDetail | None],
     ) -> None:
         trial = self.trials.get(fields.get("trial", ""))
         if trial is not None:
-            if entry is None:  # read off the JSON, without building the event
+            if isinstance(entry, PeriodicalMetric):
+                periodical, number = True, entry.attempt
+            elif entry is None:  # read off the JSON, without building the event
                 raw = fields.get("json", "")
                 if fields.get("type") != "TrialMetricReported":
                     periodical, number = False, None

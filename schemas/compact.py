@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, Protocol
 
 from schemas.events import TrialMetricReported
 
@@ -68,7 +68,25 @@ def periodical_attempt(values: list[Any]) -> int | None:
     return None
 
 
-def compact_record(event: TrialMetricReported, late: bool = False) -> str:
+class Metric(Protocol):
+    """What a metric record is made of: a TrialMetricReported, or an entry read without building it
+    (core.event_store.PeriodicalMetric)."""
+
+    @property
+    def time(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def parameter_id(self) -> str: ...
+    @property
+    def metric_type(self) -> str: ...
+    @property
+    def sequence(self) -> int: ...
+    @property
+    def data(self) -> str: ...
+
+
+def compact_record(event: Metric, late: bool = False) -> str:
     """A metric as the views list it (MetricRecord's fields but the trial, the list's own); `late`: reported after
     its trial ended (listed, never its result)."""
     # What json.dumps writes for the list (as compact_metric), spelled out: a JSON encoding per metric is much of the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from enum import StrEnum
@@ -128,8 +129,7 @@ class MetricRecord(CamelModel):
     @property
     def value(self) -> Any:
         """The reported value: a number, or a dict with a `default` key (NNI's convention)."""
-        decoded = json.loads(self.data)
-        return json.loads(decoded) if isinstance(decoded, str) else decoded
+        return _value(self.data)
 
 
 class TrialJobMetric(CamelModel):
@@ -165,6 +165,12 @@ class TrialJobDetail(CamelModel):
         """The latest FINAL metric's value, or None."""
         return self.final_metric_data[-1].value if self.final_metric_data else None
 
+    @property
+    def final_score(self) -> float | None:
+        """metric_score of the final metric: the projector ranks each view it changes, and its timeline scores
+        each view change, so a final metric is decoded once for both (by its data)."""
+        return _data_score(self.final_metric_data[-1].data) if self.final_metric_data else None
+
 
 def metric_score(value: Any) -> float | None:
     """The number tuners and 'best so far' compare: the value itself or its `default` entry."""
@@ -176,6 +182,16 @@ def metric_score(value: Any) -> float | None:
         return float(value)
     except OverflowError:  # an integer past a float's range, in a log written before workers rejected it
         return math.inf if value > 0 else -math.inf
+
+
+def _value(data: str) -> Any:
+    decoded = json.loads(data)
+    return json.loads(decoded) if isinstance(decoded, str) else decoded
+
+
+@functools.lru_cache(maxsize=1024)
+def _data_score(data: str) -> float | None:
+    return metric_score(_value(data))
 
 
 class TrialConfig(CamelModel):

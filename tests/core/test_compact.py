@@ -8,7 +8,15 @@ import json
 
 import pytest
 
-from core.event_store import StoredEvent, UnreadableEvent, decode_entry, encode_event, stored_payload
+from core.event_store import (
+    PeriodicalMetric,
+    RawEntry,
+    StoredEvent,
+    UnreadableEvent,
+    decode_entry,
+    encode_event,
+    stored_payload,
+)
 from schemas.compact import compact_metric, compact_record, metric_record
 from schemas.events import TrialMetricReported
 
@@ -132,3 +140,67 @@ def test_a_compact_metric_with_a_lone_surrogate_reads_as_json_reads_it() -> None
     entry = decode_entry("1-0", {"type": "TrialMetricReported", "trial": "t1", "json": stored}, "e")
     assert isinstance(entry, StoredEvent) and isinstance(entry.event, TrialMetricReported)
     assert entry.event.data == "\ud800"
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        '[2,5,"w",1,"0","P",3,"1"]',
+        '[2,5,"w",1,"p/\\u00e9\\"","P",3,"{\\"default\\": 0.5}"]',
+        '[2,1180591620717411303424,"w",-1,"","P",18446744073709551616,""]',
+        *('[2,5,"w",1.0,"0","P",3,"1"]', '[2,5,"w",1.5,"0","P",3,"1"]', '[2,5,"w",true,"0","P",3,"1"]'),
+        *('[2,5,"w","1","0","P",3,"1"]', '[2,5.0,"w",1,"0","P",3,"1"]', '[2,5,"w",1,"0","P","3","1"]'),
+        *(
+            '[2,5,"w",1,0,"P",3,"1"]',
+            '[2,5,"w",1,"0","P",3,1]',
+            '[2,5,"w",1,"0","P",3,null]',
+            '[2,5,3,1,"0","P",3,"1"]',
+        ),
+        *('[2.0,5,"w",1,"0","P",3,"1"]', '[true,5,"w",1,"0","P",3,"1"]', '[1,5,"w",1,"0","P",3,"1"]'),
+        *('[2,5,"w",1,"0","PERIODICAL",3,"1"]', '[2,5,"w",1,"0","F",3,"1"]', '[2,5,"w",1,"0","R",3,"1"]'),
+        *(
+            '[2,5,"w",1,"0","P",3]',
+            '[2,5,"w",1,"0","P",3,"1",4]',
+            '[2,5,"w",1,"0","P",3,"1"',
+            '[2,5,"w",1,"0","P",3,"1"]x',
+        ),
+        *('[2,5,"w",1,"0","P",3,"\\ud800"]', '[2,5,"w",1,"0","P",3,[1]]', '[2,5,"w",1,"0","P",3,{"a":1}]'),
+    ],
+)
+def test_an_intermediate_metric_listed_without_its_event_holds_what_its_event_would(stored: str) -> None:
+    # the projector's path for most entries builds no event: it takes only what would validate as it is, and
+    # leaves any other entry to the general path (read there as ever, or unreadable with the same reason)
+    fields = {"type": "TrialMetricReported", "trial": "t1", "json": stored}
+    listed, decoded = RawEntry("1-0", fields, "e").listed(), decode_entry("1-0", fields, "e")
+    if not isinstance(listed, PeriodicalMetric):
+        assert listed == decoded
+        return
+    assert isinstance(decoded, StoredEvent) and isinstance(decoded.event, TrialMetricReported)
+    event = decoded.event
+    assert (listed.id, listed.trial_id, listed.metric_type, listed.dedup_key) == (
+        "1-0",
+        "t1",
+        "PERIODICAL",
+        event.dedup_key,
+    )
+    assert (listed.time, listed.attempt, listed.parameter_id, listed.sequence, listed.data) == (
+        event.time,
+        event.attempt,
+        event.parameter_id,
+        event.sequence,
+        event.data,
+    )
+    assert compact_record(listed, late=True) == compact_record(event, late=True)
+
+
+def test_an_entry_other_than_a_compact_metric_is_listed_as_it_decodes() -> None:
+    for fields in (
+        {"type": "TrialEnded", "trial": "t1", "json": '[2,5,"w",1,"0","P",3,"1"]'},
+        {"type": "TrialMetricReported", "json": '[2,5,"w",1,"0","P",3,"1"]'},
+        {"type": "TrialMetricReported", "trial": "t1"},
+    ):
+        assert RawEntry("1-0", fields, "e").listed() == decode_entry("1-0", fields, "e")
+    not_utf8 = RawEntry(
+        "1-0", {"type": "TrialMetricReported", "trial": "t1", "json": '[2,5,"w",1,"0","P",3,"1"]'}, "e", "bad"
+    )
+    assert not_utf8.listed() == UnreadableEvent("1-0", not_utf8.fields, "bad")

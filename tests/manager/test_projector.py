@@ -288,3 +288,16 @@ def test_each_metric_is_projected_once_whatever_the_order_gaps_and_batches(clien
     store.append(metric(exp, trial_id, 3))  # the live projector, then more of the same
     Projector(client).catch_up(exp)
     assert [m.sequence for m in ViewStore(client, exp).metrics(trial_id)] == first_seen
+
+
+def test_a_batch_lists_thousands_of_one_trials_metrics_in_order(client: redis.Redis, make_service) -> None:
+    """A batch's records go to their lists in one script call, pushed a thousand at a time (Lua's unpack has a
+    limit): a trial reporting more than Lua takes at once in one batch, beside another, lists them all, in order."""
+    service = make_service()
+    exp, store = service.experiment_id, service.store
+    first, second = service.submit_trial_job(form(0, x=1)).id, service.submit_trial_job(form(1, x=2)).id
+    store.append_all([metric(exp, first, sequence) for sequence in range(9000)] + [metric(exp, second, 0)])
+    Projector(client, batch_size=10_000).catch_up(exp)
+    views = ViewStore(client, exp)
+    assert [m.sequence for m in views.metrics(first)] == list(range(9000))
+    assert [m.sequence for m in views.metrics(second)] == [0]
