@@ -21,8 +21,8 @@ from core import keys
 from core.connections import same_server
 from core.replication import acknowledge_after
 from schemas.compact import METRIC, METRIC_VERSION, compact_metric, expanded
-from schemas.events import EVENT_ADAPTER, Event, TrialCommand, TrialMetricReported
-from schemas.trial import metric_dedup_key
+from schemas.events import EVENT_ADAPTER, Event, TrialCommand, TrialEvent, TrialMetricReported
+from schemas.trial import encodable, metric_dedup_key
 from schemas.upcasters import upcast
 
 COMMAND_TYPES = frozenset(command.model_fields["type"].default for command in get_args(TrialCommand))
@@ -169,23 +169,34 @@ def decode_entry(entry_id: str, fields: dict[str, str], experiment_id: str) -> L
     if fields.get("json", "").startswith("["):  # a metric in compact form (schemas.compact)
         if (event := _current_metric(fields, experiment_id)) is not None:
             return StoredEvent(entry_id, event)
-        try:
-            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upcast(stored_payload(fields, experiment_id))))
+        try:  # json reads what pydantic's parser refuses, a lone surrogate too: no UTF-8 view or answer could hold it
+            payload = encodable(stored_payload(fields, experiment_id))
+            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upcast(payload)))
         except (ValidationError, ValueError, RecursionError) as error:
             return UnreadableEvent(entry_id, fields, _reason(error))
     try:
-        return StoredEvent(entry_id, EVENT_ADAPTER.validate_json(fields["json"]))
+        return _stored(entry_id, fields, EVENT_ADAPTER.validate_json(fields["json"]))
     except KeyError as error:
         return UnreadableEvent(entry_id, fields, f"no {error} field")
     except (ValidationError, ValueError, RecursionError) as error:
         first_error = error
     try:
-        payload = json.loads(fields["json"])
+        payload = encodable(json.loads(fields["json"]))
         if isinstance(payload, dict) and (upgraded := upcast(payload)) is not payload:
-            return StoredEvent(entry_id, EVENT_ADAPTER.validate_python(upgraded))
+            return _stored(entry_id, fields, EVENT_ADAPTER.validate_python(upgraded))
     except (ValidationError, ValueError, RecursionError) as error:  # JSON nested too deep: RecursionError
         first_error = error
     return UnreadableEvent(entry_id, fields, _reason(first_error))
+
+
+def _stored(entry_id: str, fields: dict[str, str], event: Event) -> LogEntry:
+    """The entry of `event`; unreadable when it is a trial's whose `trial` field does not name that trial: what
+    finds a trial's entries (`events --trial`, the timeline, the projector's reads) reads that field alone."""
+    if isinstance(event, TrialEvent) and fields.get("trial") != event.trial_id:
+        return UnreadableEvent(
+            entry_id, fields, f"its trial field {fields.get('trial')!r} is not its trial {event.trial_id!r}"
+        )
+    return StoredEvent(entry_id, event)
 
 
 _METRIC_VALIDATOR = TrialMetricReported.__pydantic_validator__

@@ -88,7 +88,11 @@ class TimelineBatch:
                     states[trial_id] = state
                     trials.append((trial_id, view, json.loads(state), b""))
         timeline = Timeline.restored(view_keys.experiment_id, json.loads(header), experiment, [], trials)
-        ended = frozenset(entry.fields["trial"] for entry in entries if entry.fields.get("type") == "TrialEnded")
+        ended = frozenset(  # an entry without a trial field (written by hand, imported) ends none: it stops nothing
+            entry.fields["trial"]
+            for entry in entries
+            if entry.fields.get("type") == "TrialEnded" and "trial" in entry.fields
+        )
         return cls(view_keys, timeline, states, ended)
 
     def fold(

@@ -82,9 +82,18 @@ def test_unreadable_entries_are_recorded_and_skipped_by_a_running_projector(
             bytes, raw.xadd(stream, {"type": "TrialStarted", "trial": trial_id, "json": b'{"\xff\xfe"}'})
         ).decode(),
         "nested too deep": client.xadd(stream, {"type": "TrialStarted", "json": "[" * 100_000 + "]" * 100_000}),
+        "lone surrogate": client.xadd(  # workers refuse it; read, no UTF-8 view could hold it
+            stream, {"type": "TrialMetricReported", "trial": trial_id, "json": '[2,5,"w",1,"0","P",0,"\\ud800"]'}
+        ),
     }
     service.store.append(started(exp, trial_id))  # the events after the poison are applied
     service.store.append(final(exp, trial_id, 0, 0.5))
+    other = service.submit_trial_job(form(1)).id
+    service.store.append(started(exp, other))
+    wait_for_head(client, exp)  # the timeline is kept from here on: the next batch reads it
+    end = encode_event(ended(exp, other))["json"]
+    bad["an end without its trial field"] = client.xadd(stream, {"type": "TrialEnded", "json": end})  # by hand
+    service.store.append(final(exp, trial_id, 1, 0.75))
     wait_for_head(client, exp)
 
     views = ViewStore(client, exp)
@@ -94,8 +103,10 @@ def test_unreadable_entries_are_recorded_and_skipped_by_a_running_projector(
     assert "not UTF-8" in unreadable[bad["not UTF-8"]]
     assert all(unreadable.values())
     trial = views.trial(trial_id)
-    assert trial is not None and trial.status is TrialJobStatus.RUNNING and trial.final_metric == 0.5
-    assert [(m.type, m.sequence) for m in views.metrics(trial_id)] == [("FINAL", 0)]
+    assert trial is not None and trial.status is TrialJobStatus.RUNNING and trial.final_metric == 0.75
+    assert [(m.type, m.sequence) for m in views.metrics(trial_id)] == [("FINAL", 0), ("FINAL", 1)]
+    assert "lone surrogate" in unreadable[bad["lone surrogate"]]
+    assert unreadable[bad["an end without its trial field"]] == f"its trial field None is not its trial {other!r}"
     assert projector.poll() is None, processes.logs()
     assert_views_match_rebuild(client, exp)  # a rebuild skips exactly the same entries
 
