@@ -331,6 +331,15 @@ class EventStore:
                 raise append_refusal(error) or error from None
         return [str(entry_id) for ids in replies for entry_id in ids]
 
+    def append_metrics(self, trial_id: str, metrics: Sequence[tuple[str, str]], pipeline: Pipeline) -> None:
+        """Queue metrics of one trial, each (idempotency key, its compact JSON: schemas.compact.compact_metrics), as
+        `append_all` queues their events: the same fields, without an event model nor a dict per metric."""
+        for start in range(0, len(metrics), _APPEND_BATCH):
+            arguments: list[str] = []
+            for key, payload in metrics[start : start + _APPEND_BATCH]:
+                arguments += (key, "*", "", "3", "type", METRIC, "trial", trial_id, "json", payload)
+            self._run_script(arguments, pipeline)
+
     def append_entries(self, entries: list[tuple[str, dict[str, str]]], pipeline: Pipeline) -> None:
         """Queue entries as stored elsewhere (an imported log), under their own ids and fields, on the
         same path as any append: commands are indexed for the trials' workers, the projector is told.
