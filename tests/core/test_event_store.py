@@ -138,10 +138,16 @@ def test_metrics_queued_in_compact_form_are_stored_as_their_events_would_be(clie
         entries = [(f"key{i}", payload) for i, payload in enumerate(payloads)]
         store.append_metrics("t1", entries, pipe)
         store.append_metrics("t1", entries[:2], pipe)  # sent again (its answer lost): stored once
-        pipe.execute()
+        assert pipe.execute() == [1000, 501, 0]  # how many were new, in script calls of 1000 at most
     stored: Any = client.xrange(keys.events("exp1"))
     assert [fields for _, fields in stored] == [event_store.encode_event(event) for event in events] * 2
     assert [entry.event for entry in store.read() if isinstance(entry, StoredEvent)] == events * 2
+    client.hset(keys.ARCHIVED, "exp1", "archive")  # refused as any append is, with nothing written
+    with client.pipeline(transaction=True) as pipe:
+        store.append_metrics("t1", [("another", payloads[0])], pipe)
+        [refused] = pipe.execute(raise_on_error=False)
+    assert isinstance(refused, redis.ResponseError) and str(refused).startswith("ARCHIVED")
+    assert store.length() == 2 * len(events) and not client.hexists(keys.idempotency("exp1"), "another")
 
 
 def test_a_read_pages_through_the_log_a_bounded_number_of_entries_a_call(
