@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import redis
 
@@ -19,8 +19,10 @@ from schemas.events import TrialLaunchSpec
 from schemas.trial import JobApplicationForm, TrialJobStatus
 
 
-@dataclass(frozen=True)
-class ParsedMetric:
+class ParsedMetric(NamedTuple):
+    """A metric record read from a trial (workers.platforms.shared.metrics checks its fields' types and values). A
+    tuple: a worker makes thousands a second, and schemas.compact.compact_metrics encodes them as they come."""
+
     parameter_id: str
     metric_type: str
     sequence: int

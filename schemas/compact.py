@@ -16,7 +16,7 @@ A trial's metric list in the views holds each record as
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
@@ -35,6 +35,18 @@ def compact_metric(event: TrialMetricReported) -> str:
     source, parameter_id, data = _STRING(event.source), _STRING(event.parameter_id), _STRING(event.data)
     head = f"[{event.v:d},{event.time:d},{source},{event.attempt:d},{parameter_id}"
     return f'{head},"{_CODES[event.metric_type]}",{event.sequence:d},{data}]'
+
+
+def compact_metrics(time: int, source: str, attempt: int, metrics: Iterable[tuple[str, str, int, str]]) -> list[str]:
+    """compact_metric's text for each (parameterId, metricType, sequence, data) an attempt reported, at `time`, from
+    values of the event's types already checked (core.platform.ParsedMetric): a worker builds no event model per
+    metric, which was a quarter of its CPU per metric (tests/core/test_compact.py checks the two agree)."""
+    head = f"[{METRIC_VERSION:d},{time:d},{_STRING(source)},{attempt:d},"
+    codes, string = _CODES, _STRING
+    return [
+        f'{head}{string(parameter)},"{codes[kind]}",{sequence:d},{string(data)}]'
+        for parameter, kind, sequence, data in metrics
+    ]
 
 
 def expanded(values: list[Any], trial_id: str, experiment_id: str | None) -> dict[str, Any]:

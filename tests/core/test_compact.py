@@ -17,7 +17,7 @@ from core.event_store import (
     encode_event,
     stored_payload,
 )
-from schemas.compact import compact_metric, compact_record, metric_record
+from schemas.compact import compact_metric, compact_metrics, compact_record, metric_record
 from schemas.events import TrialMetricReported
 
 METRICS = [
@@ -110,6 +110,20 @@ def test_a_compact_metric_is_the_json_array_the_encoder_writes(event: TrialMetri
         values = [metric.v, metric.time, metric.source, metric.attempt, metric.parameter_id, metric.metric_type[0]]
         expected = json.dumps([*values, metric.sequence, metric.data], separators=(",", ":"), ensure_ascii=False)
         assert compact_metric(metric) == expected
+
+
+@pytest.mark.parametrize("event", METRICS, ids=lambda event: event.metric_type)
+def test_metrics_encoded_without_their_models_are_the_events_compact_form(event: TrialMetricReported) -> None:
+    # a worker encodes the metrics it reads with compact_metrics, from their checked values: the same text
+    odd = event.model_copy(
+        update={"data": 'tab\t nul\x00 "q" \\ \u2028 ü 😀 \ud800', "parameter_id": "é\n", "source": 'h"\x7f'}
+    )
+    for metric in (event, odd):
+        values = (metric.parameter_id, metric.metric_type, metric.sequence, metric.data)
+        assert (
+            compact_metrics(metric.time, metric.source, metric.attempt, [values, values])
+            == [compact_metric(metric)] * 2
+        )
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import redis
 
 from core import event_store, keys
 from core.event_store import AppendFenced, EventStore, Fence, StoredEvent, UnreadableEvent, stream_position
+from schemas.compact import compact_metrics
 from schemas.events import (
     EVENT_ADAPTER,
     ClusterMetadataSet,
@@ -111,6 +112,42 @@ def test_a_batch_is_appended_whole_in_one_call_and_in_order(client: redis.Redis)
     assert [entry.id for entry in store.read()] == ids
     with pytest.raises(ValueError, match="2 events but 1 idempotency keys"):
         store.append_all([metadata("a"), metadata("b")], ["only-one"])
+
+
+def test_metrics_queued_in_compact_form_are_stored_as_their_events_would_be(client: redis.Redis) -> None:
+    # a worker appends the metrics it reads without building their events (append_metrics): the same entries
+    store = EventStore(client, "exp1")
+    events = [
+        TrialMetricReported(
+            experiment_id="exp1",
+            trial_id="t1",
+            attempt=2,
+            source="w",
+            parameter_id="0",
+            metric_type="FINAL" if i == 1500 else "PERIODICAL",
+            sequence=i,
+            data=json.dumps(json.dumps(i / 3)),
+            time=1_790_000_000_000,
+        )
+        for i in range(1501)  # more than one script call's batch
+    ]
+    store.append_all(events)
+    values = [(event.parameter_id, event.metric_type, event.sequence, event.data) for event in events]
+    payloads = compact_metrics(1_790_000_000_000, "w", 2, values)
+    with client.pipeline(transaction=True) as pipe:
+        entries = [(f"key{i}", payload) for i, payload in enumerate(payloads)]
+        store.append_metrics("t1", entries, pipe)
+        store.append_metrics("t1", entries[:2], pipe)  # sent again (its answer lost): stored once
+        assert pipe.execute() == [1000, 501, 0]  # how many were new, in script calls of 1000 at most
+    stored: Any = client.xrange(keys.events("exp1"))
+    assert [fields for _, fields in stored] == [event_store.encode_event(event) for event in events] * 2
+    assert [entry.event for entry in store.read() if isinstance(entry, StoredEvent)] == events * 2
+    client.hset(keys.ARCHIVED, "exp1", "archive")  # refused as any append is, with nothing written
+    with client.pipeline(transaction=True) as pipe:
+        store.append_metrics("t1", [("another", payloads[0])], pipe)
+        [refused] = pipe.execute(raise_on_error=False)
+    assert isinstance(refused, redis.ResponseError) and str(refused).startswith("ARCHIVED")
+    assert store.length() == 2 * len(events) and not client.hexists(keys.idempotency("exp1"), "another")
 
 
 def test_a_read_pages_through_the_log_a_bounded_number_of_entries_a_call(

@@ -363,6 +363,25 @@ def test_bad_record_is_rejected_with_a_reason(trial: Trial, body: bytes, reason:
     assert reason in problems[0]
 
 
+DEEP = json.loads("[" * 300 + "]" * 300)  # deeper than pydantic's parser goes
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xef\xbb\xbf" + payload(),  # a BOM
+        payload().decode().encode("utf-16"),
+        payload(deep=DEEP),
+        payload(value=json.dumps({"default": 0.5, "deep": DEEP})),
+    ],
+    ids=["bom", "utf-16", "deep-record", "deep-value"],
+)
+def test_a_record_that_only_json_reads_is_read_as_before(body: bytes) -> None:
+    # pydantic's parser reads records faster; what it refuses and json reads is read by json, as before
+    value = json.loads(json.loads(body)["value"])
+    assert parse_record(body) == ParsedMetric("3", "FINAL", 0, json.dumps(json.dumps(value)))
+
+
 @pytest.mark.parametrize(
     ("value", "data"),
     [

