@@ -258,11 +258,7 @@ def test_events_follow_waits_for_a_manager_down_as_it_starts(
         wait_until(waiting, 30, what="the command to wait for the manager")
         assert printed.read_text() == ""
         restart(processes, manager)
-        wait_until(lambda: printed_whole_log(printed, service), 30, what="the history, once the manager answers")
-        service.set_cluster_metadata("note", "after the wait")
-        wait_until(lambda: printed_whole_log(printed, service), 30, what="a new event, followed")
-        follower.send_signal(signal.SIGINT)
-        assert follower.wait(30) == 0, stderr.read_text()
+        _follows_on_then_ends_on_ctrl_c(follower, stderr, printed, service, "after the wait")
     finally:
         follower.kill()
     assert json.loads(printed.read_text().splitlines()[-1])["event"].get("value") == "after the wait"
@@ -287,11 +283,7 @@ def test_events_follow_rides_out_a_manager_lost_between_two_pages_of_its_history
         wait_until(lambda: f"the manager at {outage.url} does not answer" in stderr.read_text(), 30, what="the outage")
         assert outage.tripped and follower.poll() is None
         outage.up()
-        wait_until(lambda: printed_whole_log(printed, service), 30, what="the whole history, once the manager answers")
-        service.set_cluster_metadata("note", "after the outage")
-        wait_until(lambda: printed_whole_log(printed, service), 30, what="a new event, followed")
-        follower.send_signal(signal.SIGINT)
-        assert follower.wait(30) == 0, stderr.read_text()
+        _follows_on_then_ends_on_ctrl_c(follower, stderr, printed, service, "after the outage")
     finally:
         follower.kill()
         outage.close()
@@ -448,6 +440,17 @@ def _gives_up_once_the_manager_is_gone(
     said = err.strip().splitlines()[-1]
     assert said.startswith("trialstream: error: ") and "has not answered for 2 s" in said, err
     return said
+
+
+def _follows_on_then_ends_on_ctrl_c(
+    follower: subprocess.Popen[bytes], stderr: Path, printed: Path, service: TrainingService, note: str
+) -> None:
+    """Once the manager answers, the follow prints the whole log, then a new event (`note`), and ^C ends it with 0."""
+    wait_until(lambda: printed_whole_log(printed, service), 30, what="the whole log, once the manager answers")
+    service.set_cluster_metadata("note", note)
+    wait_until(lambda: printed_whole_log(printed, service), 30, what="a new event, followed")
+    follower.send_signal(signal.SIGINT)
+    assert follower.wait(30) == 0, stderr.read_text()
 
 
 def _noted_once_each_way(stderr: Path, manager: str) -> None:

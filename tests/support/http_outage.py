@@ -8,17 +8,16 @@ import contextlib
 import socket
 import threading
 
+from tests.support.loopback_proxy import LoopbackProxy, received
 
-class HttpOutage:
+
+class HttpOutage(LoopbackProxy):
     def __init__(self, manager_port: int, trigger: bytes) -> None:
-        self._manager_port = manager_port
         self._trigger = trigger
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
         self.down = threading.Event()
         self._armed = True
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(manager_port)
 
     @property
     def url(self) -> str:
@@ -33,25 +32,17 @@ class HttpOutage:
         """Answer again (the manager came back)."""
         self.down.clear()
 
-    def close(self) -> None:
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            if self.down.is_set():
-                client.close()
-                continue
-            manager = socket.create_connection(("127.0.0.1", self._manager_port))
-            threading.Thread(target=self._to_manager, args=(client, manager), daemon=True).start()
-            threading.Thread(target=_pass, args=(manager, client), daemon=True).start()
+    def serve(self, client: socket.socket) -> None:
+        if self.down.is_set():
+            client.close()
+            return
+        manager = self.upstream()
+        threading.Thread(target=self._to_manager, args=(client, manager), daemon=True).start()
+        threading.Thread(target=_pass, args=(manager, client), daemon=True).start()
 
     def _to_manager(self, client: socket.socket, manager: socket.socket) -> None:
         with client, manager:
-            while data := _received(client):
+            while data := received(client):
                 with self._lock:
                     if self._armed and self._trigger in data:
                         self._armed = False
@@ -65,15 +56,8 @@ class HttpOutage:
 
 
 def _pass(source: socket.socket, target: socket.socket) -> None:
-    while data := _received(source):
+    while data := received(source):
         try:
             target.sendall(data)
         except OSError:
             return
-
-
-def _received(end: socket.socket) -> bytes:
-    try:
-        return end.recv(65536)
-    except OSError:
-        return b""

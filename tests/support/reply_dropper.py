@@ -8,18 +8,17 @@ import contextlib
 import socket
 import threading
 
+from tests.support.loopback_proxy import LoopbackProxy, received
+
 EXEC = b"EXEC\r\n"
 
 
-class ReplyDropper:
+class ReplyDropper(LoopbackProxy):
     def __init__(self, redis_port: int) -> None:
-        self._redis_port = redis_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
         self._armed = threading.Event()
         self.dropped = 0  # answers lost so far
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(redis_port)
 
     @property
     def url(self) -> str:
@@ -29,23 +28,15 @@ class ReplyDropper:
         """Lose the answer of the next transaction any client sends through the proxy."""
         self._armed.set()
 
-    def close(self) -> None:
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            server = socket.create_connection(("127.0.0.1", self._redis_port))
-            swallow = threading.Event()  # set once this connection's EXEC went out armed: its answer is lost
-            threading.Thread(target=self._to_server, args=(client, server, swallow), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(server, client, swallow), daemon=True).start()
+    def serve(self, client: socket.socket) -> None:
+        server = self.upstream()
+        swallow = threading.Event()  # set once this connection's EXEC went out armed: its answer is lost
+        threading.Thread(target=self._to_server, args=(client, server, swallow), daemon=True).start()
+        threading.Thread(target=self._to_client, args=(server, client, swallow), daemon=True).start()
 
     def _to_server(self, client: socket.socket, server: socket.socket, swallow: threading.Event) -> None:
         with client, server:
-            while data := _received(client):
+            while data := received(client):
                 with self._lock:
                     if EXEC in data and self._armed.is_set():
                         self._armed.clear()
@@ -53,7 +44,7 @@ class ReplyDropper:
                 server.sendall(data)
 
     def _to_client(self, server: socket.socket, client: socket.socket, swallow: threading.Event) -> None:
-        while data := _received(server):
+        while data := received(server):
             if swallow.is_set():  # the transaction's replies (its QUEUEDs and EXEC's answer): none reaches the client
                 with self._lock:
                     self.dropped += 1
@@ -65,10 +56,3 @@ class ReplyDropper:
                 client.sendall(data)
             except OSError:
                 return
-
-
-def _received(end: socket.socket) -> bytes:
-    try:
-        return end.recv(65536)
-    except OSError:
-        return b""
