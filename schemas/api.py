@@ -55,6 +55,7 @@ class ExperimentState(CamelModel):
     message: str | None
     trial_counts: dict[str, int]
     hosted: bool = Field(description="this manager runs it")
+    archived: bool = Field(default=False, description="its log is in its archive: reads go there, resume restores it")
     working_directory: str = Field(description="on the manager's machine")
     config: dict[str, Any]
 

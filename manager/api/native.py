@@ -244,6 +244,7 @@ def _state(host: ManagerHost, experiment_id: str) -> ExperimentState:
         message=view.message,
         trial_counts=counts,
         hosted=view.id in host.hosted(),
+        archived=bool(host.client.hexists(keys.ARCHIVED, view.id)),
         working_directory=view.working_directory,
         config=view.config,
     )

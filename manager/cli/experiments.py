@@ -83,6 +83,7 @@ def _summary(state: ExperimentState) -> ExperimentSummary:
         ended=None if state.status == "RUNNING" else state.end_time,
         trial_counts=state.trial_counts,
         directory="",
+        archived=state.archived,
     )
 
 

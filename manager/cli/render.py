@@ -123,7 +123,7 @@ def print_experiments(summaries: Sequence[ExperimentSummary]) -> None:
         table.add_row(
             *_cells(
                 summary.id,
-                summary.status,
+                f"{summary.status}, archived" if summary.archived else summary.status,
                 _time(summary.created),
                 _time(summary.ended),
                 counts or "none",

@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def test_an_ended_experiment_leaves_redis_reads_the_same_and_comes_back(
     names = store.names("arch/")
     assert f"arch/{record.archive_id}/manifest.json" in names and len(names) >= 2
     summary = {s.id: s for s in list_experiments(client)}["arch"]  # a listing does not bring it back
-    assert summary.status == "DONE" and sum(summary.trial_counts.values()) == 12
+    assert summary.status == "DONE" and sum(summary.trial_counts.values()) == 12 and summary.archived
     assert not client.exists(keys.thawed("arch"))
 
     assert seen(client, "arch") == read_before  # read through: the keys come back for a while, as they were
@@ -295,7 +296,9 @@ def test_the_command_line_archives_restores_and_reads_through_a_bucket(
     again = trialstream("experiments", "archive", "cli", env=env)
     assert again.returncode != 0 and "cli is archived already" in again.stderr
     listed = trialstream("experiments", "list", "--json", env=env)
-    assert json.loads(listed.stdout) == [summary.model_dump(by_alias=True) for summary in listed_before]
+    assert json.loads(listed.stdout) == [
+        summary.model_dump(by_alias=True) | {"archived": True} for summary in listed_before
+    ]
     assert not client.exists(keys.thawed("cli"))
     after = [trialstream(*command, env=env) for command in reads]
     assert [(done.returncode, done.stdout) for done in after] == [(done.returncode, done.stdout) for done in before]
@@ -305,3 +308,26 @@ def test_the_command_line_archives_restores_and_reads_through_a_bucket(
     restored = trialstream("experiments", "restore", "cli", env=env)
     assert restored.returncode == 0 and "restored experiment cli" in restored.stdout, restored.stderr
     assert archived(client, "cli") is None and client.pttl(keys.events("cli")) == -1
+
+
+def test_a_listing_counts_what_no_projector_has_reached_and_marks_what_is_archived(
+    client: redis.Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing counts trials by the views where they have folded the whole log, not by parsing each trial's view
+    (2 s for 100k trials); where no projector has, by the log. An archived experiment says so."""
+    log = list(synthetic_log("unread", 6, metrics=2, lost_every=5))
+    import_log(client, LogFile("unread", log, {"created": log[0][0]}))  # no projector has read it
+    ended(client, "stored", trials=3)
+    archive(client, "stored", open_store(str(tmp_path / "archive")))
+    expected = Counter(str(trial.status) for trial in TrainingService(client, client, "unread").list_trial_jobs())
+
+    summaries = {summary.id: summary for summary in list_experiments(client)}
+    assert summaries["unread"].trial_counts == dict(expected) and sum(expected.values()) == 6
+    Projector(client).catch_up("unread")
+    with monkeypatch.context() as patched:  # folded whole, its views' counts answer: no trial's view is parsed
+        patched.setattr(TrainingService, "list_trial_jobs", lambda self: pytest.fail("every view parsed"))
+        assert {summary.id: summary for summary in list_experiments(client)}["unread"] == summaries["unread"]
+    assert not summaries["unread"].archived and summaries["stored"].archived
+    assert sum(summaries["stored"].trial_counts.values()) == 3
+    table = trialstream("experiments", "list", env={"TRIALSTREAM_REDIS_URL": redis_url, "COLUMNS": "300"})
+    assert "DONE, archived" in table.stdout and "Traceback" not in table.stderr
