@@ -295,7 +295,8 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     wait_until(lambda: not client.exists(keys.runner(experiment_id)), 30, what="the runner to let go")
     archive(client, experiment_id, open_store(str(tmp_path / "archive")))
     assert not client.exists(keys.events(experiment_id), keys.ViewKeys(experiment_id).trials)
-    assert _nni(url, "/experiments-info") == [metadata] and web.get(f"{url}/api/v1/experiments").json() == listed
+    assert _nni(url, "/experiments-info") == [metadata]
+    assert web.get(f"{url}/api/v1/experiments").json() == [state | {"archived": True} for state in listed]
     assert not client.exists(keys.thawed(experiment_id))
     assert {path: _nni(url, path) for path in paths} == answers
     assert web.get(f"{url}/api/v1/experiments/{experiment_id}/timeline").json() == timeline
