@@ -12,7 +12,7 @@ bucket that is not there, credentials it refuses) raises ArchiveStoreError, nami
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,27 +98,20 @@ class DirectoryStore:
             raise ArchiveStoreError(f"{path} {what}: {error.strerror or error}{fix}") from None
 
 
-def _umask() -> int:
-    mask = os.umask(0o077)  # read by setting it (the most private one meanwhile), then set back at once
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()  # an archive's files, as any file this process makes
-
-
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+    temporary = path.parent / f".part-{secrets.token_hex(8)}"
+    # Made as any file of this process is (0666 less the umask, not mkstemp's 0600): the other users that read the
+    # experiment read its archive too.
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        os.fchmod(handle, _FILE_MODE)  # not mkstemp's 0600: the other users that read the experiment read it
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
