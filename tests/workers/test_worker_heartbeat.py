@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from rq import SimpleWorker
 
 from core.queueing import SERIALIZER, trial_queue
 from workers.runtime.worker import TrialWorker
@@ -35,3 +36,40 @@ def test_running_jobs_are_kept_alive_in_one_round_trip_and_none_is_recreated(rq_
     assert not rq_connection.exists(jobs[3].key)  # not brought back as a hash holding only a heartbeat
     assert rq_connection.hget(worker.key, "queues") == queue.name.encode()  # recreated whole, with a TTL
     assert rq_connection.ttl(worker.key) > 0
+
+
+def test_a_job_is_prepared_in_one_transaction_leaving_what_rqs_two_leave(rq_connection: redis.Redis) -> None:
+    """TrialWorker.prepare_execution does RQ's prepare_execution and prepare_job_execution (one MULTI each, in a
+    row on the way to a trial's start) in one: the records it leaves are RQ's own, checked against RQ's worker."""
+    queue = trial_queue("prepare", rq_connection)
+    ours = TrialWorker([queue], connection=rq_connection, serializer=SERIALIZER, name="ours")
+    theirs = SimpleWorker([queue], connection=rq_connection, serializer=SERIALIZER, name="theirs")
+    jobs = {}
+    for worker in (ours, theirs):
+        worker.register_birth()
+        jobs[worker.name] = queue.enqueue_call("os.getpid", job_id=f"job-{worker.name}")
+        rq_connection.lmove(queue.key, queue.intermediate_queue_key)  # dequeued as RQ does
+    rq_connection.config_resetstat()
+    ours.prepare_execution(jobs["ours"])
+    ours.prepare_job_execution(jobs["ours"], remove_from_intermediate_queue=True)  # as perform_job calls it
+    calls: Any = rq_connection.info("commandstats")
+    assert calls["cmdstat_exec"]["calls"] == 1
+    SimpleWorker.prepare_execution(theirs, jobs["theirs"])
+    SimpleWorker.prepare_job_execution(theirs, jobs["theirs"], remove_from_intermediate_queue=True)
+
+    def records(worker: SimpleWorker) -> dict[str, Any]:
+        job = jobs[worker.name]
+        return {
+            "job fields": sorted(rq_connection.hkeys(job.key)),
+            "job status": rq_connection.hget(job.key, "status"),
+            "job worker": rq_connection.hget(job.key, "worker_name"),
+            "job ttl": rq_connection.ttl(job.key),
+            "started": job.id in queue.started_job_registry.get_job_ids(),
+            "executions": len(rq_connection.smembers(f"{worker.key}:executions")),
+            "worker state": rq_connection.hget(worker.key, "state"),
+            "worker ttl": rq_connection.ttl(worker.key) > 0,
+        }
+
+    assert records(ours) == {**records(theirs), "job worker": b"ours"}
+    assert records(ours)["job status"] == b"started" and records(ours)["executions"] == 1
+    assert rq_connection.llen(queue.intermediate_queue_key) == 0

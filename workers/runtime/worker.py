@@ -11,6 +11,7 @@ from typing import Any, Literal
 import redis
 from redis.client import Pipeline
 from rq import SimpleWorker
+from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
 from rq.timeouts import BaseDeathPenalty
@@ -80,6 +81,27 @@ class TrialWorker(SimpleWorker):
         with self.connection.pipeline() as batch:
             super().heartbeat(timeout, batch)
             batch.execute()
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """RQ's two preparations of a job, each a MULTI in a row on the way to a trial's start (its execution's
+        records, then the job's start: `prepare_job_execution`, which `perform_job` calls next), in one: a round
+        trip less, and one fsync less under `appendfsync always`. The same writes, in RQ 3.0's order."""
+        ttl = self.get_heartbeat_ttl(job)
+        with self.connection.pipeline() as pipeline:
+            execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
+            self.executions[execution.id] = execution
+            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+            self.heartbeat(ttl, pipeline=pipeline)
+            job.heartbeat(now(), ttl, pipeline=pipeline)
+            job.prepare_for_execution(self.name, pipeline=pipeline)
+            pipeline.persist(job.key)
+            if len(self.queues) == 1:  # RQ's condition: the job came off this queue's intermediate list
+                pipeline.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
+            pipeline.execute()
+        return execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """Done by `prepare_execution`, in its transaction."""
 
     def register_birth(self) -> None:
         super().register_birth()  # type: ignore[no-untyped-call]  # RQ's, untyped; untyped_calls_exclude misses super()
