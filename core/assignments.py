@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from core import keys
+from core.connections import text_fields
 from core.event_store import EventStore, StoredEvent
 from core.platform import Platform, TrialAssignment
 from core.queueing import load_submission
@@ -71,8 +72,7 @@ def experiment_secrets(client: redis.Redis, experiment_id: str, platforms: list[
     """The secrets of `platforms`' sections (a worker asks for its own platform's only)."""
     found: dict[str, str] = {}
     for platform in platforms:
-        raw = client.hgetall(keys.secrets(experiment_id, platform))
-        found.update({_text(name): _text(value) for name, value in raw.items()})
+        found.update(text_fields(client.hgetall(keys.secrets(experiment_id, platform))))
     return found
 
 
@@ -80,7 +80,3 @@ def configured_platforms(training_service: Any) -> list[str]:
     """The platforms of a (masked) trainingService: its one section's, or each listed one's."""
     sections = training_service if isinstance(training_service, list) else [training_service]
     return [str(section["platform"]) for section in sections if isinstance(section, dict)]
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -288,6 +288,16 @@ def quick_client(client: redis.Redis, timeout_s: float) -> AckingRedis:
                 retry=Retry(NoBackoff(), 1, _RETRIED_ERRORS),
             )
         return made[timeout_s]
+
+
+def as_text(value: str | bytes) -> str:
+    """A reply's string, whether its client decodes replies or returns bytes."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """A hash, or a stream entry's fields, as text whichever its client returns."""
+    return {as_text(name): as_text(value) for name, value in raw.items()}
 
 
 def until_redis_answers(action: Callable[[], T], what: str, give_up: Callable[[], bool] = lambda: False) -> T:

@@ -86,6 +86,13 @@ if new > 0 then redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1]
 return new
 """.replace("$METRIC", METRIC)
 )
+# KEYS: the log, its idempotency keys. ARGV: one idempotency key. The entry appended under it, if any, in one round
+# trip where an HGET and an XRANGE took two: a worker finds a trial's submission so, as it claims the trial.
+_READ_KEYED = """
+local id = redis.call('HGET', KEYS[2], ARGV[1])
+if not id then return {} end
+return redis.call('XRANGE', KEYS[1], id, id)
+"""
 acknowledge_after(_APPEND)  # with replicas, an append returns once they have it (core.replication.ReplicaAcks)
 acknowledge_after(_APPEND_METRICS)
 _APPEND_BATCH = 1000  # events per script call: Redis serves nobody else while a script runs
@@ -360,6 +367,7 @@ class EventStore:
         self._idempotency = keys.idempotency(experiment_id)
         self._append_script = client.register_script(_APPEND)
         self._append_metrics_script = client.register_script(_APPEND_METRICS)
+        self._read_keyed_script = client.register_script(_READ_KEYED)
         self._raw: redis.Redis | None = None
 
     def _raw_client(self) -> redis.Redis:
@@ -476,6 +484,27 @@ class EventStore:
         """Id of the event appended under `idempotency_key`, if any."""
         entry_id = self.client.hget(self._idempotency, idempotency_key)
         return str(entry_id) if entry_id else None
+
+    def read_keyed(self, idempotency_key: str) -> LogEntry | None:
+        """The entry appended under `idempotency_key`, if any, in one round trip; read again as bytes if not UTF-8."""
+        try:
+            return self.keyed_entry(self.keyed_read(idempotency_key, self.client))
+        except UnicodeDecodeError:
+            return self.keyed_entry(self.keyed_read(idempotency_key, self._raw_client()))
+
+    def keyed_read(self, idempotency_key: str, client: redis.Redis | Pipeline) -> Any:
+        """`read_keyed`'s read, sent through `client` (of this store's server; it may return bytes) or queued on a
+        pipeline with other commands. `keyed_entry` decodes its reply."""
+        return self._read_keyed_script(keys=[self.stream, self._idempotency], args=[idempotency_key], client=client)
+
+    def keyed_entry(self, reply: Any) -> LogEntry | None:
+        if not reply:
+            return None
+        [(entry_id, flat)] = reply
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        if isinstance(entry_id, bytes):
+            return _from_bytes(entry_id, fields, self.experiment_id).decode()
+        return RawEntry(entry_id, fields, self.experiment_id).decode()
 
     def read(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from redis.client import Pipeline
@@ -129,8 +130,13 @@ class Lease:
     def acquire(self, take_over: bool = False) -> bool:
         """Claim the attempt and start the lease; False if another delivery already claimed it. With
         `take_over`, an orphaned attempt (its worker lost, its trial running on) is claimed too."""
+        return bool(self.acquire_on(self.client, take_over))
+
+    def acquire_on(self, client: redis.Redis | Pipeline, take_over: bool = False) -> Any:
+        """`acquire`'s claim, sent through `client` (of the same server) or queued on a pipeline with other commands:
+        its reply is 1 if claimed, else 0."""
         args = [*self._args, ORPHANED if take_over else ""]
-        return bool(self._acquire(keys=[self.ref.claim_key, keys.LEASES], args=args))
+        return self._acquire(keys=[self.ref.claim_key, keys.LEASES], args=args, client=client)
 
     def renew(self) -> bool:
         """Extend the lease; False once the attempt has been declared lost (or has ended)."""

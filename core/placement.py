@@ -92,8 +92,7 @@ def attempt_platform(store: EventStore, submitted: StoredEvent, attempt: int) ->
     if attempt == 1 or not submission.launch.platform_configs:
         return submission.platform
     before = AttemptRef(submission.experiment_id, submission.trial_id, attempt - 1)
-    lost_id = store.id_for_key(before.ended_key)
-    lost = store.read_one(lost_id) if lost_id else None
+    lost = store.read_keyed(before.ended_key)
     if not (isinstance(lost, StoredEvent) and isinstance(lost.event, TrialAttemptLost)):
         raise LookupError(f"trial {submission.trial_id}: attempt {attempt} has no lost attempt before it in the log")
     return lost.event.retry_platform or attempt_platform(store, submitted, attempt - 1)

@@ -31,7 +31,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from core import keys
-from core.event_store import AppendRefused, EventStore, StoredEvent, append_refusal
+from core.event_store import AppendRefused, EventStore, LogEntry, StoredEvent, append_refusal
 from schemas.events import ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
 
 RUN_TRIAL = "workers.runtime.job.run_trial"  # by name: the core never imports the workers that execute it
@@ -170,14 +170,17 @@ def worker_name() -> str:
 
 def load_submission(store: EventStore, trial_id: str) -> StoredEvent:
     """The trial's TrialSubmitted entry, found through its idempotency key."""
-    submitted_id = store.id_for_key(submission_key(trial_id))
-    submitted = store.read_one(submitted_id) if submitted_id else None
+    return checked_submission(store.read_keyed(submission_key(trial_id)), store.experiment_id, trial_id)
+
+
+def checked_submission(submitted: LogEntry | None, experiment_id: str, trial_id: str) -> StoredEvent:
+    """`submitted`, read under the trial's submission key, if it is the trial's TrialSubmitted; else LookupError."""
     if not (
         isinstance(submitted, StoredEvent)
         and isinstance(submitted.event, TrialSubmitted)
         and submitted.event.trial_id == trial_id
     ):
-        raise LookupError(f"trial {trial_id} of experiment {store.experiment_id} has no submission in the log")
+        raise LookupError(f"trial {trial_id} of experiment {experiment_id} has no submission in the log")
     return submitted
 
 

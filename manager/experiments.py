@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from core import keys
 from core.assignments import secrets_by_platform
-from core.connections import same_server
+from core.connections import same_server, text_fields
 from core.event_store import EventStore, Fence
 from core.queueing import ExperimentJob, enqueue, execute_enqueued
 from manager.archive.moves import archived, experiment_keys, forget, glob_escaped, thaw
@@ -173,17 +173,13 @@ def move_legacy_secrets(client: redis.Redis, experiment_id: str, training_servic
     held = client.hgetall(keys.legacy_secrets(experiment_id))
     if not held:
         return
-    texts = {_text(path): _text(value) for path, value in held.items()}
+    texts = text_fields(held)
     with client.pipeline(transaction=True) as pipe:
         for platform, secrets_of_platform in secrets_by_platform(training_service, texts).items():
             for path, value in secrets_of_platform.items():
                 pipe.hset(keys.secrets(experiment_id, platform), path, value)
         pipe.delete(keys.legacy_secrets(experiment_id))
         pipe.execute()
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def delete_experiment(client: redis.Redis, experiment_id: str) -> int:

@@ -48,6 +48,24 @@ def test_a_retried_append_with_the_same_key_is_stored_once(client: redis.Redis) 
     assert store.id_for_key("once") == first
 
 
+def test_an_entry_is_read_by_its_idempotency_key_in_one_call(client: redis.Redis) -> None:
+    store = EventStore(client, "exp1")
+    store.append(metadata("a"))
+    event = metadata("b")
+    keyed = store.append(event, idempotency_key="b")
+    odd_id = client.xadd(keys.events("exp1"), {"type": "ClusterMetadataSet", "json": b"\xff not UTF-8"})
+    client.hset(keys.idempotency("exp1"), "odd", odd_id)
+    assert store.read_keyed("b") == StoredEvent(keyed, event)
+    assert store.read_keyed("missing") is None
+    odd = store.read_keyed("odd")  # read again as bytes: unreadable, not raised
+    assert isinstance(odd, UnreadableEvent) and "not UTF-8" in odd.error
+    with client.pipeline(transaction=False) as pipe:  # queued with other reads, decoded from its reply
+        store.keyed_read("b", pipe)
+        pipe.xlen(keys.events("exp1"))
+        reply, length = pipe.execute()
+    assert (store.keyed_entry(reply), length) == (StoredEvent(keyed, event), 3)
+
+
 def test_appends_without_a_key_are_never_deduplicated(client: redis.Redis) -> None:
     store = EventStore(client, "exp1")
     store.append(metadata("a"))

@@ -39,7 +39,7 @@ def test_a_read_that_fails_after_the_first_chunk_loses_no_record_read_before_it(
     store = EventStore(client, service.experiment_id)
     lease = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "test-worker", 10.0)
     assert lease.acquire()
-    control = LogTrialControl(store, load_submission(store, trial_id), lease)
+    control = LogTrialControl(store, load_submission(store, trial_id), lease, commands=[])
     directory = tmp_path / "attempt"
     (directory / ".nni").mkdir(parents=True)
     metrics = directory / METRICS_FILE

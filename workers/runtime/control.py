@@ -27,7 +27,7 @@ from redis.client import Pipeline
 
 from core import keys
 from core.connections import until_redis_answers
-from core.event_store import EventStore, LogEntry, StoredEvent
+from core.event_store import CommandsIndex, EventStore, LogEntry, StoredEvent, commands_in_log
 from core.leases import AttemptRef, Lease
 from core.platform import ParsedMetric, StopRequest
 from schemas.compact import compact_metrics
@@ -57,7 +57,10 @@ def _format_seconds(seconds: float) -> str:
 
 
 class LogTrialControl:
-    def __init__(self, store: EventStore, submitted: StoredEvent, lease: Lease) -> None:
+    """`commands`: the trial's commands stream as its worker read it when claiming the attempt (workers.runtime.job):
+    a cancel that came before the worker did is seen before launching."""
+
+    def __init__(self, store: EventStore, submitted: StoredEvent, lease: Lease, commands: CommandsIndex) -> None:
         assert isinstance(submitted.event, TrialSubmitted)
         self._store = store
         self._links = links(store.client, lease.seconds)
@@ -69,7 +72,7 @@ class LogTrialControl:
         self._lease = lease.on(self._quick)  # never blocks long
         self._worker = lease.worker
         self._attempt = lease.ref.attempt
-        self._cursor = "0-0"  # of the trial's commands stream: every command since its submission
+        self._cursor = commands[-1][0] if commands else "0-0"  # of the trial's commands stream
         # The idempotency keys of the last metrics appended: they make a retry of that append (its answer lost)
         # append nothing twice, then go with the next append or the attempt's end. A follower never sends a metric
         # again (re-attached ones resume past the offsets written with it; local trials are never re-attached),
@@ -87,8 +90,10 @@ class LogTrialControl:
         self._lock = threading.Lock()
         self._links.renewer.add(self, self._lease)
         try:
-            self._wait_for_predecessor()
-            self._poll()  # a cancel that came before the worker did is seen before launching
+            if commands:
+                self.deliver(commands_in_log(store.client, [(store.experiment_id, commands)])[0])
+            if self._wait_for_predecessor():
+                self._poll()  # and those that came meanwhile
             self._links.reader.follow(self, store.experiment_id, self._trial_id, self._cursor)
         except BaseException:
             self.close()  # no caller holds this control to close it
@@ -275,27 +280,25 @@ class LogTrialControl:
         """Past the local deadline: the reapers may have declared this attempt lost meanwhile."""
         return self._lease_lost or time.monotonic() - self._renewed_at > self._deadline_s
 
-    def _wait_for_predecessor(self) -> None:
+    def _wait_for_predecessor(self) -> bool:
         """A retry waits until the attempt it replaces has surely stopped: declared lost when its
         lease expired, that attempt's worker, if cut off rather than dead, stops it at its local
-        deadline, up to `LOCAL_DEADLINE_LEASES - 1` leases later, then needs STOP_MARGIN_S to kill it."""
+        deadline, up to `LOCAL_DEADLINE_LEASES - 1` leases later, then needs STOP_MARGIN_S to kill it.
+        True if it waited."""
         if self._attempt <= 1:
-            return
+            return False
         before = AttemptRef(self._store.experiment_id, self._trial_id, self._attempt - 1)
-        ended_id = until_redis_answers(lambda: self._store.id_for_key(before.ended_key), f"trial {self._trial_id}")
-        ended = (
-            until_redis_answers(lambda: self._store.read_one(ended_id), f"trial {self._trial_id}") if ended_id else None
-        )
+        ended = until_redis_answers(lambda: self._store.read_keyed(before.ended_key), f"trial {self._trial_id}")
         if not (isinstance(ended, StoredEvent) and isinstance(ended.event, TrialAttemptLost)):
-            return  # it ended on its own terms: nothing of it runs
-        assert ended_id is not None
-        not_before_ms = int(ended_id.split("-")[0]) + (self._deadline_s - self._lease.seconds + STOP_MARGIN_S) * 1000
+            return False  # it ended on its own terms: nothing of it runs
+        not_before_ms = int(ended.id.split("-")[0]) + (self._deadline_s - self._lease.seconds + STOP_MARGIN_S) * 1000
         while not self._closed.is_set():
             seconds, microseconds = until_redis_answers(self._store.client.time, f"trial {self._trial_id}")
             left_s = (not_before_ms - (seconds * 1000 + microseconds // 1000)) / 1000
             if left_s <= 0:
-                return
+                break
             self._closed.wait(min(left_s, 1.0))
+        return True
 
     def _poll(self) -> None:
         self._cursor, entries = self._store.trial_commands(self._trial_id, self._cursor)

@@ -13,12 +13,12 @@ from redis.client import Pipeline
 
 from core import keys
 from core.assignments import assignment_of, experiment_secrets, load_assignment, platform_section
-from core.connections import until_redis_answers
-from core.event_store import EventStore, StoredEvent
+from core.connections import as_text, text_fields, until_redis_answers
+from core.event_store import CommandsIndex, EventStore, LogEntry, StoredEvent
 from core.leases import AttemptRef, Lease
 from core.placement import attempt_platform
 from core.platform import Abandoned, Deferred, Lost, Platform, TrialAssignment, TrialOutcome
-from core.queueing import TrialJob, execute_enqueued, load_submission, park, wake_parked, worker_name
+from core.queueing import TrialJob, checked_submission, execute_enqueued, park, submission_key, wake_parked, worker_name
 from core.reaper import lose_attempt
 from core.settings import Settings
 from schemas.config import PlatformConfig
@@ -88,12 +88,11 @@ def run_trial(
     store = EventStore(runtime.client, experiment_id)
     ref = AttemptRef(experiment_id, trial_id, attempt)
     lease = Lease(runtime.client, ref, runtime.name, runtime.settings.trial_lease_s)
-    if not lease.acquire(take_over=reattach):
+    picked = _pick_up(runtime, store, lease, reattach)
+    if not picked.claimed:
         return "already claimed by another delivery"
-    # Claimed first: with replicas, the claim returns once they have it and what the master had before it, so
-    # the submission read next is one that outlives a failover, not one that only a lost master held.
     try:
-        submitted = load_submission(store, trial_id)
+        submitted = checked_submission(picked.submitted, experiment_id, trial_id)
     except LookupError as missing:
         # An orphan: its submission was refused (a superseded runner's, an archived experiment's) in the MULTI that
         # queued it (core.queueing.execute_enqueued), or reached a master lost before replicating it (the runner
@@ -108,19 +107,14 @@ def run_trial(
         lease.give_up(lambda pipe: None)
         raise RuntimeError(f"trial {trial_id} attempt {attempt} is for platform {placed}, not {runtime.platform.name}")
 
-    control = LogTrialControl(store, submitted, lease)
+    control = LogTrialControl(store, submitted, lease, picked.commands)
     try:
         stop = control.stop_request()
         if stop is not None and not reattach:  # ends it even if the cancel came while an earlier attempt ran
             control.close()
             _end_attempt(runtime, store, lease, _ended(lease, stop.status, None, stop.reason), control)
             return "canceled before it started"
-        assignment = assignment_of(
-            runtime.platform,
-            submitted,
-            attempt,
-            experiment_secrets(runtime.client, experiment_id, [runtime.platform.name]),
-        )
+        assignment = assignment_of(runtime.platform, submitted, attempt, picked.secrets)
         try:
             runtime.stage(experiment_id, submission.launch, assignment.platform_config)
             if reattach:
@@ -156,6 +150,37 @@ def run_trial(
         return str(outcome.status)
     finally:
         control.close()
+
+
+@dataclass(frozen=True)
+class _PickUp:
+    claimed: bool
+    submitted: LogEntry | None  # the entry under the trial's submission key
+    commands: CommandsIndex  # the trial's commands stream so far
+    secrets: dict[str, str]  # the platform's, for its config
+
+
+def _pick_up(runtime: WorkerRuntime, store: EventStore, lease: Lease, take_over: bool) -> _PickUp:
+    """Claim the attempt and read what its start needs, in one round trip: its submission, the commands sent to it
+    so far (a cancel that came before the worker did) and the platform's secrets. They were four round trips in a
+    row on the way from a freed slot to the next start, each waiting for Redis's fsync of whatever was written then.
+
+    With replicas, the answers count once the claim's WAIT has returned (core.replication: after the pipeline).
+    The replicas then hold what the master held at the claim, the submission too: what was read outlives a
+    failover. Read as bytes: an entry of a log imported from elsewhere may not be UTF-8 (it reads as unreadable)."""
+    ref = lease.ref
+    with runtime.rq_connection.pipeline(transaction=False) as pipe:
+        lease.acquire_on(pipe, take_over)
+        store.keyed_read(submission_key(ref.trial_id), pipe)
+        pipe.xrange(keys.trial_commands(ref.experiment_id, ref.trial_id))
+        pipe.hgetall(keys.secrets(ref.experiment_id, runtime.platform.name))
+        claimed, submission, commands, secrets = pipe.execute()
+    return _PickUp(
+        claimed=bool(claimed),
+        submitted=store.keyed_entry(submission),
+        commands=[(as_text(entry_id), text_fields(fields)) for entry_id, fields in commands],
+        secrets=text_fields(secrets),
+    )
 
 
 def release_attempt(experiment_id: str, trial_id: str, attempt: int) -> str:
