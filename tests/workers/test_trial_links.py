@@ -38,7 +38,7 @@ def _control(client: redis.Redis, service: TrainingService, trial_id: str) -> Lo
     store = EventStore(client, service.experiment_id)
     lease = Lease(client, AttemptRef(service.experiment_id, trial_id, 1), "test-worker", LEASE_S)
     assert lease.acquire()
-    commands = client.xrange(keys.trial_commands(service.experiment_id, trial_id))  # as a worker's pick-up reads them
+    commands: Any = client.xrange(keys.trial_commands(service.experiment_id, trial_id))  # as a pick-up reads them
     return LogTrialControl(store, load_submission(store, trial_id), lease, commands)
 
 
