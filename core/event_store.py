@@ -480,6 +480,10 @@ class EventStore:
     def has_key(self, idempotency_key: str) -> bool:
         return bool(self.client.hexists(self._idempotency, idempotency_key))
 
+    def has_keys(self, idempotency_keys: list[str]) -> list[bool]:
+        """`has_key` for each, in one round trip."""
+        return [entry_id is not None for entry_id in self.client.hmget(self._idempotency, idempotency_keys)]
+
     def id_for_key(self, idempotency_key: str) -> str | None:
         """Id of the event appended under `idempotency_key`, if any."""
         entry_id = self.client.hget(self._idempotency, idempotency_key)

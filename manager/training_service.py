@@ -53,6 +53,7 @@ from schemas.trial import (
 log = logging.getLogger(__name__)
 
 _TRIAL_ID_ALPHABET = string.ascii_letters + string.digits
+CHECKED_IDS = 16  # trial ids drawn and checked against the log at a time
 
 PARSED_VIEWS_KEPT = 20_000
 _TRIAL_VIEWS = TypeAdapter(list[TrialJobDetail])
@@ -99,6 +100,8 @@ class TrainingService:
         self._parsed: dict[str, TrialJobDetail] = {}  # view JSON -> the view (frozen, so safe to hand out again)
         self._tail = _Tail("0-0")
         self._tail_lock = threading.Lock()
+        self._free_ids: list[str] = []  # trial ids checked unused (`_new_trial_id`)
+        self._ids_lock = threading.Lock()
 
     # queries
 
@@ -320,11 +323,19 @@ class TrainingService:
         return view
 
     def _new_trial_id(self) -> str:
-        """Five letters and digits, as NNI's; checked against the log so ids never collide."""
-        while True:
-            trial_id = "".join(secrets.choice(_TRIAL_ID_ALPHABET) for _ in range(5))
-            if not self.store.has_key(submission_key(trial_id)):
-                return trial_id
+        """Five letters and digits, as NNI's; checked against the log so ids never collide. Drawn and checked
+        CHECKED_IDS at a time, in one round trip: a runner's submission, on the way from a freed slot to the next
+        trial's start, does not wait for a check of its own."""
+        with self._ids_lock:
+            while not self._free_ids:
+                drawn = list({_random_trial_id() for _ in range(CHECKED_IDS)})
+                taken = self.store.has_keys([submission_key(trial_id) for trial_id in drawn])
+                self._free_ids = [trial_id for trial_id, used in zip(drawn, taken, strict=True) if not used]
+            return self._free_ids.pop()
+
+
+def _random_trial_id() -> str:
+    return "".join(secrets.choice(_TRIAL_ID_ALPHABET) for _ in range(5))
 
 
 def _parse_trial_views(raws: list[str]) -> list[TrialJobDetail]:

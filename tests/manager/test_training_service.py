@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+from typing import Any
 
 import pytest
 import redis
@@ -16,9 +17,10 @@ from core.event_store import AppendFenced, AppendRefused, ExperimentArchived, Fe
 from core.leases import AttemptRef, Lease
 from core.queueing import TrialJob, park, queue_name, trial_queue, wake_parked
 from core.reaper import reap_lost_attempts
+from manager import training_service
 from manager.experiments import finish_experiment
 from manager.projector import Projector
-from manager.training_service import MissingClusterMetadata, TrainingService, TrialNotFound
+from manager.training_service import CHECKED_IDS, MissingClusterMetadata, TrainingService, TrialNotFound
 from schemas.events import TrialMetricReported, TrialStarted
 from schemas.trial import TrialJobDetail, TrialJobMetric, TrialJobStatus
 from tests.conftest import ServiceFactory, form, wait_until
@@ -69,6 +71,22 @@ def test_a_crash_before_commit_leaves_neither_event_nor_job(
     assert service.store.length() == length_before
     assert Queue(queue_name("local"), connection=rq_connection).count == 0
     assert service.list_trial_jobs() == []
+
+
+def test_trial_ids_are_checked_against_the_log_many_at_a_time(
+    client: redis.Redis, rq_connection: redis.Redis, make_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id already in the log is never given again, and submissions do not each wait for a check of their own."""
+    first = make_service()
+    taken = first.submit_trial_job(form(0)).id
+    service = TrainingService(client, rq_connection, first.experiment_id)  # none drawn yet
+    drawn = iter([taken] * 5 + [f"id{index:03d}" for index in range(100)])
+    monkeypatch.setattr(training_service, "_random_trial_id", lambda: next(drawn))
+    client.config_resetstat()
+    ids = [service.submit_trial_job(form(index + 1)).id for index in range(CHECKED_IDS)]
+    calls: Any = client.info("commandstats")
+    assert taken not in ids and len(set(ids)) == CHECKED_IDS
+    assert calls["cmdstat_hmget"]["calls"] == 2  # the first draw held 11 free ids: drawn again for the 12th
 
 
 def test_unknown_trial_is_a_clear_not_found(make_service: ServiceFactory) -> None:
