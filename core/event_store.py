@@ -86,8 +86,8 @@ if new > 0 then redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1]
 return new
 """.replace("$METRIC", METRIC)
 )
-# KEYS: the log, its idempotency keys. ARGV: one idempotency key. The entry appended under it, if any, in one round
-# trip where an HGET and an XRANGE took two: a worker finds a trial's submission so, as it claims the trial.
+# KEYS: the log, its idempotency keys. ARGV: one idempotency key. The entry appended under it, if any: one round trip
+# where an HGET and an XRANGE took two (a worker reads a trial's submission this way in the round trip of its claim).
 _READ_KEYED = """
 local id = redis.call('HGET', KEYS[2], ARGV[1])
 if not id then return {} end
@@ -483,11 +483,6 @@ class EventStore:
     def has_keys(self, idempotency_keys: list[str]) -> list[bool]:
         """`has_key` for each, in one round trip."""
         return [entry_id is not None for entry_id in self.client.hmget(self._idempotency, idempotency_keys)]
-
-    def id_for_key(self, idempotency_key: str) -> str | None:
-        """Id of the event appended under `idempotency_key`, if any."""
-        entry_id = self.client.hget(self._idempotency, idempotency_key)
-        return str(entry_id) if entry_id else None
 
     def read_keyed(self, idempotency_key: str) -> LogEntry | None:
         """The entry appended under `idempotency_key`, if any, in one round trip; read again as bytes if not UTF-8."""

@@ -45,7 +45,8 @@ def test_a_retried_append_with_the_same_key_is_stored_once(client: redis.Redis) 
     batch = store.append_all([metadata("a"), metadata("b")], ["once", "other"])
     assert again == first == batch[0]
     assert store.length() == 2
-    assert store.id_for_key("once") == first
+    once = store.read_keyed("once")
+    assert once is not None and once.id == first
 
 
 def test_an_entry_is_read_by_its_idempotency_key_in_one_call(client: redis.Redis) -> None:
