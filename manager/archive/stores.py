@@ -125,18 +125,35 @@ def _finished(path: Path) -> bool:
     return not path.name.startswith(".part-")
 
 
+S3_TIMEOUT_S = 20.0
+"""To connect, and for each answer: boto3's default, 60 s tried five times, held an archive round (and a CLI) five
+minutes on a server that took the connection and never answered."""
+S3_ATTEMPTS = 3
+
+
 class S3Store:
-    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        endpoint_url: str | None,
+        timeout_s: float = S3_TIMEOUT_S,
+        attempts: int = S3_ATTEMPTS,
+    ) -> None:
         try:
             import boto3  # the `s3` extra: only users of a bucket install it
+            from botocore.config import Config
         except ImportError:
             raise ArchiveStoreError("s3:// archives need boto3: pip install 'trialstream[s3]'") from None
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.endpoint_url = endpoint_url
+        self.timeout_s, self.attempts = timeout_s, attempts
+        retries: Any = {"total_max_attempts": attempts, "mode": "standard"}
+        config = Config(connect_timeout=timeout_s, read_timeout=timeout_s, retries=retries)
         try:
-            self._client: Any = boto3.client("s3", endpoint_url=endpoint_url)
+            self._client: Any = boto3.client("s3", endpoint_url=endpoint_url, config=config)
         except ValueError as error:  # an endpoint that is not a URL
             raise ArchiveStoreError(f"{self.location}: {error}; {_ENDPOINT_URL}") from None
 
@@ -170,7 +187,14 @@ class S3Store:
     def _errors(self, name: str) -> Iterator[None]:
         """boto3's errors (a missing object, no credentials, no answer) as one that names the object and, where
         the store is set up wrong, the setting that fixes it. None of them holds a secret."""
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
 
         try:
             yield
@@ -178,10 +202,12 @@ class S3Store:
             raise ArchiveStoreError(f"{self.location}/{name} is missing from the archive") from None
         except NoCredentialsError:
             raise ArchiveStoreError(f"{self.location}: no S3 credentials; {_CREDENTIALS}") from None
-        except EndpointConnectionError:
+        except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError) as error:
             server = self.endpoint_url or "AWS"
+            timed_out = isinstance(error, ConnectTimeoutError | ReadTimeoutError)
+            within = f" within {self.timeout_s:g} s, {self.attempts} tries" if timed_out else ""
             raise ArchiveStoreError(
-                f"{self.location}: the S3 server {server} does not answer; {_ENDPOINT_URL}"
+                f"{self.location}/{name}: the S3 server {server} does not answer{within}; {_ENDPOINT_URL}"
             ) from None
         except ClientError as error:
             code = str(error.response.get("Error", {}).get("Code", ""))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from core.event_store import InvalidExperimentId, check_experiment_id
 from core.settings import Settings
 from manager.archive.moves import archive, archived, restore
 from manager.archive.policy import run_policy, store_of
-from manager.archive.stores import open_store
+from manager.archive.stores import ArchiveStoreError, S3Store, open_store
 from simulators.waiting import wait_until
 from tests.cli.test_cli import trialstream
 from tests.manager.test_archive import REPO, ended, owned
@@ -267,6 +268,30 @@ def test_an_s3_archive_set_up_wrong_says_which_setting_to_fix(
     assert done.returncode == 0, done.stderr
     assert json.loads(trialstream("trials", "list", "-e", "cloud", "--json", env=working).stdout)
     assert restore(client, "cloud") == len(before)
+
+
+def test_an_s3_server_that_never_answers_fails_a_call_after_a_bounded_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that takes the connection and never answers (a hung proxy) ends a call after the timeout and the
+    tries the store allows, as one error naming the server: boto3's defaults would have held it five minutes."""
+    for name, value in _s3_env("", "", "", AWS_ACCESS_KEY_ID="AKIAFAKE", AWS_SECRET_ACCESS_KEY="fake").items():
+        monkeypatch.setenv(name, value)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts the connections; nobody answers
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        store = S3Store("bucket", "archive", endpoint, timeout_s=0.2, attempts=2)  # short: no production back-off
+        with pytest.raises(ArchiveStoreError) as raised:
+            store.put("manifest.json", b"{}")
+        silent.setblocking(False)
+        tries = 0
+        while True:
+            try:
+                silent.accept()[0].close()
+            except BlockingIOError:
+                break
+            tries += 1
+    said = str(raised.value)
+    assert f"{endpoint} does not answer within 0.2 s, 2 tries" in said
+    assert "TRIALSTREAM_ARCHIVE_ENDPOINT_URL" in said
+    assert tries == 2
 
 
 def test_the_default_archive_is_where_no_experiment_can_be_and_a_failing_one_is_a_line_a_round(
