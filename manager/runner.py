@@ -7,6 +7,7 @@ no state the log does not have: `resume` rebuilds it from the log after a crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -28,7 +29,7 @@ from core.event_store import AppendFenced, LogEntry, StoredEvent, stream_positio
 from core.queueing import submission_key
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts, unclaimed_attempts
 from core.settings import Settings
-from manager.archive.moves import restore
+from manager.archive.moves import archived, restore
 from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
 from manager.experiments import create_experiment, finish_experiment, move_legacy_secrets
@@ -59,6 +60,7 @@ from schemas.events import (
 )
 from schemas.secrets import with_secrets
 from schemas.trial import (
+    ExperimentView,
     HyperParameters,
     JobApplicationForm,
     TrialConfig,
@@ -76,6 +78,16 @@ _DRAIN_S = 10.0  # at the end, how long the tuner may take over the inputs still
 
 class RunnerError(RuntimeError):
     pass
+
+
+def _refuse_resume(experiment: ExperimentView, allow_imported: bool, changes: ExperimentChanges | None) -> None:
+    if experiment.imported and not allow_imported:
+        raise RunnerError(
+            f"experiment {experiment.id} was imported and the run that wrote it is not here; "
+            "resume it with --imported to cancel its unfinished trials and go on"
+        )
+    if experiment.status == "DONE" and changes is None:
+        raise RunnerError(f"experiment {experiment.id} is done; there is nothing to resume")
 
 
 class ClaimLost(RunnerError):
@@ -254,17 +266,16 @@ class ExperimentRunner:
         An imported log's run is not here: only with `allow_imported` is it taken up, its unfinished
         trials first ended as SYS_CANCELED. A DONE experiment is taken up only with `changes` (NNI's
         update of a finished experiment: a larger budget, say), logged once the claim is taken and
-        before the replay, so the runner starts under them. An archived experiment is restored first."""
+        before the replay, so the runner starts under them. An archived experiment is restored first, unless the
+        experiment view it keeps in Redis already says it would be refused."""
+        if archived(client, experiment_id) is not None:
+            with contextlib.suppress(LookupError):  # an archive made without views: restored, then checked
+                kept = TrainingService(client, rq_connection, experiment_id).experiment_view()
+                _refuse_resume(kept, allow_imported, changes)
         restore(client, experiment_id)
         service = TrainingService(client, rq_connection, experiment_id)
         experiment = service.experiment_view()
-        if experiment.imported and not allow_imported:
-            raise RunnerError(
-                f"experiment {experiment_id} was imported and the run that wrote it is not here; "
-                "resume it with --imported to cancel its unfinished trials and go on"
-            )
-        if experiment.status == "DONE" and changes is None:
-            raise RunnerError(f"experiment {experiment_id} is done; there is nothing to resume")
+        _refuse_resume(experiment, allow_imported, changes)
         config = dict(experiment.config)
         service_config = config["trainingService"]
         move_legacy_secrets(client, experiment_id, service_config)

@@ -19,9 +19,12 @@ import pytest
 import redis
 from nni.experiment import Experiment, ExperimentConfig, TrialJob
 
+from core import keys
 from core.connections import connect
 from core.event_store import EventStore
 from core.keys import ViewKeys
+from manager.archive.moves import archive, archived
+from manager.archive.stores import open_store
 from schemas.events import ClusterMetadataSet
 from simulators.waiting import wait_until
 from tests.api.test_api import write_trial
@@ -224,8 +227,11 @@ def test_an_update_takes_a_done_experiment_up_again(manager: Manager) -> None:
     wait_until(lambda: manager.status(experiment_id) == "DONE", 60, what="the experiment to finish")
     experiment = Experiment.connect(port)
     pid = manager.entry(experiment_id)["pid"]
+    wait_until(lambda: not manager.client.exists(keys.runner(experiment_id)), 30, what="the runner to let go")
+    archive(manager.client, experiment_id, open_store(str(manager.root / "archive")))  # the update brings it back
 
     experiment.update_max_trial_number(3)
+    assert archived(manager.client, experiment_id) is None
     # running again as the answer came: NO_MORE_TRIAL once the runner has submitted the two extra trials
     assert experiment.get_status() in ("RUNNING", "NO_MORE_TRIAL")
     assert experiment.get_experiment_profile()["params"]["maxTrialNumber"] == 3
