@@ -24,6 +24,7 @@ from core import keys
 from core.connections import same_server
 from core.event_store import EventStore, StoredEvent
 from core.settings import Settings
+from manager.archive.moves import restore
 from manager.archive.policy import start_policy
 from manager.config import ExperimentSpec
 from manager.experiment_process import ExperimentProcess
@@ -274,15 +275,21 @@ class ManagerHost:
 
     def import_data(self, experiment_id: str, data: list[ImportedTrial]) -> None:
         """NNI's import-data: results of trials run elsewhere, logged (TunerDataImported) for the experiment's
-        runner to give its tuner, as NNI's manager sends IMPORT_DATA to its dispatcher. Each parameter set must
-        name the search space's parameters (a ValueError saying where, else a tuner's exception on them would end
-        the experiment ERROR), nested at most MAX_DEPTH levels (NestedTooDeep)."""
-        view = self._running(experiment_id)
-        if not self.client.exists(keys.runner(experiment_id)):
+        runner to give its tuner, as NNI's manager sends IMPORT_DATA to its dispatcher. A DONE experiment takes
+        them too, as NNI's does (its dispatcher outlives the end): the tuner of its next run (an update's) gets
+        them in its replay; an archived one is brought back first. Each parameter set must name the search space's
+        parameters (a ValueError saying where, else a tuner's exception on them would end the experiment ERROR),
+        nested at most MAX_DEPTH levels (NestedTooDeep)."""
+        resolve_experiment(self.client, experiment_id)
+        view = self.service(experiment_id).experiment_view()
+        if view.status not in ("RUNNING", "DONE"):
+            raise ExperimentNotRunning(f"experiment {experiment_id} is {view.status}, not running")
+        if view.status == "RUNNING" and not self.client.exists(keys.runner(experiment_id)):
             raise ExperimentNotRunning(f"experiment {experiment_id} has no runner: resume it first")
         for index, record in enumerate(data):
             check_depth(record.parameter, f"[{index}].parameter", "a trial's parameters")
             check_parameter_names(record.parameter, view.config.get("searchSpace"), f"[{index}].parameter")
+        restore(self.client, experiment_id)
         EventStore(self.client, experiment_id).append(TunerDataImported(experiment_id=experiment_id, data=data))
         self._shown(experiment_id)
 

@@ -766,7 +766,8 @@ def test_a_customized_trial_is_numbered_at_once_and_keeps_its_number_when_it_run
 
 def test_imported_data_reaches_the_tuner_once_and_a_resumed_one_once_more(api: Api) -> None:
     """NNI's import-data (`nnictl experiment import`): checked, logged, given to the tuner's import_data as NNI's
-    dispatcher gives it (JSON text decoded); a resume's new tuner gets it in its replay, once."""
+    dispatcher gives it (JSON text decoded); a resume's new tuner gets it in its replay, once. A DONE experiment
+    takes it too, for the tuner of an update's run."""
     (api.code / "algorithms").mkdir()
     (api.code / "algorithms" / "importer.py").write_text(IMPORTER)
     log = api.code / "imports.jsonl"
@@ -812,3 +813,12 @@ def test_imported_data_reaches_the_tuner_once_and_a_resumed_one_once_more(api: A
     api.release_all()
     api.wait_status(experiment_id, "DONE")
     assert lines() == [["start"], ["import", given], ["start"], ["import", given]]  # replayed, not given twice
+
+    later = [{"parameter": {"x": 0.3}, "value": 0.5}]
+    taken = api.http.post(url, json=later)  # DONE: taken, as NNI's manager takes it, for the next run's tuner
+    assert (taken.status_code, taken.content) == (200, b""), taken.text
+    assert api.http.patch(f"/experiments/{experiment_id}", json={"maxTrialNumber": 3}).status_code == 200
+    wait_until(lambda: lines()[4:] == [["start"], ["import", given], ["import", later]], 30, what="the next tuner")
+    api.release_all()
+    wait_until(lambda: len(api.http.get(api.nni(experiment_id, "/trial-jobs")).json()) == 3, 30, what="the trial")
+    api.wait_status(experiment_id, "DONE")

@@ -18,7 +18,7 @@ from core import keys
 from core.connections import connect
 from core.variables import PREFIX
 from manager.api.webui import url_prefix_problem
-from manager.archive.moves import archive
+from manager.archive.moves import archive, archived
 from manager.archive.stores import open_store
 from schemas import nni_rest
 from schemas.trial import (
@@ -301,6 +301,13 @@ def test_a_finished_experiment_reads_as_nni_serves_it(tmp_path: Path, processes:
     assert {path: _nni(url, path) for path in paths} == answers
     assert web.get(f"{url}/api/v1/experiments/{experiment_id}/timeline").json() == timeline
     assert client.exists(keys.thawed(experiment_id), keys.events(experiment_id)) == 2
+
+    # NNI's import-data into it (DONE, as NNI's manager takes it): brought back from the archive first, then logged
+    data = [{"parameter": {"x": 0.5}, "value": 0.1}]
+    imported = web.post(f"{url}/api/v1/nni/experiment/import-data", json=data)
+    assert (imported.status_code, imported.content) == (200, b""), imported.text
+    assert archived(client, experiment_id) is None and client.pttl(keys.events(experiment_id)) == -1
+    assert [json.loads(text) for text in _nni(url, "/experiment/imported-data")] == [data]
 
 
 def test_trial_files_serve_output_and_stay_in_the_trial_directory(tmp_path: Path, processes: Processes) -> None:
