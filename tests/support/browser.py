@@ -20,6 +20,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "tests-artifacts" / "webui"
 UNCAUGHT = re.compile(r"Uncaught|TypeError|ReferenceError|SyntaxError")
+NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"  # Chromium cut a request off as the interfaces changed: no answer came
 
 
 class Browser:
@@ -42,11 +43,15 @@ class Browser:
         """The errors logged since the last call about what is under the URL `base`: uncaught ones (their
         script's) and failed requests (a 401, a 404). Others are left out: NNI's UI loads its icon fonts from
         Microsoft's CDN, which an offline machine cannot reach, and a browser asks for `/favicon.ico` at the
-        root, outside any --url-prefix (a 404 from NNI's own server too)."""
+        root, outside any --url-prefix (a 404 from NNI's own server too). So is a request Chromium itself cut
+        off because the machine's network interfaces changed (`ERR_NETWORK_CHANGED`: other tests make network
+        namespaces and Docker bridges meanwhile), which no server answered."""
         return [
             entry["message"]
             for entry in self.console()
-            if entry["level"] == "SEVERE" and entry["message"].startswith(base + "/")
+            if entry["level"] == "SEVERE"
+            and entry["message"].startswith(base + "/")
+            and NETWORK_CHANGED not in entry["message"]
         ]
 
     def uncaught_errors(self) -> list[str]:
