@@ -40,8 +40,8 @@ def test_a_trial_canceled_before_a_worker_came_ends_without_starting(
 def test_a_submission_that_is_not_utf8_drops_the_job_as_having_none(
     client: redis.Redis, rq_connection: redis.Redis, make_service: ServiceFactory, processes: Processes
 ) -> None:
-    """The pick-up reads as bytes: an entry of an imported log that is not UTF-8 reads as unreadable, not as an error
-    that would fail the job and leave its claim behind."""
+    """The pick-up reads it again as bytes: an entry of an imported log that is not UTF-8 reads as unreadable, not
+    as an error that would fail the job and leave its claim behind."""
     service = make_service()
     trial_id = service.submit_trial_job(form(0)).id
     [job_id] = trial_queue("local", rq_connection).job_ids

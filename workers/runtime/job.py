@@ -13,7 +13,7 @@ from redis.client import Pipeline
 
 from core import keys
 from core.assignments import assignment_of, experiment_secrets, load_assignment, platform_section
-from core.connections import as_text, text_fields, until_redis_answers
+from core.connections import until_redis_answers
 from core.event_store import CommandsIndex, EventStore, LogEntry, StoredEvent
 from core.leases import AttemptRef, Lease
 from core.placement import attempt_platform
@@ -165,22 +165,29 @@ def _pick_up(runtime: WorkerRuntime, store: EventStore, lease: Lease, take_over:
     so far (a cancel that came before the worker did) and the platform's secrets. They were four round trips in a
     row on the way from a freed slot to the next start, each waiting for Redis's fsync of whatever was written then.
 
-    With replicas, the answers count once the claim's WAIT has returned (core.replication: after the pipeline).
-    The replicas then hold what the master held at the claim, the submission too: what was read outlives a
-    failover. Read as bytes: an entry of a log imported from elsewhere may not be UTF-8 (it reads as unreadable)."""
-    ref = lease.ref
-    with runtime.rq_connection.pipeline(transaction=False) as pipe:
-        lease.acquire_on(pipe, take_over)
-        store.keyed_read(submission_key(ref.trial_id), pipe)
-        pipe.xrange(keys.trial_commands(ref.experiment_id, ref.trial_id))
-        pipe.hgetall(keys.secrets(ref.experiment_id, runtime.platform.name))
-        claimed, submission, commands, secrets = pipe.execute()
-    return _PickUp(
-        claimed=bool(claimed),
-        submitted=store.keyed_entry(submission),
-        commands=[(as_text(entry_id), text_fields(fields)) for entry_id, fields in commands],
-        secrets=text_fields(secrets),
-    )
+    Through the lease's own client, as its later writes (a give-up, the end) go: the claim, a write, puts that
+    client's connection on the master of the moment, where a connection of another client could still read a
+    master demoted by a failover (tests/faults/test_failover.py: a give-up read no claim there, and the claim it
+    left behind kept the trial from running). With replicas, the answers count once the claim's WAIT has returned
+    (core.replication: after the pipeline): the replicas then hold what the master held at the claim."""
+    ref, client = lease.ref, runtime.client
+    commands_key = keys.trial_commands(ref.experiment_id, ref.trial_id)
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            lease.acquire_on(pipe, take_over)
+            store.keyed_read(submission_key(ref.trial_id), pipe)
+            pipe.xrange(commands_key)
+            pipe.hgetall(keys.secrets(ref.experiment_id, runtime.platform.name))
+            claimed, submission, commands, secrets = pipe.execute()
+    except UnicodeDecodeError:  # a submission that is not UTF-8 (a log imported from elsewhere): read as bytes
+        index: Any = client.xrange(commands_key)
+        return _PickUp(
+            claimed=lease.acquire(take_over),  # made already: the same delivery's claim is its own again
+            submitted=store.read_keyed(submission_key(ref.trial_id)),
+            commands=index,
+            secrets=experiment_secrets(client, ref.experiment_id, [runtime.platform.name]),
+        )
+    return _PickUp(bool(claimed), store.keyed_entry(submission), commands, secrets)
 
 
 def release_attempt(experiment_id: str, trial_id: str, attempt: int) -> str:
