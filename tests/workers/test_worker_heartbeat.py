@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
+import pytest
 import redis
 from rq import SimpleWorker
+from rq.exceptions import StopRequested
 
 from core.queueing import SERIALIZER, trial_queue
 from workers.runtime.worker import TrialWorker
@@ -73,3 +76,23 @@ def test_a_job_is_prepared_in_one_transaction_leaving_what_rqs_two_leave(rq_conn
     assert records(ours) == {**records(theirs), "job worker": b"ours"}
     assert records(ours)["job status"] == b"started" and records(ours)["executions"] == 1
     assert rq_connection.llen(queue.intermediate_queue_key) == 0
+
+
+def test_a_stop_requested_while_idle_holds_when_its_exception_is_lost(
+    rq_connection: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ stops an idle worker by raising StopRequested from the signal handler; raised inside code that catches
+    exceptions (RQ's cleaning of its registries at start, in ci86), it is lost. The loop must still stop before it
+    dequeues (a dequeue waits minutes for a job)."""
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    worker = TrialWorker([trial_queue("stopping", rq_connection)], connection=rq_connection, serializer=SERIALIZER)
+    dequeues: list[object] = []
+    monkeypatch.setattr(worker, "dequeue_job_and_maintain_ttl", lambda *args: dequeues.append(args))  # then None
+    try:
+        with pytest.raises(StopRequested):
+            worker.request_stop(signal.SIGTERM, None)  # as the handler does when idle; the exception then lost
+        worker.work(burst=False)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert dequeues == []  # stopped on its request, before any dequeue

@@ -103,6 +103,14 @@ class TrialWorker(SimpleWorker):
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         """Done by `prepare_execution`, in its transaction."""
 
+    def _shutdown(self) -> None:
+        """A warm shutdown of an idle worker is RQ's StopRequested, raised by the signal handler wherever the main
+        thread is. Raised inside code that catches exceptions, it is lost (ci86: a SIGTERM during RQ's cleaning of
+        its registries at start), and the worker waited in its dequeue (minutes) for a second signal. The flag RQ's
+        loop checks before each dequeue is set first."""
+        self._stop_requested = True
+        super()._shutdown()  # type: ignore[no-untyped-call]  # RQ's, untyped
+
     def register_birth(self) -> None:
         super().register_birth()  # type: ignore[no-untyped-call]  # RQ's, untyped; untyped_calls_exclude misses super()
         self.connection.hset(self.key, WORKER_SLOTS_FIELD, self.concurrency)  # a hybrid placement counts them
