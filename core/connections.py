@@ -290,14 +290,14 @@ def quick_client(client: redis.Redis, timeout_s: float) -> AckingRedis:
         return made[timeout_s]
 
 
-def as_text(value: str | bytes) -> str:
+def _text(value: str | bytes) -> str:
     """A reply's string, whether its client decodes replies or returns bytes."""
     return value.decode() if isinstance(value, bytes) else value
 
 
 def text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
     """A hash, or a stream entry's fields, as text whichever its client returns."""
-    return {as_text(name): as_text(value) for name, value in raw.items()}
+    return {_text(name): _text(value) for name, value in raw.items()}
 
 
 def until_redis_answers(action: Callable[[], T], what: str, give_up: Callable[[], bool] = lambda: False) -> T:

@@ -497,6 +497,7 @@ class EventStore:
         return self._read_keyed_script(keys=[self.stream, self._idempotency], args=[idempotency_key], client=client)
 
     def keyed_entry(self, reply: Any) -> LogEntry | None:
+        """The entry of a `keyed_read` reply, as text or as bytes (not UTF-8: unreadable), or None."""
         if not reply:
             return None
         [(entry_id, flat)] = reply

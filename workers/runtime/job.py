@@ -180,13 +180,10 @@ def _pick_up(runtime: WorkerRuntime, store: EventStore, lease: Lease, take_over:
             pipe.hgetall(keys.secrets(ref.experiment_id, runtime.platform.name))
             claimed, submission, commands, secrets = pipe.execute()
     except UnicodeDecodeError:  # a submission that is not UTF-8 (a log imported from elsewhere): read as bytes
+        claimed = lease.acquire(take_over)  # the claim first, as above: made already, the same delivery's own again
         index: Any = client.xrange(commands_key)
-        return _PickUp(
-            claimed=lease.acquire(take_over),  # made already: the same delivery's claim is its own again
-            submitted=store.read_keyed(submission_key(ref.trial_id)),
-            commands=index,
-            secrets=experiment_secrets(client, ref.experiment_id, [runtime.platform.name]),
-        )
+        secrets = experiment_secrets(client, ref.experiment_id, [runtime.platform.name])
+        return _PickUp(claimed, store.read_keyed(submission_key(ref.trial_id)), index, secrets)
     return _PickUp(bool(claimed), store.keyed_entry(submission), commands, secrets)
 
 
