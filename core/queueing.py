@@ -32,7 +32,7 @@ from rq.serializers import JSONSerializer
 
 from core import keys
 from core.event_store import AppendRefused, EventStore, LogEntry, StoredEvent, append_refusal
-from schemas.events import ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
+from schemas.events import Event, ExperimentFinished, TrialAttemptLost, TrialRequeued, TrialSubmitted
 
 RUN_TRIAL = "workers.runtime.job.run_trial"  # by name: the core never imports the workers that execute it
 RELEASE_ATTEMPT = "workers.runtime.job.release_attempt"
@@ -86,10 +86,14 @@ def enqueue(
     record: TrialSubmitted | TrialAttemptLost | TrialRequeued | ExperimentFinished,
     jobs: Sequence[TrialJob | ExperimentJob],
     idempotency_key: str | None = None,
+    preceded_by: Event | None = None,
 ) -> list[Job]:
-    """Append `record` and queue `jobs` on `pipe` (a transaction the caller executes, with `execute_enqueued`
-    where the append may be refused); the RQ jobs queued."""
-    store.append(record, idempotency_key=idempotency_key, pipeline=pipe)
+    """Append `record` (after `preceded_by`, in the same script) and queue `jobs` on `pipe` (a transaction the
+    caller executes, with `execute_enqueued` where the append may be refused); the RQ jobs queued."""
+    if preceded_by is None:
+        store.append(record, idempotency_key=idempotency_key, pipeline=pipe)
+    else:
+        store.append_all([preceded_by, record], [None, idempotency_key], pipeline=pipe)
     return [_enqueue_job(pipe, rq_connection, job) for job in jobs]
 
 

@@ -34,7 +34,7 @@ from manager.config import ExperimentSpec, stored_experiment_spec
 from manager.dispatcher import EarlyStop, NewTrial, NoMoreTrials, build_dispatcher, stop_nni_logging
 from manager.experiments import create_experiment, finish_experiment, move_legacy_secrets
 from manager.preflight import platform_problems
-from manager.projection import apply_to_trial, metric_record
+from manager.projection import apply_to_experiment, apply_to_trial, metric_record
 from manager.runner_claim import RunnerClaim
 from manager.training_service import TrainingService
 from manager.transfer import end_imported_trials
@@ -190,6 +190,9 @@ class ExperimentRunner:
         self._tuner_algorithms = (tuner, assessor)
         self._tuner: TunerThread | None = None
         self._cursor = "0-0"  # every event up to here has been folded and given to the tuner
+        # the experiment's view up to the cursor: what a submission needs of it, without reading it back from Redis
+        self._experiment: ExperimentView | None = None
+        self._unlogged_request: TrialsRequested | None = None  # asked of the tuner; logged with its first submission
         self._trials: dict[str, TrialJobDetail] = {}
         self._submissions: dict[str, TrialSubmitted] = {}  # of trials no worker has started yet: sent again if lost
         self._parameter_ids: dict[str, Any] = {}
@@ -323,6 +326,7 @@ class ExperimentRunner:
         tuner = self._tuner
         assert tuner is not None, "create() or resume() starts the tuner"
         try:
+            self._follow(self.service.store.read(self._cursor))  # the experiment's view, for the first submissions
             while True:
                 if self._stop_requested is not None:  # before a detach: a stop asked for is never dropped
                     self._stop_all(self._stop_requested)
@@ -478,6 +482,7 @@ class ExperimentRunner:
             if not isinstance(entry, StoredEvent):
                 continue
             if not isinstance(entry.event, TrialEvent):
+                self._experiment = apply_to_experiment(self._experiment, entry.event)
                 self._experiment_command(entry.id, entry.event)
                 continue
             event = entry.event
@@ -641,7 +646,7 @@ class ExperimentRunner:
         if free <= 0 or self._no_more or self._asking:
             return
         self._keep_claim()
-        self.service.store.append(TrialsRequested(experiment_id=self.experiment_id, count=free, seen=self._cursor))
+        self._unlogged_request = TrialsRequested(experiment_id=self.experiment_id, count=free, seen=self._cursor)
         self._tuner.call("request_trials", free)  # after the inputs up to `seen`, still queued or not
         self._asking = True
         self._ends_at_request = self._ends
@@ -649,6 +654,7 @@ class ExperimentRunner:
             self._asking = False
             self._take_outputs()
             self._submit_ready()
+        self._log_request()
 
     def _submit_ready(self, tuner_trials: bool = True) -> None:
         """Customized trials first (the user is waiting for them; each has its number, within maxTrialNumber),
@@ -680,11 +686,20 @@ class ExperimentRunner:
         self._take_outputs()  # what it said before it went idle
         return self._no_more and not self._ready
 
+    def _log_request(self) -> None:
+        """Log the tuner's request, unless a submission took it into its own transaction."""
+        if self._unlogged_request is not None:
+            self.service.store.append(self._unlogged_request)
+            self._unlogged_request = None
+
     def _submit(self, new: NewTrial, sequence_id: int, requested_by: str | None = None) -> None:
+        """Submit a trial, with the tuner's request not logged yet in the same transaction: a write less on the way
+        from a freed slot to the next start. Replay places a request by the position it had `seen`, not by its own."""
         self._keep_claim()
         form = JobApplicationForm(sequence_id=sequence_id, hyper_parameters=HyperParameters(value=new.hyper_parameters))
-        submission = self.service.submission(form, requested_by)
-        trial = self.service.submit(submission)
+        submission = self.service.submission(form, requested_by, self._experiment)
+        request, self._unlogged_request = self._unlogged_request, None
+        trial = self.service.submit(submission, preceded_by=request)
         self._submissions[trial.id] = submission
         self._trials[trial.id] = trial
         self._submitted(trial)

@@ -39,6 +39,7 @@ from schemas.events import (
     TrialLaunchSpec,
     TrialMetricReported,
     TrialRequeued,
+    TrialsRequested,
     TrialSubmitted,
 )
 from schemas.trial import (
@@ -139,11 +140,14 @@ class TrainingService:
         """A new trial: its submission made and written (see `submission` and `submit`)."""
         return self.submit(self.submission(form, requested_by))
 
-    def submission(self, form: JobApplicationForm, requested_by: str | None = None) -> TrialSubmitted:
+    def submission(
+        self, form: JobApplicationForm, requested_by: str | None = None, experiment: ExperimentView | None = None
+    ) -> TrialSubmitted:
         """The TrialSubmitted of a new trial, not yet written: a new id, the experiment's trial config, and the
         platform it goes to (a hybrid experiment's trial to the listed one `core.placement` picks).
-        `requested_by`: the CustomizedTrialRequested event a customized trial answers."""
-        experiment = self.experiment_view()
+        `requested_by`: the CustomizedTrialRequested event a customized trial answers. `experiment`: its view as the
+        caller folded it (a runner, from the log it follows), rather than read from Redis."""
+        experiment = experiment or self.experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
         training_service = json.loads(_metadata(experiment, PLATFORM_CONFIG))
         sections: list[dict[str, Any]] = training_service if isinstance(training_service, list) else [training_service]
@@ -168,15 +172,18 @@ class TrainingService:
             requested_by=requested_by,
         )
 
-    def submit(self, submission: TrialSubmitted) -> TrialJobDetail:
+    def submit(self, submission: TrialSubmitted, preceded_by: TrialsRequested | None = None) -> TrialJobDetail:
         """Append the submission and enqueue its job in one MULTI/EXEC: both happen or neither (a refused append,
         past the store's fence say, raises with its job withdrawn: core.queueing.execute_enqueued). Sent again, it
-        is appended once (its idempotency key is its trial's), so a runner may send again one the log lost."""
+        is appended once (its idempotency key is its trial's), so a runner may send again one the log lost.
+        `preceded_by`: a runner's request to its tuner, appended right before it in the same script."""
         job = TrialJob(submission.platform, self.experiment_id, submission.trial_id, 1)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.multi()
             key = submission_key(submission.trial_id)
-            queued = enqueue(pipe, self._rq_connection, self.store, submission, [job], idempotency_key=key)
+            queued = enqueue(
+                pipe, self._rq_connection, self.store, submission, [job], idempotency_key=key, preceded_by=preceded_by
+            )
             execute_enqueued(pipe, queued)
         view = apply_to_trial(None, submission)
         assert view is not None
