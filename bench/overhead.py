@@ -18,7 +18,7 @@ from core.event_store import StoredEvent
 from manager.config import load_experiment_config
 from manager.runner import ExperimentRunner
 from manager.training_service import TrainingService
-from schemas.events import TrialEnded, TrialsRequested, TrialStarted, TrialSubmitted
+from schemas.events import TrialEnded, TrialStarted, TrialSubmitted
 from schemas.trial import HyperParameters, JobApplicationForm
 
 PROBES = 30
@@ -103,8 +103,7 @@ def slot_refills_ms(service: TrainingService, concurrency: int) -> list[float]:
 
 
 PATH_STEPS = (
-    "trial ends -> the runner asks the tuner (TrialEnded -> TrialsRequested)",
-    "the tuner's answer submitted (TrialsRequested -> TrialSubmitted)",
+    "trial ends -> the next one submitted (TrialEnded -> TrialSubmitted: the runner's wake, the tuner, one MULTI)",
     "a worker picks it up and launches it (TrialSubmitted -> TrialStarted)",
     "launched -> the trial exits, less the trial command alone",
     "the trial exits -> its end in the log (exit -> TrialEnded)",
@@ -126,18 +125,15 @@ def path_ms(service: TrainingService, bare_ms: float) -> dict[str, list[float]]:
         if isinstance(event, TrialEnded):
             exited_ms = json.loads((Path(directories[event.trial_id]) / "bench.json").read_text())["exit"] * 1000
             if "started" in marks:
-                steps[PATH_STEPS[3]].append(exited_ms - marks["started"] - bare_ms)
-                steps[PATH_STEPS[4]].append(at - exited_ms)
+                steps[PATH_STEPS[2]].append(exited_ms - marks["started"] - bare_ms)
+                steps[PATH_STEPS[3]].append(at - exited_ms)
             marks = {"ended": at}
-        elif isinstance(event, TrialsRequested) and "ended" in marks:
-            marks["requested"] = at
-            steps[PATH_STEPS[0]].append(at - marks["ended"])
-        elif isinstance(event, TrialSubmitted) and "requested" in marks:
+        elif isinstance(event, TrialSubmitted) and "ended" in marks:
             marks["submitted"] = at
-            steps[PATH_STEPS[1]].append(at - marks["requested"])
+            steps[PATH_STEPS[0]].append(at - marks["ended"])
         elif isinstance(event, TrialStarted) and "submitted" in marks:
             marks["started"] = at
-            steps[PATH_STEPS[2]].append(at - marks["submitted"])
+            steps[PATH_STEPS[1]].append(at - marks["submitted"])
     return steps
 
 

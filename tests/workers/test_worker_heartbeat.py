@@ -9,6 +9,11 @@ import pytest
 import redis
 from rq import SimpleWorker
 from rq.exceptions import StopRequested
+from rq.job import Job
+from rq.queue import Queue
+from rq.results import Result
+from rq.suspension import resume, suspend
+from rq.worker import WorkerStatus
 
 from core.queueing import SERIALIZER, trial_queue
 from workers.runtime.worker import TrialWorker
@@ -76,6 +81,74 @@ def test_a_job_is_prepared_in_one_transaction_leaving_what_rqs_two_leave(rq_conn
     assert records(ours) == {**records(theirs), "job worker": b"ours"}
     assert records(ours)["job status"] == b"started" and records(ours)["executions"] == 1
     assert rq_connection.llen(queue.intermediate_queue_key) == 0
+
+
+def _performed(worker: SimpleWorker, queue: Queue) -> Job:
+    """A job enqueued, dequeued as RQ does, then prepared and performed by `worker` as its class does."""
+    worker.register_birth()
+    job = queue.enqueue_call("os.getpid", job_id=f"job-{worker.name}")
+    worker.connection.lmove(queue.key, queue.intermediate_queue_key)
+    execution = type(worker).prepare_execution(worker, job)
+    type(worker).perform_job(worker, job, queue, execution)
+    return job
+
+
+def test_a_jobs_success_is_one_transaction_leaving_what_rqs_leaves(rq_connection: redis.Redis) -> None:
+    """From a trial's end to the worker's next dequeue RQ makes six round trips, three of them writes (each waiting for
+    an fsync under `appendfsync always`); TrialWorker makes one transaction, and its loop nothing more before the
+    dequeue. The records it leaves are RQ's own, checked against RQ's worker."""
+    queue = trial_queue("success", rq_connection)
+    ours = TrialWorker([queue], connection=rq_connection, serializer=SERIALIZER, name="ours")
+    theirs = SimpleWorker([queue], connection=rq_connection, serializer=SERIALIZER, name="theirs")
+    jobs = {"theirs": _performed(theirs, queue)}
+    theirs.check_for_suspension(burst=False)  # RQ's loop, between the job and the dequeue
+    theirs.set_state(WorkerStatus.IDLE)
+
+    ours.register_birth()
+    job = queue.enqueue_call("os.getpid", job_id="job-ours")
+    rq_connection.lmove(queue.key, queue.intermediate_queue_key)
+    execution = ours.prepare_execution(job)
+    rq_connection.config_resetstat()
+    ours.perform_job(job, queue, execution)
+    ours.check_for_suspension(burst=False)
+    ours.set_state(WorkerStatus.IDLE)
+    calls: Any = rq_connection.info("commandstats")
+    assert calls["cmdstat_exec"]["calls"] == 1
+    assert "cmdstat_watch" not in calls and "cmdstat_smembers" not in calls and "cmdstat_exists" in calls
+    jobs["ours"] = job
+
+    def records(worker: SimpleWorker) -> dict[str, Any]:
+        job, stats = jobs[worker.name], rq_connection.hgetall(worker.key)
+        return {
+            "job fields": sorted(rq_connection.hkeys(job.key)),
+            "job status": rq_connection.hget(job.key, "status"),
+            "job ttl": 0 < rq_connection.ttl(job.key) <= 500,
+            "result": Result.fetch_latest(job, serializer=SERIALIZER).return_value == job.return_value(),  # type: ignore[union-attr]
+            "finished": job.id in queue.finished_job_registry.get_job_ids(),
+            "started": job.id in queue.started_job_registry.get_job_ids(),
+            "executions": rq_connection.smembers(f"{worker.key}:executions"),
+            "worker counts": (stats[b"successful_job_count"], b"total_working_time" in stats),
+            "worker state": stats[b"state"],
+            "worker ttl": rq_connection.ttl(worker.key) > 0,
+        }
+
+    assert records(ours) == records(theirs)
+    assert records(ours)["job status"] == b"finished" and records(ours)["worker state"] == b"idle"
+    assert records(ours)["finished"] and not records(ours)["started"]
+
+
+def test_a_suspension_found_at_a_jobs_end_is_honoured(rq_connection: redis.Redis) -> None:
+    """The success's transaction asks whether workers are suspended (`rq suspend`) for the loop: when they are, the
+    loop waits as RQ's does (in burst mode RQ stops instead: what this test can see)."""
+    queue = trial_queue("suspended", rq_connection)
+    worker = TrialWorker([queue], connection=rq_connection, serializer=SERIALIZER, name="suspended")
+    suspend(rq_connection)
+    try:
+        _performed(worker, queue)
+        with pytest.raises(StopRequested):
+            worker.check_for_suspension(burst=True)
+    finally:
+        resume(rq_connection)
 
 
 def test_a_stop_requested_while_idle_holds_when_its_exception_is_lost(

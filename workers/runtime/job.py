@@ -314,12 +314,14 @@ def _end_attempt(
 ) -> None:
     """Append how the attempt ended and release its lease, atomically: a reaper never sees one without the other.
     Its metrics' idempotency keys go with it: they only served retried appends of the running attempt.
-    Then trials parked on this platform may start: what this one held is free.
+    Then trials parked on this platform may start: what this one held is free. Whether any is parked is asked in the
+    same transaction: most ends have none to wake, and no round trip of their own to pay for it.
 
     If the attempt was already declared lost, the shared idempotency key keeps that verdict.
     """
+    name = runtime.platform.name
 
-    def commit() -> None:
+    def commit() -> int:
         with store.client.pipeline(transaction=True) as pipe:
             pipe.multi()
             store.append(ended, idempotency_key=lease.ref.ended_key, pipeline=pipe)
@@ -327,13 +329,14 @@ def _end_attempt(
             if control.metric_keys:
                 pipe.hdel(keys.idempotency(store.experiment_id), *control.metric_keys)
             pipe.delete(control.offsets_key)
-            pipe.execute()
+            pipe.exists(keys.parked(name))
+            return int(pipe.execute()[-1])
 
-    until_redis_answers(commit, f"trial {lease.ref.trial_id}")  # safe to repeat: keyed append, absolute writes
-    name = runtime.platform.name
-    until_redis_answers(
-        lambda: wake_parked(runtime.client, runtime.rq_connection, name, "a trial ended", False), "parked trials"
-    )
+    parked = until_redis_answers(commit, f"trial {lease.ref.trial_id}")  # safe to repeat: keyed append, absolute writes
+    if parked:
+        until_redis_answers(
+            lambda: wake_parked(runtime.client, runtime.rq_connection, name, "a trial ended", False), "parked trials"
+        )
 
 
 def _ended(lease: Lease, status: TrialJobStatus, exit_code: int | None, message: str | None) -> TrialEnded:

@@ -12,8 +12,11 @@ import redis
 from redis.client import Pipeline
 from rq import SimpleWorker
 from rq.executions import Execution
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.rate_limit import release_slot
+from rq.registry import StartedJobRegistry
+from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
@@ -65,6 +68,7 @@ class TrialWorker(SimpleWorker):
         self._running: dict[str, tuple[Job, Any]] = {}
         self._running_lock = threading.Lock()
         self._threads: set[threading.Thread] = set()  # the trials' threads still running; each leaves at its end
+        self._checked_at_end = False  # the last job's success wrote the idle state and found no suspension
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ sends a worker's heartbeat (three writes, one round trip each) after every job, before and
@@ -102,6 +106,67 @@ class TrialWorker(SimpleWorker):
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         """Done by `prepare_execution`, in its transaction."""
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """RQ's, less its write: the job's last heartbeat goes with the record of how it ended."""
+        job.ended_at = now()
+
+    def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
+        job.heartbeat(now(), job.failure_callback_timeout)  # RQ's `handle_execution_ended` write, as RQ makes it
+        super().handle_job_failure(job, queue, *args, **kwargs)
+
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: StartedJobRegistry, execution: Execution
+    ) -> None:
+        """RQ's record of a job's success in one MULTI, on the way from a trial's end to the worker's next dequeue
+        where RQ makes six round trips, three of them writes waiting for an fsync under `appendfsync always`: the
+        job's last heartbeat (`handle_execution_ended`), a WATCH and a read of the job's dependents, RQ's MULTI, and,
+        running one job at a time, RQ's loop's suspension check (with the worker's heartbeat) and its idle state
+        before the dequeue. Here: the job's heartbeat, then RQ 3.0's writes in its order, then (one job at a time)
+        the worker's heartbeat, its idle state and the suspension check, which the loop then takes as made. No
+        dependents are read: trialstream queues no job that has any (core.queueing)."""
+        assert job.started_at is not None and job.ended_at is not None
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        alone = self.concurrency == 1
+        with self.connection.pipeline() as pipeline:
+            job.heartbeat(now(), job.success_callback_timeout, pipeline=pipeline)
+            self.increment_successful_job_count(pipeline=pipeline)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipeline)
+            if result_ttl != 0:
+                job._handle_success(
+                    result_ttl,
+                    pipeline=pipeline,
+                    worker_name=self.name,
+                    execution_id=execution.id,
+                    execution_started_at=execution.created_at,
+                    execution_ended_at=job.ended_at,
+                )
+            job.cleanup(result_ttl, pipeline=pipeline, remove_from_queue=False)
+            job._status = JobStatus.FINISHED
+            self.cleanup_execution(job, pipeline=pipeline, execution=execution)
+            if alone:
+                self.heartbeat(pipeline=pipeline)
+                self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+                pipeline.exists(WORKERS_SUSPENDED)
+            answers = pipeline.execute()
+        self._checked_at_end = alone and not answers[-1]
+        release_slot(job)
+        named, taken = job.description if self.log_job_description else job.id, job.ended_at - job.started_at
+        self.log.info("Successfully completed %s job in %ss on worker %s", named, taken, self.name)  # as RQ says it
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's, unless the last job's success found no suspension, just before: then its idle state is written too
+        (`set_state` leaves out the loop's)."""
+        if self._checked_at_end:
+            return
+        super().check_for_suspension(burst)
+
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
+        if pipeline is None and state == WorkerStatus.IDLE and self._checked_at_end:
+            self._checked_at_end = False  # written by the last job's success: the dequeue follows
+            return
+        self._checked_at_end = False
+        super().set_state(state, pipeline)
 
     def _shutdown(self) -> None:
         """A warm shutdown of an idle worker is RQ's StopRequested, raised by the signal handler wherever the main
