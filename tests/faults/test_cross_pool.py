@@ -47,7 +47,7 @@ def sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet]
         sentinels.stop()
 
 
-def depose(sentinels: SentinelSet, then: Callable[[], None]) -> RedisProcess:
+def depose(sentinels: SentinelSet, then: Callable[[], object]) -> RedisProcess:
     """Pause the master until the sentinels promote a replica and move the others to it, run `then`, and resume the
     old master, deposed: it answers reads (writes need a replica), and refuses the sentinels' REPLICAOF."""
     old = sentinels.master()
@@ -55,11 +55,13 @@ def depose(sentinels: SentinelSet, then: Callable[[], None]) -> RedisProcess:
         probe.execute_command("ACL", "SETUSER", "default", "-replicaof", "-slaveof")
     old.signal(signal.SIGSTOP)
     try:
-        new = wait_until(lambda: (m := sentinels.master()) is not old and m, 30, what="a failover")
+        new = wait_until(lambda: m if (m := sentinels.master()) is not old else None, 30, what="a failover")
         live = {node.port for node in sentinels.nodes if node not in (new, old) and node.role() == "slave"}
         wait_until(lambda: live <= new.replicas_online(), 30, what="the replicas to follow the new master")
     finally:
         old.signal(signal.SIGCONT)
+    # Until it has seen its replicas go, the old master still takes writes: `then` would not meet the failover.
+    wait_until(lambda: not old.replicas_online(), 10, what="the old master to lose its replicas")
     then()
     return old
 
@@ -77,7 +79,7 @@ def test_an_archive_moves_the_log_of_the_master_it_deletes_it_from(sentinels: Se
     same_server(client, decode=False).ping()  # the process's bytes client, idle on the master
     store = EventStore(client, service.experiment_id)
     late = ClusterMetadataSet(experiment_id=service.experiment_id, key="late", value="x")
-    old = depose(sentinels, lambda: bool(store.append(late)))  # on the new master: the client meets the failover
+    old = depose(sentinels, lambda: store.append(late))  # on the new master: the client meets the failover
     length = store.length()
     archive(client, service.experiment_id, open_store(str(tmp_path / "archive")))
     restore(client, service.experiment_id)
@@ -92,7 +94,7 @@ def test_a_lease_claimed_through_a_client_is_renewed_through_its_quick_sibling(
     service = new_service(client, same_server(client, decode=False), tmp_path, tmp_path)
     trial = service.submit_trial_job(form())
     quick_client(client, max(0.2, LEASE_S / 2)).ping()  # the trials' shared quick client, idle on the master
-    old = depose(sentinels, lambda: bool(client.set("housekeeping", 1)))  # the client meets the failover
+    old = depose(sentinels, lambda: client.set("housekeeping", 1))  # the client meets the failover
     store = EventStore(client, service.experiment_id)
     ref = AttemptRef(service.experiment_id, trial.id, 1)
     lease = Lease(client, ref, "w", LEASE_S)
@@ -117,7 +119,7 @@ def test_a_log_read_again_as_bytes_is_read_where_the_text_read_was(sentinels: Se
     store = EventStore(client, "exp1")
     store.append(ClusterMetadataSet(experiment_id="exp1", key="before", value="v"))
     same_server(client, decode=False).ping()  # the process's bytes client, idle on the master
-    old = depose(sentinels, lambda: bool(client.execute_command("XADD", store.stream, "*", "type", b"\xff")))
+    old = depose(sentinels, lambda: client.execute_command("XADD", store.stream, "*", "type", b"\xff"))
     expected = client.xlen(store.stream)
     with client.pipeline() as pipe:
         pipe.watch(store.stream)
