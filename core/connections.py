@@ -34,7 +34,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from core.redis_urls import SentinelUrl, parse_sentinel_url, redact_url
 from core.replication import NO_ACKS, AckingRedis, ReplicaAcks
-from core.sentinel import _MasterConnection, _MasterSSLConnection, _sentinels
+from core.sentinel import _MasterConnection, _MasterPool, _MasterSSLConnection, _sentinels
 from core.variables import TLS_CA_ENV
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,12 @@ def connect(
         sentinels = _sentinels(sentinel, options.tls_kwargs() if tls else {})
         auth = {"db": sentinel.db, "username": sentinel.username, "password": sentinel.password}
         kwargs["connection_class"] = _MasterSSLConnection if tls else _MasterConnection
-        client = cast(AckingRedis, sentinels.master_for(sentinel.master, redis_class=AckingRedis, **auth, **kwargs))
+        client = cast(
+            AckingRedis,
+            sentinels.master_for(
+                sentinel.master, redis_class=AckingRedis, connection_pool_class=_MasterPool, **auth, **kwargs
+            ),
+        )
     wanted = options.replicas if options.replicas is not None else (1 if sentinel else None)
     client.acks = ReplicaAcks(wanted, options.replica_timeout_s)
     return client
@@ -231,7 +236,7 @@ def _sibling(client: redis.Redis, **overrides: Any) -> AckingRedis:
     new_pool: redis.ConnectionPool
     if isinstance(pool, SentinelConnectionPool):
         del kwargs["connection_pool"]  # the proxy of the pool it was made for; the new pool makes its own
-        new_pool = SentinelConnectionPool(
+        new_pool = type(pool)(  # a `_MasterPool`, on the same master as the pools it follows
             pool.service_name,
             pool.sentinel_manager,
             connection_class=pool.connection_class,

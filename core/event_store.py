@@ -16,11 +16,10 @@ from typing import Any, NamedTuple, get_args
 import redis
 from pydantic import ValidationError
 from pydantic_core import from_json
-from redis.client import Pipeline
+from redis.client import NEVER_DECODE, Pipeline
 from redis.commands.core import Script
 
 from core import keys
-from core.connections import same_server
 from core.replication import acknowledge_after
 from schemas.compact import METRIC, METRIC_VERSION, compact_metric, expanded
 from schemas.events import EVENT_ADAPTER, Event, TrialCommand, TrialEvent, TrialMetricReported
@@ -368,13 +367,12 @@ class EventStore:
         self._append_script = client.register_script(_APPEND)
         self._append_metrics_script = client.register_script(_APPEND_METRICS)
         self._read_keyed_script = client.register_script(_READ_KEYED)
-        self._raw: redis.Redis | None = None
 
-    def _raw_client(self) -> redis.Redis:
-        """The same server, returning bytes: for a log holding an entry that is not UTF-8."""
-        if self._raw is None:
-            self._raw = same_server(self.client, decode=False)
-        return self._raw
+    def _bytes_reply(self, *command: Any) -> Any:
+        """`command`'s reply as bytes, for a log holding an entry that is not UTF-8: sent through this store's own
+        client (a pipeline's watched connection), on the server the text read met, never through another pool, which
+        a failover can leave on a deposed master."""
+        return self.client.execute_command(*command, **{NEVER_DECODE: []})
 
     def raw_range(self, low: str = "-", high: str = "+", count: int | None = None) -> list[RawEntry]:
         """XRANGE as stored; a reply holding bytes that are not UTF-8 is read again as bytes."""
@@ -382,7 +380,7 @@ class EventStore:
             entries: Any = self.client.xrange(self.stream, min=low, max=high, count=count)
             return [RawEntry(entry_id, fields, self.experiment_id) for entry_id, fields in entries]
         except UnicodeDecodeError:
-            raw: Any = self._raw_client().xrange(self.stream, min=low, max=high, count=count)
+            raw: Any = self._bytes_reply("XRANGE", self.stream, low, high, *(() if count is None else ("COUNT", count)))
             return [_from_bytes(entry_id, fields, self.experiment_id) for entry_id, fields in raw]
 
     def raw_wait(self, after: str, block_ms: int, count: int | None = None) -> list[RawEntry]:
@@ -392,7 +390,8 @@ class EventStore:
             found = [entry for _, entries in answer or [] for entry in entries]
             return [RawEntry(entry_id, fields, self.experiment_id) for entry_id, fields in found]
         except UnicodeDecodeError:
-            answer = self._raw_client().xread({self.stream: after}, count=count, block=block_ms)
+            limit = () if count is None else ("COUNT", count)
+            answer = self._bytes_reply("XREAD", *limit, "BLOCK", block_ms, "STREAMS", self.stream, after)
             found = [entry for _, entries in answer or [] for entry in entries]
             return [_from_bytes(entry_id, fields, self.experiment_id) for entry_id, fields in found]
 
@@ -489,7 +488,8 @@ class EventStore:
         try:
             return self.keyed_entry(self.keyed_read(idempotency_key, self.client))
         except UnicodeDecodeError:
-            return self.keyed_entry(self.keyed_read(idempotency_key, self._raw_client()))
+            reply = self._bytes_reply("EVAL", _READ_KEYED, 2, self.stream, self._idempotency, idempotency_key)
+            return self.keyed_entry(reply)
 
     def keyed_read(self, idempotency_key: str, client: redis.Redis | Pipeline) -> Any:
         """`read_keyed`'s read, sent through `client` (of this store's server; it may return bytes) or queued on a

@@ -131,12 +131,15 @@ def unclaimed_attempts(
     RQ pops a job before the worker can claim it: a worker killed in between takes the job with
     it. Seen twice, some time apart, such a trial's job was lost and must be queued again; a
     needless re-queue is harmless, since only one delivery can claim the attempt.
+
+    The queues are read through `client`, which the runner queues jobs through: `rq_connection`, a pool of its
+    own, could still read a master a failover deposed, where every job queued since looks lost.
     """
     waiting = [trial for trial in trials if trial.status is TrialJobStatus.WAITING]
     if not waiting:
         return []
     platforms = {trial.platform for trial in waiting}
-    present = queued_attempts(rq_connection, platforms) | parked_attempts(client, platforms)
+    present = queued_attempts(client, platforms) | parked_attempts(client, platforms)
     claims: Any = client.mget([keys.trial_claim(t.experiment_id, t.id, t.attempt) for t in waiting])
     return [
         trial

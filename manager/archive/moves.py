@@ -135,7 +135,7 @@ def _write(
     named in `written` once it is)."""
     log = EventStore(client, experiment_id)
     segments = []
-    for index, (data, count) in enumerate(packed(_dumps(same_server(client, decode=False), owned), segment_bytes)):
+    for index, (data, count) in enumerate(packed(_dumps(client, owned), segment_bytes)):
         name = segment_name(experiment_id, archive_id, index)
         store.put(name, data)
         written.append(name)
@@ -290,10 +290,12 @@ def _owned(client: redis.Redis, experiment_id: str) -> set[str]:
     }
 
 
-def _dumps(raw: redis.Redis, names: list[str]) -> Iterator[tuple[str, bytes]]:
+def _dumps(client: redis.Redis, names: list[str]) -> Iterator[tuple[str, bytes]]:
+    """Each key's DUMP (bytes, whatever `client` decodes), through the client whose transaction deletes the keys: a
+    client of another pool could still read a master a failover deposed, and the move would drop what it missed."""
     for start in range(0, len(names), _DUMP_BATCH):
         batch = names[start : start + _DUMP_BATCH]
-        with raw.pipeline(transaction=False) as pipe:
+        with client.pipeline(transaction=False) as pipe:
             for name in batch:
                 pipe.dump(name)
             payloads = pipe.execute()

@@ -3,8 +3,10 @@ replicas, and TLS with a CA (and client certificate) the test makes."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from core.event_store import EventStore
 from core.queueing import SERIALIZER
 from core.redis_urls import parse_sentinel_url, redact_url
 from core.replication import NotReplicated
-from core.sentinel import _sentinels
+from core.sentinel import _follow, _sentinels
 from core.settings import SettingError, Settings
 from schemas.events import ClusterMetadataSet
 from simulators.waiting import wait_until
@@ -85,6 +87,25 @@ def test_a_sentinel_failing_the_master_over_is_not_taken_at_its_word() -> None:
     state = {"is_master": True, "is_sdown": False, "is_odown": False, "num-other-sentinels": 2, "flags": "master"}
     assert sentinels.check_master_state(state, "trialstream")
     assert not sentinels.check_master_state({**state, "flags": "master,failover_in_progress"}, "trialstream")
+
+
+def test_the_pools_on_one_master_follow_the_one_that_finds_a_new_master() -> None:
+    """Grouped by sentinel set (in any order) and service name; a pool is not kept alive by its group."""
+    master, moved = ("10.0.0.1", 6379), ("10.0.0.2", 6379)
+    found = connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2/trialstream", check=False)
+    same = [found, same_server(found, decode=False), quick_client(found, 0.5)]
+    same.append(connect("redis+sentinel://127.0.0.1:2,127.0.0.1:1/trialstream", check=False))
+    other_service = connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2/other", check=False)
+    other_set = connect("redis+sentinel://127.0.0.1:1/trialstream", check=False)
+    clients = [*same, other_service, other_set]
+    for client in clients:
+        client.connection_pool.proxy.master_address = master  # type: ignore[attr-defined]
+    _follow(found.connection_pool.proxy, moved)  # type: ignore[attr-defined]
+    assert [client.connection_pool.master_address for client in clients] == [moved] * 4 + [master] * 2  # type: ignore[attr-defined]
+    pool = weakref.ref(same[-1].connection_pool)
+    del same, clients
+    gc.collect()
+    assert pool() is None
 
 
 def test_clients_rq_and_siblings_follow_the_master_across_a_failover(sentinel_set: SentinelSet) -> None:
