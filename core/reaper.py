@@ -123,16 +123,14 @@ def reap_lost_attempts(
     return verdicts
 
 
-def unclaimed_attempts(
-    client: redis.Redis, rq_connection: redis.Redis, trials: list[TrialJobDetail]
-) -> list[TrialJobDetail]:
+def unclaimed_attempts(client: redis.Redis, trials: list[TrialJobDetail]) -> list[TrialJobDetail]:
     """WAITING trials whose current attempt is neither claimed by a worker nor in its queue.
 
     RQ pops a job before the worker can claim it: a worker killed in between takes the job with
     it. Seen twice, some time apart, such a trial's job was lost and must be queued again; a
     needless re-queue is harmless, since only one delivery can claim the attempt.
 
-    The queues are read through `client`, which the runner queues jobs through: `rq_connection`, a pool of its
+    The queues are read through `client`, which the runner queues jobs through: its RQ connection, a pool of its
     own, could still read a master a failover deposed, where every job queued since looks lost.
     """
     waiting = [trial for trial in trials if trial.status is TrialJobStatus.WAITING]

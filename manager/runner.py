@@ -711,7 +711,7 @@ class ExperimentRunner:
             return
         self._reaped_at = time.monotonic()
         reap_lost_attempts(self._client, self._rq_connection, self._name, self.settings.trial_lease_s)
-        unclaimed = unclaimed_attempts(self._client, self._rq_connection, in_flight)
+        unclaimed = unclaimed_attempts(self._client, in_flight)
         for trial in unclaimed:
             if trial.id not in self._unclaimed:
                 continue
