@@ -16,14 +16,17 @@ from typing import Any
 
 from core.keys import ViewKeys
 
-Candidates = dict[tuple[str, int], tuple[str, str]]
-"""(stream, sequence) -> (trial id, metric record), in log order: keyed apart, so that no metric's key is built as
-text, nor split again, unless it is kept outside its stream's range."""
+Stream = tuple[str, int, str, str]
+"""A trial's metric stream: (trial, attempt, parameter, type)."""
+Candidates = dict[tuple[Stream, int], tuple[str, str]]
+"""(stream, sequence) -> (trial id, metric record), in log order: no metric's key is built as text (nor split
+again) unless it is kept outside its stream's range, and each stream's name once a batch."""
 
 
-def stream(trial_id: str, attempt: int, parameter_id: str, metric_type: str) -> str:
-    """A trial's metric stream, as the `metric-marks` hash names it: `trial|attempt|parameter|type`; a metric's member
-    of `metric-keys` is `stream|sequence`, its trial and its dedup key (schemas.trial.metric_dedup_key)."""
+def stream_name(stream: Stream) -> str:
+    """The stream as the `metric-marks` hash names it, `trial|attempt|parameter|type`; a metric's member of
+    `metric-keys` is `name|sequence`: its trial and its dedup key (schemas.trial.metric_dedup_key)."""
+    trial_id, attempt, parameter_id, metric_type = stream
     return f"{trial_id}|{attempt}|{parameter_id}|{metric_type}"
 
 
@@ -32,14 +35,15 @@ class NewMetrics:
     """A batch's metrics not projected before, and what to write so that the next batch knows them."""
 
     records: Candidates = field(default_factory=dict)
-    ranges: dict[str, list[int]] = field(default_factory=dict)  # stream -> [low, high], those changed
-    added: set[tuple[str, int]] = field(default_factory=set)  # set members: metrics outside their stream's range
-    removed: set[tuple[str, int]] = field(default_factory=set)  # set members a range took in
+    ranges: dict[Stream, list[int]] = field(default_factory=dict)  # stream -> [low, high], those changed
+    added: set[tuple[Stream, int]] = field(default_factory=set)  # set members: metrics outside their stream's range
+    removed: set[tuple[Stream, int]] = field(default_factory=set)  # set members a range took in
 
     def write(self, pipe: Any, view_keys: ViewKeys) -> None:
         """In the batch's MULTI."""
         if self.ranges:
-            pipe.hset(view_keys.metric_marks, mapping={s: f"{low} {high}" for s, (low, high) in self.ranges.items()})
+            marks = {stream_name(stream): f"{low} {high}" for stream, (low, high) in self.ranges.items()}
+            pipe.hset(view_keys.metric_marks, mapping=marks)
         if self.added:
             pipe.sadd(view_keys.metric_keys, *_members(self.added))
         if self.removed:
@@ -55,12 +59,13 @@ def new_metrics(pipe: Any, view_keys: ViewKeys, candidates: Candidates) -> NewMe
     if not candidates:
         return found
     streams = list(dict.fromkeys(stream for stream, _ in candidates))
-    ranges: dict[str, list[int]] = {}
-    for stream, mark in zip(streams, pipe.hmget(view_keys.metric_marks, streams), strict=True):
+    ranges: dict[Stream, list[int]] = {}
+    names = [stream_name(stream) for stream in streams]
+    for stream, mark in zip(streams, pipe.hmget(view_keys.metric_marks, names), strict=True):
         if mark:
             low, high = mark.split()
             ranges[stream] = [int(low), int(high)]
-    outside: list[tuple[str, int]] = []
+    outside: list[tuple[Stream, int]] = []
     # None kept outside a range (a log delivered in order): no look-up, nor a pass over the candidates to find them.
     if any(not _within(ranges.get(stream), sequence) for stream, sequence in candidates) and pipe.scard(
         view_keys.metric_keys
@@ -79,7 +84,7 @@ def new_metrics(pipe: Any, view_keys: ViewKeys, candidates: Candidates) -> NewMe
         marks = ranges.get(stream)
         if marks is not None and marks[0] <= sequence < marks[1]:
             continue
-        known = (key in members and key not in removed) or key in added
+        known = bool(members or added) and ((key in members and key not in removed) or key in added)
         if marks is not None and sequence == marks[1] and not known:  # most: the next of its stream
             marks[1] = sequence + 1
             changed[stream] = marks
@@ -101,9 +106,9 @@ def new_metrics(pipe: Any, view_keys: ViewKeys, candidates: Candidates) -> NewMe
     return found
 
 
-def _members(keys: Iterable[tuple[str, int]]) -> list[str]:
+def _members(keys: Iterable[tuple[Stream, int]]) -> list[str]:
     """The `metric-keys` members of (stream, sequence) keys."""
-    return [f"{stream}|{sequence}" for stream, sequence in keys]
+    return [f"{stream_name(stream)}|{sequence}" for stream, sequence in keys]
 
 
 def _within(marks: list[int] | None, sequence: int) -> bool:
