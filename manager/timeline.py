@@ -333,10 +333,16 @@ class Timeline:
                 self.start = position[0]
             count += 1
             if type(entry) is PeriodicalMetric and (trial := trials.get(entry.trial_id)) is not None:
-                # most entries of a projector's batch: what _fold does with them, spelled out
+                # most entries of a projector's batch: what _fold does with them, spelled out (_metric_time inline
+                # for the latest attempt's)
                 trial.entry_ms.append(position[0])
                 trial.entry_seq.append(position[1])
-                trial.entry_metric.append(_metric_time(trial, entry.attempt, position[0]))
+                latest = trial.attempts[-1]
+                if latest.number == entry.attempt:
+                    latest.metric_times.append(position[0])
+                    trial.entry_metric.append(latest.number)
+                else:
+                    trial.entry_metric.append(_metric_time(trial, entry.attempt, position[0]))
             else:
                 self._fold(entry_id, position, fields, entry, views_after)
         return count
