@@ -49,23 +49,19 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0
 SCRATCH_PREFIX = "ts-replay-"
 _ERROR_CHARS = 500
-# KEYS: trials' metric lists; ARGV: for each, its records joined by newlines (JSON: none holds a raw newline), RPUSHed
-# up to 1000 at a time (Lua's unpack has a limit). One call for a batch's trials, one argument a trial: a command each
-# cost the projector more than their folds, and redis-py's packing of an argument a record a third of what a record
-# costs to build.
+# Records from which a trial's list is pushed by an RPUSH of its own, not through _PUSH_RECORDS: a record passed through
+# Lua costs Redis about twice a record of an RPUSH (copied into Lua and back), and this many outweigh a command's cost.
+_OWN_PUSH = 64
+# KEYS: trials' metric lists; ARGV: for each, how many records, then those records (RPUSHed up to 1000 at a time: Lua's
+# unpack has a limit). One call for a batch's trials: a command each cost the projector more than their folds.
 _PUSH_RECORDS = """
-for i, key in ipairs(KEYS) do
-  local text, from, batch, n = ARGV[i], 1, {}, 0
-  while from do
-    local to = string.find(text, '\\n', from, true)
-    n = n + 1
-    batch[n] = string.sub(text, from, to and to - 1 or -1)
-    from = to and to + 1
-    if n == 1000 or not from then
-      redis.call('RPUSH', key, unpack(batch, 1, n))
-      n = 0
-    end
+local at = 1
+for _, key in ipairs(KEYS) do
+  local last = at + tonumber(ARGV[at])
+  for first = at + 1, last, 1000 do
+    redis.call('RPUSH', key, unpack(ARGV, first, math.min(first + 999, last)))
   end
+  at = last + 1
 end
 """
 
@@ -506,8 +502,16 @@ class Projector:
         by_trial: dict[str, list[str]] = {}
         for trial_id, record in new_metrics.values():
             by_trial.setdefault(trial_id, []).append(record)
-        names = [view_keys.metrics(trial_id) for trial_id in by_trial]
-        pipe.eval(_PUSH_RECORDS, len(names), *names, *("\n".join(records) for records in by_trial.values()))
+        names: list[str] = []
+        counted: list[int | str] = []
+        for trial_id, records in by_trial.items():
+            if len(records) >= _OWN_PUSH:
+                pipe.rpush(view_keys.metrics(trial_id), *records)
+            else:
+                names.append(view_keys.metrics(trial_id))
+                counted += (len(records), *records)
+        if names:
+            pipe.eval(_PUSH_RECORDS, len(names), *names, *counted)
 
     @staticmethod
     def _write_unreadable(pipe: redis.client.Pipeline, view_keys: ViewKeys, unreadable: dict[str, str]) -> None:
