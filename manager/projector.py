@@ -38,7 +38,7 @@ from manager import metric_marks
 from manager.projection import apply_to_experiment, apply_to_trial
 from manager.timeline_views import TimelineBatch
 from manager.views import ViewStore
-from schemas.compact import compact_record
+from schemas.compact import compact_record, periodical_record
 from schemas.events import TrialAttemptLost, TrialEvent, TrialMetricReported
 from schemas.trial import ExperimentView, TrialJobDetail, TrialJobStatus
 
@@ -49,6 +49,9 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0
 SCRATCH_PREFIX = "ts-replay-"
 _ERROR_CHARS = 500
+# Records from which a trial's list is pushed by an RPUSH of its own, not through _PUSH_RECORDS: a record passed through
+# Lua costs Redis about twice a record of an RPUSH (copied into Lua and back), and this many outweigh a command's cost.
+_OWN_PUSH = 64
 # KEYS: trials' metric lists; ARGV: for each, how many records, then those records (RPUSHed up to 1000 at a time: Lua's
 # unpack has a limit). One call for a batch's trials: a command each cost the projector more than their folds.
 _PUSH_RECORDS = """
@@ -135,21 +138,76 @@ def _drop(client: redis.Redis, view_keys: ViewKeys) -> None:
         client.delete(*stale)
 
 
-def _listed(
-    trials: dict[str, TrialJobDetail | None], event: TrialMetricReported | PeriodicalMetric
-) -> tuple[str, tuple[str, str]]:
-    """A metric as a candidate for its trial's list: `trial|dedup key` -> (trial, its record), late when the trial
-    had ended before it (as the views stand before the event is folded)."""
-    before = trials.get(event.trial_id)
-    record = compact_record(event, late=before is not None and before.status.is_terminal)
-    return f"{event.trial_id}|{event.dedup_key}", (event.trial_id, record)
+def _listed(ended: set[str], event: TrialMetricReported) -> tuple[tuple[metric_marks.Stream, int], tuple[str, str]]:
+    """A metric as a candidate for its trial's list: (its stream, sequence) -> (trial, its record), late when the trial
+    had ended before it (`ended`: as the views stand before the event is folded)."""
+    trial_id = event.trial_id
+    key = ((trial_id, event.attempt, event.parameter_id, event.metric_type), event.sequence)
+    return key, (trial_id, compact_record(event, late=trial_id in ended))
+
+
+class _BatchFold:
+    """A batch's events folded onto the views it read: the trials' and the experiment's, the metrics to list."""
+
+    def __init__(self, trials: dict[str, TrialJobDetail | None], experiment: ExperimentView | None) -> None:
+        self.trials = trials  # folded in place
+        self.experiment = experiment
+        self.experiment_changed = False
+        self.unreadable: dict[str, str] = {}  # entry id -> why: the entries that do not decode, then failed folds
+        self.candidates: metric_marks.Candidates = {}  # (stream, sequence) -> (trial, record JSON), in log order
+        self.views_after: dict[str, TrialJobDetail | None] = {}  # entry id -> its trial's view after it (the timeline)
+        self.attempts = Counter[str]()  # attempts `lost`, and of those `retried`
+        # The trials ended as the fold stands: a metric after the end is listed late (a set: checked for each metric).
+        self.ended = {trial_id for trial_id, view in trials.items() if view is not None and view.status.is_terminal}
+
+    def fold(self, entries: list[PeriodicalMetric | LogEntry]) -> None:
+        """An event whose fold raises changes nothing (nor do its metrics): recorded as unreadable with the error."""
+        self.unreadable.update((entry.id, entry.error) for entry in entries if isinstance(entry, UnreadableEvent))
+        candidates, ended, record = self.candidates, self.ended, periodical_record
+        for entry in entries:
+            if type(entry) is PeriodicalMetric:  # most entries: listed only, what _listed does spelled out
+                _, trial_id, time, attempt, parameter_id, sequence, data = entry
+                key = ((trial_id, attempt, parameter_id, "PERIODICAL"), sequence)
+                if key not in candidates:
+                    candidates[key] = (trial_id, record(time, parameter_id, sequence, data, attempt, trial_id in ended))
+            elif isinstance(entry, StoredEvent):
+                self._event(entry)
+
+    def _event(self, entry: StoredEvent) -> None:
+        event = entry.event
+        if type(event) is TrialMetricReported and event.metric_type != "FINAL":
+            self.candidates.setdefault(*_listed(self.ended, event))  # (apply_to_trial returns the view unchanged)
+            return
+        trials = self.trials
+        try:
+            listed = _listed(self.ended, event) if isinstance(event, TrialMetricReported) else None
+            if isinstance(event, TrialEvent):
+                trial = apply_to_trial(trials.get(event.trial_id), event)
+            else:
+                folded = apply_to_experiment(self.experiment, event)
+        except Exception as error:  # a poison event: skipped, never retried in a loop
+            self.unreadable[entry.id] = f"fold failed: {_why(error)}"
+            return
+        if isinstance(event, TrialEvent):
+            if isinstance(event, TrialAttemptLost) and trial is not trials.get(event.trial_id):
+                self.attempts["lost"] += 1
+                self.attempts["retried"] += event.status is TrialJobStatus.WAITING
+            trials[event.trial_id] = self.views_after[entry.id] = trial
+            if trial is not None and trial.status.is_terminal:
+                self.ended.add(event.trial_id)
+            else:
+                self.ended.discard(event.trial_id)
+        else:
+            self.experiment, self.experiment_changed = folded, True
+        if listed is not None:
+            self.candidates.setdefault(*listed)
 
 
 def _trial_ids(entries: list[PeriodicalMetric | LogEntry]) -> list[str]:
     """The trials the entries' events are of, sorted: the views a batch folds onto."""
     found: set[str] = set()
     for entry in entries:
-        if isinstance(entry, PeriodicalMetric):
+        if type(entry) is PeriodicalMetric:  # most entries: checked the cheaper way
             found.add(entry.trial_id)
         elif isinstance(entry, StoredEvent) and isinstance(entry.event, TrialEvent):
             found.add(entry.event.trial_id)
@@ -366,40 +424,11 @@ class Projector:
         raw_experiment = pipe.hget(view_keys.experiment, "view")
         experiment = ExperimentView.model_validate_json(raw_experiment) if raw_experiment else None
         timeline = TimelineBatch.read(pipe, view_keys, position, raw, loaded, experiment)  # the views read once
-        experiment_changed = False
-        unreadable = {entry.id: entry.error for entry in entries if isinstance(entry, UnreadableEvent)}
-        candidates: dict[str, tuple[str, str]] = {}  # `trial|dedup key` -> (trial, record JSON), in log order
-        views_after: dict[str, TrialJobDetail | None] = {}  # entry id -> its trial's view after it, for the timeline
-        attempts = Counter[str]()  # attempts `lost`, and of those `retried`
-
-        for entry in [entry for entry in entries if isinstance(entry, StoredEvent | PeriodicalMetric)]:
-            if isinstance(entry, PeriodicalMetric):  # most entries: listed only
-                candidates.setdefault(*_listed(trials, entry))
-                continue
-            event = entry.event
-            if type(event) is TrialMetricReported and event.metric_type != "FINAL":
-                candidates.setdefault(*_listed(trials, event))  # (apply_to_trial returns the view unchanged)
-                continue
-            try:
-                listed = _listed(trials, event) if isinstance(event, TrialMetricReported) else None
-                if isinstance(event, TrialEvent):
-                    trial = apply_to_trial(trials.get(event.trial_id), event)
-                else:
-                    folded = apply_to_experiment(experiment, event)
-            except Exception as error:  # a poison event: skipped, never retried in a loop
-                unreadable[entry.id] = f"fold failed: {_why(error)}"
-                continue
-            if isinstance(event, TrialEvent):
-                if isinstance(event, TrialAttemptLost) and trial is not trials.get(event.trial_id):
-                    attempts["lost"] += 1
-                    attempts["retried"] += event.status is TrialJobStatus.WAITING
-                trials[event.trial_id] = views_after[entry.id] = trial
-            else:
-                experiment, experiment_changed = folded, True
-            if listed is not None:
-                candidates.setdefault(*listed)
+        fold = _BatchFold(trials, experiment)
+        fold.fold(entries)
+        experiment, unreadable, views_after = fold.experiment, fold.unreadable, fold.views_after
         timeline.fold(raw, entries, views_after)
-        new_metrics = metric_marks.new_metrics(pipe, view_keys, candidates)
+        new_metrics = metric_marks.new_metrics(pipe, view_keys, fold.candidates)
         counts: Any = pipe.hgetall(view_keys.counts)
 
         pipe.multi()
@@ -411,8 +440,8 @@ class Projector:
         if changed:
             pipe.hset(view_keys.trials, mapping=changed)
         changes = {trial_id: (loaded[trial_id], trials[trial_id]) for trial_id in changed}
-        self._write_indexes(pipe, view_keys, changes, attempts, counts)
-        if experiment is not None and experiment_changed:
+        self._write_indexes(pipe, view_keys, changes, fold.attempts, counts)
+        if experiment is not None and fold.experiment_changed:
             pipe.hset(view_keys.experiment, "view", experiment.to_json())
             self._finished[view_keys.experiment_id] = experiment.status != "RUNNING"
         new_metrics.write(pipe, view_keys)
@@ -468,18 +497,21 @@ class Projector:
             pipe.hdel(view_keys.counts, name)
 
     @staticmethod
-    def _write_metrics(
-        pipe: redis.client.Pipeline, view_keys: ViewKeys, new_metrics: dict[str, tuple[str, str]]
-    ) -> None:
+    def _write_metrics(pipe: redis.client.Pipeline, view_keys: ViewKeys, new_metrics: metric_marks.Candidates) -> None:
         """Each new record appended to its trial's list: in the batch's MULTI."""
         by_trial: dict[str, list[str]] = {}
         for trial_id, record in new_metrics.values():
             by_trial.setdefault(trial_id, []).append(record)
-        names = [view_keys.metrics(trial_id) for trial_id in by_trial]
+        names: list[str] = []
         counted: list[int | str] = []
-        for records in by_trial.values():
-            counted += (len(records), *records)
-        pipe.eval(_PUSH_RECORDS, len(names), *names, *counted)
+        for trial_id, records in by_trial.items():
+            if len(records) >= _OWN_PUSH:
+                pipe.rpush(view_keys.metrics(trial_id), *records)
+            else:
+                names.append(view_keys.metrics(trial_id))
+                counted += (len(records), *records)
+        if names:
+            pipe.eval(_PUSH_RECORDS, len(names), *names, *counted)
 
     @staticmethod
     def _write_unreadable(pipe: redis.client.Pipeline, view_keys: ViewKeys, unreadable: dict[str, str]) -> None:

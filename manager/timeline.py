@@ -224,9 +224,8 @@ class _Trial:
         """Its entries folded here, 16 bytes each (ms; seq << 16 | metric attempt): appended to as the log grows."""
         packed = array("q", bytes(16 * len(self.entry_ms)))
         packed[0::2] = self.entry_ms
-        packed[1::2] = array(
-            "q", (seq << 16 | metric for seq, metric in zip(self.entry_seq, self.entry_metric, strict=True))
-        )
+        tags = [seq << 16 | metric for seq, metric in zip(self.entry_seq, self.entry_metric, strict=True)]
+        packed[1::2] = array("q", tags)
         return packed.tobytes()
 
     def unpacked(self) -> None:
@@ -322,6 +321,7 @@ class Timeline:
         head = stream_position(self.head)
         known: Iterable[LogEntry | PeriodicalMetric | None] = repeat(None) if decoded is None else decoded
         views_after = views_after or {}
+        trials = self.trials
         for (entry_id, fields), entry in zip(entries, known, strict=False):
             ms, _, seq = entry_id.partition("-")
             position = (int(ms), int(seq))
@@ -331,8 +331,20 @@ class Timeline:
             self.head, self.end = entry_id, position[0]
             if self.start is None:
                 self.start = position[0]
-            self._fold(entry_id, position, fields, entry, views_after)
             count += 1
+            if type(entry) is PeriodicalMetric and (trial := trials.get(entry.trial_id)) is not None:
+                # most entries of a projector's batch: what _fold does with them, spelled out (_metric_time inline
+                # for the latest attempt's)
+                trial.entry_ms.append(position[0])
+                trial.entry_seq.append(position[1])
+                latest = trial.attempts[-1]
+                if latest.number == entry.attempt:
+                    latest.metric_times.append(position[0])
+                    trial.entry_metric.append(latest.number)
+                else:
+                    trial.entry_metric.append(_metric_time(trial, entry.attempt, position[0]))
+            else:
+                self._fold(entry_id, position, fields, entry, views_after)
         return count
 
     def _fold(

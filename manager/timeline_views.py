@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 import redis
@@ -40,6 +41,7 @@ for i, key in ipairs(KEYS) do
 end
 """
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
+_ID_AND_FIELDS = attrgetter("id", "fields")  # an entry as Timeline.feed takes it (no Python frame per entry)
 
 
 class TimelineBatch:
@@ -73,7 +75,8 @@ class TimelineBatch:
         header: Any = pipe.hget(view_keys.timeline, "header")
         if header is None and position != "0-0":
             return cls(view_keys, _folded(EventStore(pipe, view_keys.experiment_id), position), {})
-        trial_ids = sorted({entry.fields["trial"] for entry in entries if entry.fields.get("trial")})
+        named = {entry.fields.get("trial") for entry in entries}
+        trial_ids = sorted(trial_id for trial_id in named if trial_id)
         states: dict[str, str] = {}
         if header is None:
             return cls(view_keys, Timeline(view_keys.experiment_id), states)
@@ -102,7 +105,7 @@ class TimelineBatch:
         views_after: Mapping[str, TrialJobDetail | None],
     ) -> None:
         """The batch's entries, as the projector decoded them and folded its trial views (by entry id)."""
-        self.timeline.feed(((entry.id, entry.fields) for entry in entries), decoded, views_after)
+        self.timeline.feed(map(_ID_AND_FIELDS, entries), decoded, views_after)
 
     def queue(self, pipe: redis.client.Pipeline) -> None:
         """The batch's writes, in its MULTI: the header, the trials that changed, what was appended."""

@@ -17,7 +17,7 @@ from core.event_store import (
     encode_event,
     stored_payload,
 )
-from schemas.compact import compact_metric, compact_metrics, compact_record, metric_record
+from schemas.compact import compact_metric, compact_metrics, compact_record, metric_record, periodical_record
 from schemas.events import TrialMetricReported
 
 METRICS = [
@@ -208,6 +208,18 @@ def test_an_intermediate_metric_listed_without_its_event_holds_what_its_event_wo
         event.data,
     )
     assert compact_record(listed, late=True) == compact_record(event, late=True)
+
+
+def test_an_intermediate_metric_listed_from_its_values_is_its_compact_record() -> None:
+    # the projector's path for most entries writes the record from the values it read, without an event
+    event = METRICS[0]
+    odd = event.model_copy(
+        update={"data": 'tab\t nul\x00 "q" \\ \u2028 ü 😀', "parameter_id": "é\n|", "time": 2**70, "attempt": 2**40}
+    )
+    for metric in (event, odd, odd.model_copy(update={"sequence": 0, "attempt": 0, "time": 0})):
+        for late in (False, True):
+            values = (metric.time, metric.parameter_id, metric.sequence, metric.data, metric.attempt)
+            assert periodical_record(*values, late) == compact_record(metric, late)
 
 
 def test_an_entry_other_than_a_compact_metric_is_listed_as_it_decodes() -> None:

@@ -13,7 +13,7 @@ import redis
 
 from core import keys
 from core.connections import connect, same_server
-from core.event_store import EventStore
+from core.event_store import EventStore, RawEntry
 from core.keys import ViewKeys
 from manager.experiments import create_experiment, finish_experiment
 from manager.projection import metric_record
@@ -22,7 +22,7 @@ from manager.replay import SCRATCH_PREFIX
 from manager.views import ViewStore
 from schemas.compact import compact_record
 from schemas.compact import metric_record as compact_metric_record
-from schemas.events import ExperimentResumed, TrialAttemptLost, TrialEnded, TrialStarted
+from schemas.events import ExperimentResumed, TrialAttemptLost, TrialEnded, TrialMetricReported, TrialStarted
 from schemas.trial import MetricRecord, TrialJobStatus
 from tests.conftest import ServiceFactory, form, metric, stream_entries, wait_until
 
@@ -301,3 +301,93 @@ def test_a_batch_lists_thousands_of_one_trials_metrics_in_order(client: redis.Re
     views = ViewStore(client, exp)
     assert [m.sequence for m in views.metrics(first)] == list(range(9000))
     assert [m.sequence for m in views.metrics(second)] == [0]
+
+
+def test_metrics_known_by_their_keys_of_before_the_ranges_are_not_listed_again(
+    client: redis.Redis, make_service
+) -> None:
+    """Views written before the ranges hold each metric as a `trial|dedup key` member of `metric-keys`: a metric
+    delivered again is known by that text, whatever form the projector keys its candidates in."""
+    service = make_service()
+    exp, store = service.experiment_id, service.store
+    trial_id = service.submit_trial_job(form(0, x=1)).id
+    view_keys = ViewKeys(exp)
+    old = [metric(exp, trial_id, sequence) for sequence in (0, 1, 5)]
+    client.sadd(view_keys.metric_keys, *(f"{trial_id}|{event.dedup_key}" for event in old))
+    for sequence in (0, 1, 2, 5, 6, 5):
+        store.append(metric(exp, trial_id, sequence))
+    Projector(client).catch_up(exp)
+    assert [m.sequence for m in ViewStore(client, exp).metrics(trial_id)] == [2, 6]
+    outside: Any = client.smembers(view_keys.metric_keys)
+    assert set(outside) == {f"{trial_id}|1|0|PERIODICAL|{sequence}" for sequence in (5, 6)}
+
+
+def _views_as_stored(client: redis.Redis, experiment_id: str, namespace: str) -> dict[str, Any]:
+    """Every key of the views, named without their namespace, as the bytes Redis holds."""
+    raw = same_server(client, decode=False)
+    view_keys = ViewKeys(experiment_id, namespace)
+    found: dict[str, Any] = {}
+    readers: dict[str, Any] = {
+        "hash": raw.hgetall,
+        "list": lambda name: raw.lrange(name, 0, -1),
+        "string": raw.get,
+        "set": raw.smembers,
+        "zset": lambda name: raw.zrange(name, 0, -1, withscores=True),
+    }
+    for name in sorted(client.scan_iter(match=view_keys.pattern, count=1000)):
+        kind = str(client.type(name))
+        value = readers[kind](name)
+        found[name[len(view_keys.pattern) - 1 :]] = (kind, value)
+    return found
+
+
+def test_intermediate_metrics_read_without_their_events_project_as_their_events_do(
+    client: redis.Redis, make_service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most entries take the projector's fast path (listed, and put on the timeline, without an event): the views,
+    timeline and metric marks included, are byte for byte those of the general path (every entry decoded into its
+    event), over odd strings, two attempts, redeliveries, gaps, late metrics, a trial not submitted, any batches."""
+    service = make_service()
+    exp, store = service.experiment_id, service.store
+    first, second = service.submit_trial_job(form(0, x=1)).id, service.submit_trial_job(form(1, x=2)).id
+
+    def reported(trial_id: str, sequence: int, attempt: int = 1, parameter_id: str = "0") -> TrialMetricReported:
+        data = json.dumps(json.dumps({"default": sequence / 3, "odd": 'q"\\ \u2028 ü 😀 |\t'}))
+        return TrialMetricReported(
+            experiment_id=exp,
+            trial_id=trial_id,
+            attempt=attempt,
+            source='w|"1"',
+            parameter_id=parameter_id,
+            metric_type="PERIODICAL",
+            sequence=sequence,
+            data=data,
+        )
+
+    store.append(TrialStarted(experiment_id=exp, trial_id=first, attempt=1, working_directory="/w"))
+    store.append(TrialStarted(experiment_id=exp, trial_id=second, attempt=1, working_directory="/w"))
+    for sequence in (0, 1, 2, 1, 5, 3, 4, 4, 9):
+        store.append(reported(first, sequence, parameter_id="p|é\n"))
+        store.append(reported(second, sequence))
+    store.append(reported("not-submitted", 0))
+    store.append(
+        TrialAttemptLost(
+            experiment_id=exp, trial_id=first, attempt=1, status=TrialJobStatus.WAITING, reason="gone", time=5
+        )
+    )
+    store.append(reported(first, 10))  # the lost attempt's, listed as its own
+    store.append(TrialStarted(experiment_id=exp, trial_id=first, attempt=2, working_directory="/w2"))
+    store.append(reported(first, 0, attempt=2))
+    store.append(metric(exp, second, 0, "FINAL"))
+    store.append(TrialEnded(experiment_id=exp, trial_id=second, attempt=1, status=TrialJobStatus.SUCCEEDED))
+    for sequence in (10, 6, 11, 10):
+        store.append(reported(second, sequence))  # late
+    for batch_size in (1, 4, 2000):
+        Projector(client, namespace=f"fast{batch_size}", batch_size=batch_size).catch_up(exp)
+    with monkeypatch.context() as patched:
+        patched.setattr(RawEntry, "listed", RawEntry.decode)
+        Projector(client, namespace="general", batch_size=3).catch_up(exp)
+    general = _views_as_stored(client, exp, "general")
+    assert {"metrics", "timeline", "metric-marks"} <= {name.partition(":")[0] for name in general}, general.keys()
+    for batch_size in (1, 4, 2000):
+        assert _views_as_stored(client, exp, f"fast{batch_size}") == general, batch_size
