@@ -147,7 +147,8 @@ class TrainingService:
         platform it goes to (a hybrid experiment's trial to the listed one `core.placement` picks).
         `requested_by`: the CustomizedTrialRequested event a customized trial answers. `experiment`: its view as the
         caller folded it (a runner, from the log it follows), rather than read from Redis."""
-        experiment = experiment or self.experiment_view()
+        if experiment is None:
+            experiment = self.experiment_view()
         trial_config = TrialConfig.model_validate_json(_metadata(experiment, TRIAL_CONFIG))
         training_service = json.loads(_metadata(experiment, PLATFORM_CONFIG))
         sections: list[dict[str, Any]] = training_service if isinstance(training_service, list) else [training_service]
