@@ -134,10 +134,14 @@ class TrialWakeups:
             watch.wake()
 
     def _done(self, fd: int) -> None:
-        """The keeper is done: wake its trial a last time and forget it."""
+        """The keeper is done: wake its trial a last time, then forget it, so that a forgotten trial is never woken
+        again (a wake after the forgetting reached a trial seen gone: ci95)."""
         assert self._epoll is not None
         with self._lock:
-            watch = self._by_fd.pop(fd)
+            watch = self._by_fd[fd]
+        watch.wake()
+        with self._lock:
+            del self._by_fd[fd]
             self._epoll.unregister(fd)
             self._polled.discard(watch)
             if watch.wd is not None:
@@ -149,7 +153,6 @@ class TrialWakeups:
                     with contextlib.suppress(OSError):  # the directory is gone, and its watch with it
                         self._inotify.rm_watch(watch.wd)
         os.close(fd)
-        watch.wake()
 
     def _close_all(self) -> None:
         with self._lock:
