@@ -78,6 +78,14 @@ def _connection_lost(error: redis.WatchError) -> bool:
     return isinstance(error.__context__, redis.ConnectionError | redis.TimeoutError)
 
 
+def _watch_again(pipe: redis.client.Pipeline, view_keys: ViewKeys, position: str) -> bool:
+    """After a read met an entry that is not UTF-8: redis-py drops a connection whose reply fails to decode, and
+    reconnects for the next command without a word, so the WATCH is gone. Watched again, the batch goes on only from
+    the position it read (any batch written meanwhile moved it); False when it moved, to read the batch again."""
+    pipe.watch(view_keys.position)
+    return _position(pipe, view_keys) == position
+
+
 def scratch_namespace() -> str:
     """A namespace of its own for each replay or rebuild: never the live `ts`, never another one's."""
     return f"{SCRATCH_PREFIX}{secrets.token_hex(6)}"
@@ -390,6 +398,8 @@ class Projector:
                     if not raw:
                         pipe.unwatch()
                         return position, 0
+                    if any(entry.not_utf8 for entry in raw) and not _watch_again(pipe, view_keys, position):
+                        continue
                     self._write_batch(pipe, view_keys, position, raw)
                     pipe.execute()
                     return raw[-1].id, len(raw)

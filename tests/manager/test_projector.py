@@ -391,3 +391,36 @@ def test_intermediate_metrics_read_without_their_events_project_as_their_events_
     assert {"metrics", "timeline", "metric-marks"} <= {name.partition(":")[0] for name in general}, general.keys()
     for batch_size in (1, 4, 2000):
         assert _views_as_stored(client, exp, f"fast{batch_size}") == general, batch_size
+
+
+def test_a_batch_holding_an_entry_that_is_not_utf8_still_yields_to_another_projector(
+    client: redis.Redis, make_service
+) -> None:
+    """redis-py drops the connection whose reply fails to decode, and with it the batch's WATCH: another projector's
+    batch written meanwhile must still void this one's, or both are applied."""
+    service = make_service()
+    trial_id = service.submit_trial_job(form(0)).id
+    service.store.append_all([metric(service.experiment_id, trial_id, n) for n in range(5)])
+    raw = same_server(client, decode=False)
+    raw.xadd(keys.events(service.experiment_id), {"type": "TrialStarted", "trial": trial_id, "json": b"\xff"})
+    service.store.append_all([metric(service.experiment_id, trial_id, n) for n in range(5, 10)])
+
+    class Overtaken(Projector):
+        """Another projector catches up while this one folds its first batch."""
+
+        overtaken = False
+
+        def _write_batch(self, *args: Any) -> None:
+            if not self.overtaken:
+                self.overtaken = True
+                Projector(client).catch_up(service.experiment_id)
+            super()._write_batch(*args)
+
+    overtaken = Overtaken(client)
+    overtaken.catch_up(service.experiment_id)
+    assert overtaken.overtaken
+    views = ViewStore(client, service.experiment_id)
+    applied = client.hget(views.keys.position, "applied")
+    assert applied is not None and int(applied) == service.store.length()
+    assert [m.sequence for m in views.metrics(trial_id)] == list(range(10))
+    assert len(list(views.unreadable())) == 1
