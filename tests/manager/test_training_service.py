@@ -190,9 +190,14 @@ def test_views_parsed_before_are_reused_only_while_unchanged(client: redis.Redis
         service.get_trial_jobs([first, "nope"])
 
 
-def test_a_list_reads_views_of_every_form_and_still_validates_them(client: redis.Redis, make_service) -> None:
-    """Views are parsed together in one call with the collector paused: each reads as it would alone, views
-    written before the optional fields existed included, and one invalid view still fails the list."""
+@pytest.mark.parametrize("views_per_parse", [1, training_service.VIEWS_PER_PARSE])
+def test_a_list_reads_views_of_every_form_and_still_validates_them(
+    client: redis.Redis, make_service, monkeypatch: pytest.MonkeyPatch, views_per_parse: int
+) -> None:
+    """Views are parsed several at a time with the collector paused: each reads as it would alone, in order across
+    the parses, views written before the optional fields existed included, and one invalid view still fails the
+    list."""
+    monkeypatch.setattr(training_service, "VIEWS_PER_PARSE", views_per_parse)
     service = make_service()
     first, second = (service.submit_trial_job(form(n)).id for n in range(2))
     Projector(client).catch_up(service.experiment_id)
