@@ -74,6 +74,24 @@ def current_runtime() -> WorkerRuntime:
     return _runtime
 
 
+_prepared = threading.local()  # what `hand_over` left for the job this thread runs
+
+
+def hand_over(preparation: Pipeline) -> None:
+    """RQ's records of the job this thread is about to run, queued by the worker on a transaction of the runtime's
+    client and not sent: the trial's pick-up sends its own commands in it. One round trip in a row fewer on the way
+    from a dequeue to the start, and under `appendfsync always` one fsync fewer."""
+    _prepared.pipeline = preparation
+
+
+def taken_preparation() -> Pipeline | None:
+    """What `hand_over` left and nothing has sent yet, taken: by the pick-up, or by the worker for a job that
+    ended before its pick-up (it raised first)."""
+    preparation: Pipeline | None = getattr(_prepared, "pipeline", None)
+    _prepared.pipeline = None
+    return preparation
+
+
 def run_trial(
     experiment_id: str,
     trial_id: str,
@@ -169,16 +187,20 @@ def _pick_up(runtime: WorkerRuntime, store: EventStore, lease: Lease, take_over:
     client's connection on the master of the moment, where a connection of another client could still read a
     master demoted by a failover (tests/faults/test_failover.py: a give-up read no claim there, and the claim it
     left behind kept the trial from running). With replicas, the answers count once the claim's WAIT has returned
-    (core.replication: after the pipeline): the replicas then hold what the master held at the claim."""
+    (core.replication: after the pipeline): the replicas then hold what the master held at the claim.
+
+    The worker's records of the job (`hand_over`) go first, in one MULTI with them: RQ's records and the claim land
+    together."""
     ref, client = lease.ref, runtime.client
     commands_key = keys.trial_commands(ref.experiment_id, ref.trial_id)
+    prepared = taken_preparation()
     try:
-        with client.pipeline(transaction=False) as pipe:
+        with prepared if prepared is not None else client.pipeline(transaction=False) as pipe:
             lease.acquire_on(pipe, take_over)
             store.keyed_read(submission_key(ref.trial_id), pipe)
             pipe.xrange(commands_key)
             pipe.hgetall(keys.secrets(ref.experiment_id, runtime.platform.name))
-            claimed, submission, commands, secrets = pipe.execute()
+            *_, claimed, submission, commands, secrets = pipe.execute()
     except UnicodeDecodeError:  # a submission that is not UTF-8 (a log imported from elsewhere): read as bytes
         claimed = lease.acquire(take_over)  # the claim first, as above: made already, the same delivery's own again
         index: Any = client.xrange(commands_key)

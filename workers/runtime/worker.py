@@ -24,11 +24,11 @@ from rq.worker import WorkerStatus
 from core.connections import connect, same_server
 from core.logging_setup import configure_logging
 from core.placement import WORKER_SLOTS_FIELD
-from core.queueing import SERIALIZER, trial_queue, wake_parked
+from core.queueing import RUN_TRIAL, SERIALIZER, trial_queue, wake_parked
 from core.reaper import REAP_INTERVAL_S, reap_lost_attempts
 from core.registry import add_platforms, platform_class
 from core.settings import Settings
-from workers.runtime.job import WorkerRuntime, install
+from workers.runtime.job import WorkerRuntime, hand_over, install, taken_preparation
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,12 @@ class TrialWorker(SimpleWorker):
 
     death_penalty_class = _NoDeathPenalty
 
-    def __init__(self, *args: Any, concurrency: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, concurrency: int = 1, trial_client: redis.Redis | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.concurrency = concurrency
+        self.trial_client = trial_client  # the runtime's: a trial's pick-up sends RQ's records of its job on it
         self._slots = threading.BoundedSemaphore(concurrency)
         self._running: dict[str, tuple[Job, Any]] = {}
         self._running_lock = threading.Lock()
@@ -89,19 +92,26 @@ class TrialWorker(SimpleWorker):
     def prepare_execution(self, job: Job) -> Execution:
         """RQ's two preparations of a job, each a MULTI in a row on the way to a trial's start (its execution's
         records, then the job's start: `prepare_job_execution`, which `perform_job` calls next), in one: a round
-        trip less, and one fsync less under `appendfsync always`. The same writes, in RQ 3.0's order."""
+        trip less, and one fsync less under `appendfsync always`. The same writes, in RQ 3.0's order.
+
+        A trial's job (with `trial_client`) is not sent here: its MULTI is handed over to the trial's pick-up, which
+        sends its claim and reads in it (workers.runtime.job.hand_over), one round trip and fsync fewer again."""
         ttl = self.get_heartbeat_ttl(job)
-        with self.connection.pipeline() as pipeline:
-            execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
-            self.executions[execution.id] = execution
-            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
-            self.heartbeat(ttl, pipeline=pipeline)
-            job.heartbeat(now(), ttl, pipeline=pipeline)
-            job.prepare_for_execution(self.name, pipeline=pipeline)
-            pipeline.persist(job.key)
-            if len(self.queues) == 1:  # RQ's condition: the job came off this queue's intermediate list
-                pipeline.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
-            pipeline.execute()
+        trial_client = self.trial_client if job.func_name == RUN_TRIAL else None
+        pipeline = (self.connection if trial_client is None else trial_client).pipeline()
+        execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
+        self.executions[execution.id] = execution
+        self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+        self.heartbeat(ttl, pipeline=pipeline)
+        job.heartbeat(now(), ttl, pipeline=pipeline)
+        job.prepare_for_execution(self.name, pipeline=pipeline)
+        pipeline.persist(job.key)
+        if len(self.queues) == 1:  # RQ's condition: the job came off this queue's intermediate list
+            pipeline.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
+        if trial_client is None:
+            _send(pipeline)
+        else:
+            hand_over(pipeline)
         return execution
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
@@ -112,6 +122,7 @@ class TrialWorker(SimpleWorker):
         job.ended_at = now()
 
     def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
+        _send_unsent_preparation()
         job.heartbeat(now(), job.failure_callback_timeout)  # RQ's `handle_execution_ended` write, as RQ makes it
         super().handle_job_failure(job, queue, *args, **kwargs)
 
@@ -126,6 +137,7 @@ class TrialWorker(SimpleWorker):
         the worker's heartbeat, its idle state and the suspension check, which the loop then takes as made. No
         dependents are read: trialstream queues no job that has any (core.queueing)."""
         assert job.started_at is not None and job.ended_at is not None
+        _send_unsent_preparation()
         result_ttl = job.get_result_ttl(self.default_result_ttl)
         alone = self.concurrency == 1
         with self.connection.pipeline() as pipeline:
@@ -254,6 +266,18 @@ class TrialWorker(SimpleWorker):
                 pipe.execute()
 
 
+def _send(pipeline: Pipeline) -> None:
+    with pipeline:
+        pipeline.execute()
+
+
+def _send_unsent_preparation() -> None:
+    """RQ's records of a job that ended before its pick-up sent them (it raised first), sent before those of its end."""
+    preparation = taken_preparation()
+    if preparation is not None:
+        _send(preparation)
+
+
 def _housekeeping(runtime: WorkerRuntime, stop: threading.Event) -> None:
     """Every REAP_INTERVAL_S: declare lost the attempts of dead workers, queue again the parked trials
     of this platform whose re-check time has come, and let the platform say its machine still serves
@@ -322,6 +346,7 @@ def serve(
             name=name,
             serializer=SERIALIZER,
             concurrency=concurrency,
+            trial_client=client,
         )
         worker.work(burst=burst, with_scheduler=False)
     finally:
