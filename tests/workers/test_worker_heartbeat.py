@@ -108,9 +108,11 @@ def test_a_trial_jobs_records_go_with_its_pick_up_and_are_rqs_own(
     calls: Any = rq_connection.info("commandstats")
     assert "cmdstat_exec" not in calls and rq_connection.hget(job.key, "status") == b"queued"
     preparation = taken_preparation()
-    assert preparation is not None and preparation.transaction and taken_preparation() is None
+    assert preparation is not None and taken_preparation() is None
     with preparation:
         preparation.execute()  # what the pick-up does, its own commands after these
+    calls = rq_connection.info("commandstats")
+    assert calls["cmdstat_exec"]["calls"] == 1  # one MULTI: RQ's records land together (with the claim, in a pick-up)
     records = _prepared_records(rq_connection, queue, ours, job)
     assert {**records, "job worker": None} == _prepared_by_rq(queue, RUN_TRIAL)
     assert records["job status"] == b"started" and rq_connection.llen(queue.intermediate_queue_key) == 0
