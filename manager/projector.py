@@ -79,9 +79,10 @@ def _connection_lost(error: redis.WatchError) -> bool:
 
 
 def _watch_again(pipe: redis.client.Pipeline, view_keys: ViewKeys, position: str) -> bool:
-    """After a read met an entry that is not UTF-8: redis-py drops a connection whose reply fails to decode, and
-    reconnects for the next command without a word, so the WATCH is gone. Watched again, the batch goes on only from
-    the position it read (any batch written meanwhile moved it); False when it moved, to read the batch again."""
+    """After a batch's reads met an entry that is not UTF-8 (its entries, or the log the timeline folds): redis-py
+    drops a connection whose reply fails to decode, and reconnects for the next command without a word, so the WATCH
+    is gone. Watched again, the batch goes on only from the position it read (any batch written meanwhile moved it);
+    False when it moved, to read the batch again."""
     pipe.watch(view_keys.position)
     return _position(pipe, view_keys) == position
 
@@ -398,8 +399,6 @@ class Projector:
                     if not raw:
                         pipe.unwatch()
                         return position, 0
-                    if any(entry.not_utf8 for entry in raw) and not _watch_again(pipe, view_keys, position):
-                        continue
                     self._write_batch(pipe, view_keys, position, raw)
                     pipe.execute()
                     return raw[-1].id, len(raw)
@@ -440,6 +439,9 @@ class Projector:
         timeline.fold(raw, entries, views_after)
         new_metrics = metric_marks.new_metrics(pipe, view_keys, fold.candidates)
         counts: Any = pipe.hgetall(view_keys.counts)
+        met_not_utf8 = timeline.met_not_utf8 or any(entry.not_utf8 for entry in raw)
+        if met_not_utf8 and not _watch_again(pipe, view_keys, position):
+            raise redis.WatchError(f"{view_keys.experiment_id}: the position moved while the batch was read")
 
         pipe.multi()
         changed: Any = {

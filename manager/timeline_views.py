@@ -48,10 +48,16 @@ class TimelineBatch:
     """One projector batch on the timeline: `read` before the batch's MULTI, `fold`, then `queue` in it."""
 
     def __init__(
-        self, view_keys: ViewKeys, timeline: Timeline, states: dict[str, str], ended: frozenset[str] = frozenset()
+        self,
+        view_keys: ViewKeys,
+        timeline: Timeline,
+        states: dict[str, str],
+        ended: frozenset[str] = frozenset(),
+        met_not_utf8: bool = False,
     ) -> None:
         self.view_keys = view_keys
         self.timeline = timeline
+        self.met_not_utf8 = met_not_utf8  # the log it read held an entry that is not UTF-8 (read again as bytes)
         self._states = states  # the trials' states as read: rewritten only when they change
         # The trials that end in this batch: their entry ids are written again whole, at their size, by Redis
         # itself in the MULTI (an APPEND leaves a string up to twice the room it holds, ~8 bytes an entry; a trial
@@ -74,7 +80,8 @@ class TimelineBatch:
         timeline was), the log up to `position` is folded first, so the batch writes the whole timeline."""
         header: Any = pipe.hget(view_keys.timeline, "header")
         if header is None and position != "0-0":
-            return cls(view_keys, _folded(EventStore(pipe, view_keys.experiment_id), position), {})
+            timeline, met_not_utf8 = _folded(EventStore(pipe, view_keys.experiment_id), position)
+            return cls(view_keys, timeline, {}, met_not_utf8=met_not_utf8)
         named = {entry.fields.get("trial") for entry in entries}
         trial_ids = sorted(trial_id for trial_id in named if trial_id)
         states: dict[str, str] = {}
@@ -169,11 +176,13 @@ def _entries(raw: redis.Redis, view_keys: ViewKeys, trial_ids: list[str]) -> lis
     return found
 
 
-def _folded(store: EventStore, until: str) -> Timeline:
-    """The log up to `until`, folded in memory."""
+def _folded(store: EventStore, until: str) -> tuple[Timeline, bool]:
+    """The log up to `until`, folded in memory; and whether it held an entry that is not UTF-8."""
     timeline = Timeline(store.experiment_id)
+    met_not_utf8 = False
     while batch := store.raw_range(f"({timeline.head}", until, READ_BATCH):
+        met_not_utf8 = met_not_utf8 or any(entry.not_utf8 for entry in batch)
         timeline.feed((entry.id, entry.fields) for entry in batch)
         if len(batch) < READ_BATCH:
             break
-    return timeline
+    return timeline, met_not_utf8

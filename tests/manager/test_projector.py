@@ -19,6 +19,7 @@ from manager.experiments import create_experiment, finish_experiment
 from manager.projection import metric_record
 from manager.projector import Projector
 from manager.replay import SCRATCH_PREFIX
+from manager.timeline_views import TimelineBatch
 from manager.views import ViewStore
 from schemas.compact import compact_record
 from schemas.compact import metric_record as compact_metric_record
@@ -393,32 +394,36 @@ def test_intermediate_metrics_read_without_their_events_project_as_their_events_
         assert _views_as_stored(client, exp, f"fast{batch_size}") == general, batch_size
 
 
-def test_a_batch_holding_an_entry_that_is_not_utf8_still_yields_to_another_projector(
-    client: redis.Redis, make_service
+@pytest.mark.parametrize("read_in", ["the batch", "the log the timeline folds"])
+def test_a_batch_whose_reads_met_an_entry_that_is_not_utf8_still_yields_to_another_projector(
+    client: redis.Redis, make_service, monkeypatch: pytest.MonkeyPatch, read_in: str
 ) -> None:
     """redis-py drops the connection whose reply fails to decode, and with it the batch's WATCH: another projector's
-    batch written meanwhile must still void this one's, or both are applied."""
+    batch written meanwhile must still void this one's, or both are applied. The entry is read in the batch itself,
+    or in the log up to the position, which the timeline folds where views were projected before it was kept."""
     service = make_service()
     trial_id = service.submit_trial_job(form(0)).id
     service.store.append_all([metric(service.experiment_id, trial_id, n) for n in range(5)])
     raw = same_server(client, decode=False)
     raw.xadd(keys.events(service.experiment_id), {"type": "TrialStarted", "trial": trial_id, "json": b"\xff"})
+    if read_in == "the log the timeline folds":
+        Projector(client).catch_up(service.experiment_id)
+        client.hdel(ViewKeys(service.experiment_id).timeline, "header")  # as views projected before timelines
     service.store.append_all([metric(service.experiment_id, trial_id, n) for n in range(5, 10)])
+    overtaken: list[str] = []
+    read_timeline = TimelineBatch.read
 
-    class Overtaken(Projector):
-        """Another projector catches up while this one folds its first batch."""
+    def read_then_overtaken(*args: Any) -> TimelineBatch:
+        """The batch's reads done: another projector catches up before this one writes."""
+        batch = read_timeline(*args)
+        if not overtaken:
+            overtaken.append(service.experiment_id)
+            Projector(client).catch_up(service.experiment_id)
+        return batch
 
-        overtaken = False
-
-        def _write_batch(self, *args: Any) -> None:
-            if not self.overtaken:
-                self.overtaken = True
-                Projector(client).catch_up(service.experiment_id)
-            super()._write_batch(*args)
-
-    overtaken = Overtaken(client)
-    overtaken.catch_up(service.experiment_id)
-    assert overtaken.overtaken
+    monkeypatch.setattr(TimelineBatch, "read", read_then_overtaken)
+    Projector(client).catch_up(service.experiment_id)
+    assert overtaken
     views = ViewStore(client, service.experiment_id)
     applied = client.hget(views.keys.position, "applied")
     assert applied is not None and int(applied) == service.store.length()
