@@ -206,7 +206,7 @@ def test_max_experiment_duration_lets_running_trials_end_and_starts_no_more(
     )
     try:
         started = wait_until(
-            lambda: [path.read_text() for path in up.iterdir()] if len(list(up.iterdir())) == 2 else None,
+            lambda: ids if len(ids := [path.read_text() for path in up.iterdir()]) == 2 and all(ids) else None,
             60,
             what="two trials running",
         )
